@@ -1,0 +1,50 @@
+# The README's two commands: `make demo` (set up, start nodus, run the hello example) and
+# `make test` (set up, run every test). Both work on a fresh machine with Python 3.11 and apt.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup system-deps demo test unit integration bench down clean
+
+$(BIN)/nodus: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(BIN)/nodus
+
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+		echo "installing bubblewrap (the sandbox) with apt"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+
+setup: $(BIN)/nodus system-deps
+
+demo: setup
+	$(BIN)/nodus up
+	$(BIN)/nodus apply -f examples/hello/agent.yaml
+	$(BIN)/nodus apply -f examples/hello/run.yaml
+	$(BIN)/nodus wait agentrun/hello-agent-run --for=jsonpath='{.status.phase}'=Succeeded --timeout=2m
+	$(BIN)/nodus get agentrun/hello-agent-run -o yaml
+	$(BIN)/nodus agentrun answer hello-agent-run
+	$(BIN)/nodus agentrun steps hello-agent-run
+	$(BIN)/python examples/hello/main.py
+
+test: setup
+	$(BIN)/pytest -q
+
+unit: setup
+	$(BIN)/pytest -q tests/unit
+
+integration: setup
+	$(BIN)/pytest -q tests/integration
+
+bench: setup
+	$(BIN)/python benchmarks/run_overhead.py
+
+down:
+	$(BIN)/nodus down
+
+clean:
+	rm -rf $(VENV) build *.egg-info
