@@ -1,0 +1,288 @@
+"""The resource schemas: the API contract shared by the SDK, the CLI and the server.
+
+Every resource is ``{apiVersion: nodus.dev/v1, kind, metadata, spec, status}``. Specs are
+strict (an unknown field is refused with its path) because a silently ignored field is a
+setting the user believes in and does not get. ``status`` is owned by the server: it is
+accepted on input (so ``get -o yaml | apply -f -`` round-trips) and then ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import Invalid, PayloadTooLarge
+
+__all__ = [
+    "API_VERSION",
+    "FAMILIES",
+    "MAX_INPUT_BYTES",
+    "ANSWER_PREVIEW_BYTES",
+    "RunPhase",
+    "TERMINAL_PHASES",
+    "ObjectMeta",
+    "ModelSpec",
+    "AgentSpec",
+    "AgentStatus",
+    "Agent",
+    "AgentRunSpec",
+    "Turn",
+    "AnswerStatus",
+    "CostStatus",
+    "SandboxStatus",
+    "AgentRunStatus",
+    "AgentRun",
+    "Resource",
+    "KINDS",
+    "SHORT_NAMES",
+    "parse_resource",
+    "parse_duration",
+    "validate_dns_label",
+]
+
+API_VERSION = "nodus.dev/v1"
+FAMILIES: tuple[str, ...] = ("haiku", "sonnet", "opus", "fable")
+MAX_INPUT_BYTES = 256 * 1024
+ANSWER_PREVIEW_BYTES = 4 * 1024
+
+RunPhase = Literal["Pending", "Running", "Waiting", "Succeeded", "Failed", "Cancelled"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DECIMAL = re.compile(r"^\d{1,7}(\.\d{1,6})?$")
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_MAX_DEADLINE = timedelta(days=30)
+
+
+def validate_dns_label(value: str) -> str:
+    """A name as Kubernetes spells one: lower-case letters, digits and '-', at most 63."""
+    if not isinstance(value, str) or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS label (lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters)"
+        )
+    return value
+
+
+def _validate_usd(value: str) -> str:
+    if not isinstance(value, str) or not _DECIMAL.match(value):
+        raise ValueError(f"{value!r} is not a decimal amount of dollars such as \"0.50\"")
+    try:
+        amount = Decimal(value)
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid decimals
+        raise ValueError(f"{value!r} is not a decimal") from exc
+    if amount <= 0:
+        raise ValueError("must be more than 0")
+    return value
+
+
+def parse_duration(value: str) -> timedelta:
+    """``"2h"``, ``"30m"``, ``"90s"`` or ``"1h30m"``; the units of the product documents."""
+    match = _DURATION.match(value) if isinstance(value, str) else None
+    if not value or not match or not any(match.groups()):
+        raise ValueError(f"{value!r} is not a duration such as \"30m\", \"2h\" or \"1h30m\"")
+    hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+
+
+def _validate_deadline(value: str) -> str:
+    duration = parse_duration(value)
+    if duration <= timedelta(0) or duration > _MAX_DEADLINE:
+        raise ValueError("must be more than 0s and at most 720h")
+    return value
+
+
+def _validate_input(value: str) -> str:
+    if len(value.encode("utf-8")) > MAX_INPUT_BYTES:
+        raise ValueError(f"is larger than {MAX_INPUT_BYTES} bytes (256 KiB)")
+    return value
+
+
+DnsLabel = Annotated[str, AfterValidator(validate_dns_label)]
+UsdAmount = Annotated[str, AfterValidator(_validate_usd)]
+Duration = Annotated[str, AfterValidator(_validate_deadline)]
+Family = Literal["haiku", "sonnet", "opus", "fable"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
+
+
+class _Open(BaseModel):
+    """Server-written parts (status) stay readable by older clients when fields are added."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ObjectMeta(_Strict):
+    name: DnsLabel
+    project: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    creationTimestamp: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ModelSpec(_Strict):
+    """Which Claude the agent runs on: the server's (``Nodus``) or the user's key (``BYOK``)."""
+
+    access: Literal["Nodus", "BYOK"] = "Nodus"
+    families: list[Family] | None = Field(default=None, min_length=1)
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    apiKeySecret: DnsLabel | None = None
+
+
+class AgentSpec(_Strict):
+    system: str = Field(default="", max_length=MAX_INPUT_BYTES)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    maxTokens: int = Field(default=1024, ge=1, le=128_000)
+    maxToolCalls: int = Field(default=50, ge=1, le=1000)
+    perRunMaxCostUSD: UsdAmount = "1.00"
+    image: str | None = Field(default=None, max_length=512)
+    state: Literal["Running", "Stopped"] = "Running"
+
+
+class AgentStatus(_Open):
+    revision: int = 0
+    updatedAt: str | None = None
+
+
+class Agent(_Strict):
+    apiVersion: Literal["nodus.dev/v1"] = API_VERSION
+    kind: Literal["Agent"] = "Agent"
+    metadata: ObjectMeta
+    spec: AgentSpec = Field(default_factory=AgentSpec)
+    status: AgentStatus | None = None
+
+
+class AgentRunSpec(_Strict):
+    agent: DnsLabel
+    input: Annotated[str, AfterValidator(_validate_input)] = ""
+    deadline: Duration | None = None
+    keepAlive: bool = False
+
+
+class Turn(_Open):
+    """One prompt of the conversation: who served it, how it was chosen, what it cost."""
+
+    index: int
+    prompt: str = ""
+    family: str | None = None
+    model: str | None = None
+    routing: Literal["jev", "fallback"] | None = None
+    inputTokens: int = 0
+    outputTokens: int = 0
+    cacheCreationTokens: int = 0
+    cacheReadTokens: int = 0
+    toolCalls: int = 0
+    costUSD: str = "0"
+    stopReason: str | None = None
+    startedAt: str | None = None
+    finishedAt: str | None = None
+
+
+class AnswerStatus(_Open):
+    preview: str = ""
+    bytes: int = 0
+    truncated: bool = False
+
+
+class CostStatus(_Open):
+    totalUSD: str = "0"
+    limitUSD: str | None = None
+
+
+class SandboxStatus(_Open):
+    """Which isolation the run got; ``process`` means bubblewrap could not run here."""
+
+    backend: Literal["bubblewrap", "process"] | None = None
+    node: str | None = None
+    workspace: str | None = None
+    note: str | None = None
+
+
+class AgentRunStatus(_Open):
+    phase: RunPhase = "Pending"
+    reason: str | None = None
+    message: str | None = None
+    agentRevision: int | None = None
+    createdAt: str | None = None
+    startedAt: str | None = None
+    finishedAt: str | None = None
+    attempts: int = 0
+    sandbox: SandboxStatus = Field(default_factory=SandboxStatus)
+    turns: list[Turn] = Field(default_factory=list)
+    answer: AnswerStatus | None = None
+    cost: CostStatus = Field(default_factory=CostStatus)
+
+
+class AgentRun(_Strict):
+    apiVersion: Literal["nodus.dev/v1"] = API_VERSION
+    kind: Literal["AgentRun"] = "AgentRun"
+    metadata: ObjectMeta
+    spec: AgentRunSpec
+    status: AgentRunStatus | None = None
+
+
+Resource = Agent | AgentRun
+
+KINDS: dict[str, type[_Strict]] = {"Agent": Agent, "AgentRun": AgentRun}
+
+# kubectl-style names the CLI accepts, mapped to the kind and the REST collection.
+SHORT_NAMES: dict[str, tuple[str, str]] = {
+    "agent": ("Agent", "agents"),
+    "agents": ("Agent", "agents"),
+    "agentrun": ("AgentRun", "agentruns"),
+    "agentruns": ("AgentRun", "agentruns"),
+    "ar": ("AgentRun", "agentruns"),
+}
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + str(part)
+    return path
+
+
+def parse_resource(document: Any, *, expected_kind: str | None = None) -> Agent | AgentRun:
+    """Validate one decoded document into its resource model.
+
+    Raises `Invalid` naming the offending field (``kind``, ``spec.model.families[0]``, ...), or
+    `PayloadTooLarge` for an input over 256 KiB, so every entry point refuses the same way.
+    """
+    if not isinstance(document, dict):
+        raise Invalid("a resource must be a mapping with apiVersion, kind, metadata and spec",
+                      details={"field": ""})
+    api_version = document.get("apiVersion")
+    if api_version != API_VERSION:
+        raise Invalid(f"apiVersion {api_version!r} is not supported; use {API_VERSION!r}",
+                      details={"field": "apiVersion"})
+    kind = document.get("kind")
+    model = KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise Invalid(f"kind {kind!r} is not known; known kinds: {', '.join(KINDS)}",
+                      details={"field": "kind"})
+    if expected_kind is not None and kind != expected_kind:
+        raise Invalid(f"kind {kind!r} was sent where {expected_kind!r} is expected",
+                      details={"field": "kind"})
+    try:
+        return model.model_validate(document)  # type: ignore[return-value]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = _field_path(tuple(first["loc"]))
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        message = message.removeprefix("Value error, ")
+        cls = PayloadTooLarge if field == "spec.input" and "256 KiB" in message else Invalid
+        more = len(exc.errors()) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise cls(f"{kind} {field}: {message}{suffix}", details={"field": field, "kind": kind}) from None
