@@ -1,0 +1,195 @@
+"""A run's append-only journal, as Arrow IPC segments in storage.
+
+Each append writes one new object (a segment) named by its sequence number, so the journal
+works the same on a local disk and on S3, which cannot append. A segment is an Arrow IPC
+stream: typed, and readable by any Arrow tool (``pyarrow.ipc.open_stream``) for analysis.
+
+Records are facts about steps: ``Started`` before an external effect, ``Completed`` or
+``Failed`` with its result after, ``NeedsResolution`` when a restart found a step started
+and never ended. Conversation messages are records of their own (kind ``message``), each
+written once; a model call refers to the conversation by its length instead of copying it,
+so a long conversation costs linear, not quadratic, journal space.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .storage import Storage
+
+__all__ = ["StepState", "JournalRecord", "Journal", "JOURNAL_SCHEMA", "step_views"]
+
+StepState = Literal["Started", "Completed", "Failed", "NeedsResolution", "Resolved"]
+
+JOURNAL_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("step_id", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("payload", pa.large_string()),
+        pa.field("cost_usd", pa.string()),
+        pa.field("at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+_SEGMENT_DIGITS = 12
+
+
+@dataclass(frozen=True)
+class JournalRecord:
+    seq: int
+    step_id: str
+    kind: str
+    state: str
+    attempt: int
+    payload: Any
+    cost_usd: str
+    at: datetime
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "step_id": self.step_id,
+            "kind": self.kind,
+            "state": self.state,
+            "attempt": self.attempt,
+            "payload": json.dumps(self.payload, separators=(",", ":")),
+            "cost_usd": self.cost_usd,
+            "at": self.at,
+        }
+
+
+class Journal:
+    """One writer per run (its actor); any number of readers (the control plane's ``steps``)."""
+
+    def __init__(self, storage: Storage, prefix: str):
+        self._storage = storage
+        self._prefix = prefix.rstrip("/")
+        self._records: list[JournalRecord] = []
+        self._next_seq = 0
+        self._lock = threading.Lock()
+
+    @property
+    def records(self) -> list[JournalRecord]:
+        return list(self._records)
+
+    def load(self) -> list[JournalRecord]:
+        """Read every segment in order; the writer continues after the last one."""
+        records: list[JournalRecord] = []
+        for name in self._storage.list_dir(self._prefix):
+            if not name.endswith(".arrow"):
+                continue
+            records.extend(_decode_segment(self._storage.read_bytes(f"{self._prefix}/{name}")))
+        records.sort(key=lambda record: record.seq)
+        with self._lock:
+            self._records = records
+            self._next_seq = records[-1].seq + 1 if records else 0
+        return list(records)
+
+    def append(
+        self,
+        step_id: str,
+        kind: str,
+        state: StepState,
+        payload: Any = None,
+        *,
+        attempt: int = 1,
+        cost_usd: str = "0",
+    ) -> JournalRecord:
+        """Durably write one record before returning it: the caller may act on it at once."""
+        with self._lock:
+            record = JournalRecord(
+                seq=self._next_seq,
+                step_id=step_id,
+                kind=kind,
+                state=state,
+                attempt=attempt,
+                payload=payload,
+                cost_usd=cost_usd,
+                at=datetime.now(UTC),
+            )
+            self._storage.write_bytes(self._segment_key(record.seq), _encode_segment([record]))
+            self._records.append(record)
+            self._next_seq += 1
+            return record
+
+    def _segment_key(self, seq: int) -> str:
+        return f"{self._prefix}/{seq:0{_SEGMENT_DIGITS}d}.arrow"
+
+
+def _encode_segment(records: list[JournalRecord]) -> bytes:
+    table = pa.Table.from_pylist([record.to_row() for record in records], schema=JOURNAL_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, JOURNAL_SCHEMA) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _decode_segment(data: bytes) -> list[JournalRecord]:
+    table = ipc.open_stream(pa.BufferReader(data)).read_all()
+    return [
+        JournalRecord(
+            seq=row["seq"],
+            step_id=row["step_id"],
+            kind=row["kind"],
+            state=row["state"],
+            attempt=row["attempt"],
+            payload=json.loads(row["payload"]) if row["payload"] is not None else None,
+            cost_usd=row["cost_usd"] or "0",
+            at=row["at"],
+        )
+        for row in table.to_pylist()
+    ]
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment else None
+
+
+def step_views(records: list[JournalRecord]) -> list[dict[str, Any]]:
+    """Fold records into one view per step, in the order the steps began (the API's Steps).
+
+    Messages are conversation content, not actions, and are left out: ``steps`` says what
+    the run did, not what was said.
+    """
+    views: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record.kind == "message":
+            continue
+        view = views.get(record.step_id)
+        if view is None:
+            view = views[record.step_id] = {
+                "id": record.step_id,
+                "kind": record.kind,
+                "seq": record.seq,
+                "state": record.state,
+                "attempts": 0,
+                "startedAt": _iso(record.at),
+                "finishedAt": None,
+                "summary": "",
+                "costUSD": "0",
+                "detail": {},
+            }
+        if record.state == "Started":
+            view["attempts"] += 1
+            view["startedAt"] = view["startedAt"] or _iso(record.at)
+        else:
+            view["finishedAt"] = _iso(record.at)
+            view["attempts"] = max(view["attempts"], 1)
+        view["state"] = record.state
+        if record.cost_usd and record.cost_usd != "0":
+            view["costUSD"] = record.cost_usd
+        payload = record.payload if isinstance(record.payload, dict) else {}
+        if payload.get("summary"):
+            view["summary"] = payload["summary"]
+        view["detail"].update({k: v for k, v in payload.items() if k != "summary"})
+    return list(views.values())

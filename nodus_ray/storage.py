@@ -1,0 +1,121 @@
+"""The cluster's durable storage: a pyarrow filesystem under one URI (``NODUS_STORAGE``).
+
+Everything that must survive ``ray stop --force`` lives here and nowhere else: resources,
+journals and answers. Ray's own memory is a cache. The URI is whatever
+``pyarrow.fs.FileSystem.from_uri`` takes: a local directory (``/var/lib/nodus`` or
+``file:///...``) on one machine, ``s3://bucket/prefix`` on a cluster.
+
+Writes are whole-object and atomic: on a local disk through a temporary name and a rename,
+on S3 because a PUT is. Nothing appends in place, because S3 cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+__all__ = ["Storage", "default_storage_uri"]
+
+
+def default_storage_uri() -> str:
+    """``NODUS_STORAGE``, else a directory under the user's home."""
+    configured = os.environ.get("NODUS_STORAGE")
+    if configured:
+        return configured
+    return str(Path.home() / ".nodus" / "storage")
+
+
+class Storage:
+    """Paths are relative, '/'-separated keys under the root of the URI."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        if "://" not in uri:
+            path = Path(uri).expanduser().resolve()
+            path.mkdir(parents=True, exist_ok=True)
+            self._fs: pafs.FileSystem = pafs.LocalFileSystem()
+            self._root = str(path)
+        else:
+            self._fs, root = pafs.FileSystem.from_uri(uri)
+            self._root = root.rstrip("/")
+            if isinstance(self._fs, pafs.LocalFileSystem):
+                Path(self._root).mkdir(parents=True, exist_ok=True)
+        self._local = isinstance(self._fs, pafs.LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"Storage({self.uri!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Filesystem handles do not travel between processes; the URI does.
+        return (Storage, (self.uri,))
+
+    @property
+    def is_local(self) -> bool:
+        return self._local
+
+    def _full(self, key: str) -> str:
+        key = key.strip("/")
+        if ".." in key.split("/"):
+            raise ValueError(f"storage key {key!r} may not contain '..'")
+        return f"{self._root}/{key}" if key else self._root
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Write the whole object, atomically: a reader sees the old object or the new one."""
+        full = self._full(key)
+        if self._local:
+            parent = os.path.dirname(full)
+            os.makedirs(parent, exist_ok=True)
+            tmp = f"{parent}/.{os.path.basename(full)}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, full)
+            return
+        with self._fs.open_output_stream(full) as stream:
+            stream.write(data)
+
+    def read_bytes(self, key: str) -> bytes:
+        """Raises FileNotFoundError when the object does not exist."""
+        full = self._full(key)
+        try:
+            with self._fs.open_input_stream(full) as stream:
+                return stream.read()
+        except (FileNotFoundError, OSError) as exc:
+            if isinstance(exc, FileNotFoundError) or not self.exists(key):
+                raise FileNotFoundError(key) from None
+            raise
+
+    def write_json(self, key: str, value: Any) -> None:
+        self.write_bytes(key, json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
+
+    def read_json(self, key: str) -> Any:
+        return json.loads(self.read_bytes(key))
+
+    def exists(self, key: str) -> bool:
+        return self._fs.get_file_info(self._full(key)).type != pafs.FileType.NotFound
+
+    def list_dir(self, key: str) -> list[str]:
+        """Names directly under ``key`` (files and directories), sorted; [] if it is missing."""
+        selector = pafs.FileSelector(self._full(key), allow_not_found=True, recursive=False)
+        names = [info.base_name for info in self._fs.get_file_info(selector)]
+        return sorted(name for name in names if not name.startswith("."))
+
+    def delete(self, key: str) -> None:
+        full = self._full(key)
+        info = self._fs.get_file_info(full)
+        if info.type == pafs.FileType.File:
+            self._fs.delete_file(full)
+
+    def delete_tree(self, key: str) -> None:
+        full = self._full(key)
+        info = self._fs.get_file_info(full)
+        if info.type == pafs.FileType.Directory:
+            self._fs.delete_dir(full)
+        elif info.type == pafs.FileType.File:
+            self._fs.delete_file(full)

@@ -1,0 +1,121 @@
+"""The journal and the replay rules of durable steps, on real storage (a local directory)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pyarrow.ipc as ipc
+import pytest
+
+from nodus_ray.durable import NeedsResolution, StepFailed, Steps
+from nodus_ray.journal import JOURNAL_SCHEMA, Journal, step_views
+from nodus_ray.storage import Storage
+
+
+def journal_at(tmp_path: Path) -> Journal:
+    journal = Journal(Storage(str(tmp_path / "store")), "projects/p/agentruns/r/journal")
+    journal.load()
+    return journal
+
+
+def test_records_survive_a_reload_in_order(tmp_path: Path) -> None:
+    journal = journal_at(tmp_path)
+    journal.append("a", "route", "Started", {"x": 1})
+    journal.append("a", "route", "Completed", {"result": {"family": "haiku"}}, cost_usd="0.01")
+    reloaded = journal_at(tmp_path)
+    assert [(r.seq, r.step_id, r.state) for r in reloaded.records] == [(0, "a", "Started"), (1, "a", "Completed")]
+    assert reloaded.records[1].payload == {"result": {"family": "haiku"}}
+    assert reloaded.records[1].cost_usd == "0.01"
+    # The writer continues after the last record instead of overwriting it.
+    assert reloaded.append("b", "model", "Started").seq == 2
+
+
+def test_segments_are_arrow_ipc_streams_any_tool_can_read(tmp_path: Path) -> None:
+    journal = journal_at(tmp_path)
+    journal.append("a", "command", "Started", {"command": "ls"})
+    segments = sorted((tmp_path / "store" / "projects/p/agentruns/r/journal").glob("*.arrow"))
+    assert len(segments) == 1
+    table = ipc.open_stream(segments[0].read_bytes()).read_all()
+    assert table.schema.equals(JOURNAL_SCHEMA)
+    assert table.column("step_id").to_pylist() == ["a"]
+
+
+def test_step_views_fold_records_and_hide_messages(tmp_path: Path) -> None:
+    journal = journal_at(tmp_path)
+    journal.append("message-0", "message", "Completed", {"role": "user", "content": "hi"})
+    journal.append("turn-1/model-1", "model", "Started", {"model": "m"})
+    journal.append("turn-1/model-1", "model", "Started", {"model": "m"}, attempt=2)
+    journal.append("turn-1/model-1", "model", "Completed", {"result": {}, "summary": "ok"}, attempt=2)
+    views = step_views(journal.records)
+    assert [v["id"] for v in views] == ["turn-1/model-1"]
+    assert views[0]["attempts"] == 2
+    assert views[0]["state"] == "Completed"
+    assert views[0]["summary"] == "ok"
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self) -> dict[str, Any]:
+        self.calls += 1
+        return {"n": self.calls}
+
+
+def test_a_completed_step_is_not_executed_again(tmp_path: Path) -> None:
+    counter = Counter()
+    first = asyncio.run(Steps(journal_at(tmp_path)).run("s", "command", counter, effect="external"))
+    replayed = asyncio.run(Steps(journal_at(tmp_path)).run("s", "command", counter, effect="external"))
+    assert counter.calls == 1
+    assert first == replayed == {"n": 1}
+
+
+def test_a_failed_step_fails_again_on_replay_without_executing(tmp_path: Path) -> None:
+    calls = []
+
+    async def failing() -> dict[str, Any]:
+        calls.append(1)
+        raise StepFailed("s", {"message": "boom"})
+
+    with pytest.raises(StepFailed):
+        asyncio.run(Steps(journal_at(tmp_path)).run("s", "model", failing))
+    with pytest.raises(StepFailed) as caught:
+        asyncio.run(Steps(journal_at(tmp_path)).run("s", "model", failing))
+    assert len(calls) == 1
+    assert caught.value.error["message"] == "boom"
+
+
+def test_an_interrupted_idempotent_step_runs_again_as_a_new_attempt(tmp_path: Path) -> None:
+    journal = journal_at(tmp_path)
+    journal.append("m", "model", "Started", {})
+    counter = Counter()
+    result = asyncio.run(Steps(journal_at(tmp_path)).run("m", "model", counter))
+    assert result == {"n": 1}
+    states = [(r.state, r.attempt) for r in journal_at(tmp_path).records]
+    assert states == [("Started", 1), ("Started", 2), ("Completed", 2)]
+
+
+def test_an_interrupted_external_step_needs_resolution_and_is_not_run(tmp_path: Path) -> None:
+    journal = journal_at(tmp_path)
+    journal.append("c", "command", "Started", {"command": "rm -rf data"})
+    counter = Counter()
+    with pytest.raises(NeedsResolution) as caught:
+        asyncio.run(Steps(journal_at(tmp_path)).run("c", "command", counter, effect="external"))
+    assert caught.value.step_id == "c"
+    assert counter.calls == 0
+    assert journal_at(tmp_path).records[-1].state == "NeedsResolution"
+    # Asking again does not pile up records.
+    with pytest.raises(NeedsResolution):
+        asyncio.run(Steps(journal_at(tmp_path)).run("c", "command", counter, effect="external"))
+    assert len(journal_at(tmp_path).records) == 2
+
+
+def test_messages_are_stored_once(tmp_path: Path) -> None:
+    steps = Steps(journal_at(tmp_path))
+    asyncio.run(steps.record_message(0, {"role": "user", "content": "hi"}))
+    again = Steps(journal_at(tmp_path))
+    asyncio.run(again.record_message(0, {"role": "user", "content": "hi"}))
+    assert again.messages() == [{"role": "user", "content": "hi"}]
+    assert len(journal_at(tmp_path).records) == 1
