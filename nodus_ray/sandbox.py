@@ -1,0 +1,644 @@
+"""Where a run's ``bash`` tool executes: one sandbox per run, one command at a time.
+
+Isolation model
+---------------
+The preferred backend is bubblewrap. Each command gets fresh mount, PID, IPC, UTS (and, unless
+the run may use the network, network) namespaces:
+
+* the host root is bind-mounted read-only, so the command can read the system's programs and
+  libraries but write nowhere on the host except its workspace;
+* ``/tmp`` is a private, size-capped tmpfs with the workspace bind-mounted at
+  ``/tmp/workspace`` (``--ro-bind / /`` leaves no writable place to create a new mount point,
+  and a private ``/tmp`` also hides the Ray session directory ``/tmp/ray``); ``/dev`` is a
+  minimal private dev with its own ``/dev/shm``, which hides Ray's object store;
+* ``/proc`` belongs to the new PID namespace, so the command sees only its own processes, and
+  when the command's shell exits (or we kill bubblewrap) the namespace's init dies and the
+  kernel kills everything left in it: nothing outlives a command;
+* the environment is cleared down to PATH, HOME, LANG and TERM, so server secrets such as
+  API keys never reach the model's commands.
+
+Why the uid drop
+----------------
+Runs on this platform are served by root. Root is exempt from ``RLIMIT_NPROC``, so a fork bomb
+in a sandbox running as (or mapped to) host root would not be stopped. Every command therefore
+runs as an unprivileged host uid chosen from the workspace path: the same workspace always gets
+the same uid (a run replayed after a restart can still write its own files) and different runs
+rarely share one (their process budgets are per uid). The workspace is ``chown``-ed to that uid.
+
+bubblewrap itself still starts as root, and the uid is dropped *inside* the sandbox by
+``setpriv`` after the namespaces and mounts are set up. Dropping before bubblewrap (unprivileged
+bubblewrap in a user namespace) would make bubblewrap resolve the workspace path as the
+dropped uid, which fails whenever any parent directory is private to root (pytest's temp dirs,
+``/root/...``). Capabilities are cleared from every set and ``no_new_privs`` is set, so the
+command cannot regain privileges through setuid binaries. Unprivileged servers skip the drop
+and run bubblewrap in a user namespace instead.
+
+Resource limits are applied with bash's ``ulimit`` in a short prologue after the drop rather
+than in a ``preexec_fn``: Ray workers are multi-threaded and ``preexec_fn`` is not safe there,
+while ``Popen``'s own ``user``/``group``/``start_new_session`` run in C.
+
+When bubblewrap cannot run, :class:`ProcessSandbox` is the fallback: same limits, uid drop,
+cleared environment, timeout and output cap, but no filesystem or network isolation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "SandboxLimits",
+    "CommandResult",
+    "Sandbox",
+    "BubblewrapSandbox",
+    "ProcessSandbox",
+    "create_sandbox",
+    "bwrap_available",
+]
+
+# Where the workspace appears inside bubblewrap: under the private /tmp because the read-only
+# host root has no writable place for a new mount point.
+SANDBOX_WORKSPACE = "/tmp/workspace"
+_SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+_INNER_UID = 1000  # the uid a user-namespace (unprivileged) sandbox shows its command
+_UID_BASE = 200_000
+_UID_SPAN = 50_000
+_READ_CHUNK = 64 << 10
+_OUTPUT_KILL_FACTOR = 64  # kill a command once it has written this many times the output cap
+_HINT_TAIL_BYTES = 4096  # the end of the stream is kept too: errors usually come last
+_POLL_SECONDS = 0.05  # how often the reader re-checks cancel and the deadline
+_EXIT_GRACE_SECONDS = 0.5  # after the shell exits, how long a leftover pipe holder may keep writing
+_KILL_WAIT_SECONDS = 5.0
+_PROBE_TIMEOUT_SECONDS = 15.0
+_MIN_TMPFS_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-command limits; the process budget is shared by everything running as the sandbox uid."""
+
+    cpu_seconds: int = 60  # RLIMIT_CPU
+    memory_bytes: int = 2 << 30  # RLIMIT_AS
+    file_size_bytes: int = 256 << 20  # RLIMIT_FSIZE; also the size of the private /tmp tmpfs
+    processes: int = 256  # RLIMIT_NPROC (per sandbox uid)
+    timeout_seconds: float = 120.0  # wall clock per command
+    output_bytes: int = 64 << 10  # combined stdout+stderr cap
+
+
+_LIMIT_TEXT: dict[str, str] = {
+    "cpu": "CPU time limit exceeded",
+    "memory": "memory limit reached",
+    "file-size": "file size limit exceeded",
+    "processes": "process limit reached",
+    "output": "output limit exceeded",
+    "timeout": "timeout",
+}
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did; plain data because the journal records it and replay returns it."""
+
+    exit_code: int | None  # None when killed by the timeout, a cancel or the output limit
+    output: str  # combined stdout+stderr, utf-8 with errors="replace", capped
+    truncated: bool
+    timed_out: bool
+    cancelled: bool
+    duration_seconds: float
+    limit: str | None  # "timeout", "cpu", "memory", "file-size", "processes", "output"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CommandResult:
+        # Ignore unknown keys so journals written by a newer version still replay.
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def for_model(self) -> str:
+        """The tool result text: how the command ended first, so the model cannot miss a kill."""
+        if self.cancelled:
+            head = "killed: cancelled"
+        elif self.timed_out:
+            head = f"killed: timeout after {self.duration_seconds:.1f}s"
+            if self.limit and self.limit != "timeout":
+                head += f" ({_LIMIT_TEXT.get(self.limit, self.limit)})"
+        elif self.exit_code is None:
+            head = f"killed: {_LIMIT_TEXT.get(self.limit or '', 'stopped')}"
+        else:
+            head = f"exit code {self.exit_code}"
+            if self.limit:
+                head += f" ({_LIMIT_TEXT.get(self.limit, self.limit)})"
+        return f"{head}\n{self.output}" if self.output else f"{head}\n(no output)"
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    backend: str  # "bubblewrap" or "process"
+    workspace: Path  # host directory, writable by the sandbox
+    note: str | None  # why the fallback was used, else None
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult: ...
+
+    def cancel(self) -> None: ...
+
+    def delete(self) -> None: ...
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _sandbox_uid(workspace: Path) -> int:
+    """A stable uid per workspace, so a replayed run can write the files it wrote before."""
+    digest = hashlib.sha256(str(workspace).encode()).digest()
+    return _UID_BASE + int.from_bytes(digest[:8], "big") % _UID_SPAN
+
+
+def _capped(value: int, resource_id: int) -> int:
+    """``value``, lowered to our own hard limit: an unprivileged ``ulimit`` cannot raise it."""
+    _soft, hard = resource.getrlimit(resource_id)
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
+
+
+def _limits_prologue(limits: SandboxLimits) -> str:
+    """Bash that applies the limits, then execs the command in a fresh bash.
+
+    The CPU hard limit is a little above the soft one so the command gets SIGXCPU (which we can
+    report as "cpu") instead of an anonymous SIGKILL.
+    """
+    cpu_soft = max(1, _capped(limits.cpu_seconds, resource.RLIMIT_CPU))
+    cpu_hard = max(cpu_soft, _capped(limits.cpu_seconds + 2, resource.RLIMIT_CPU))
+    memory_kib = max(1, _capped(limits.memory_bytes, resource.RLIMIT_AS) // 1024)
+    file_kib = max(1, _capped(limits.file_size_bytes, resource.RLIMIT_FSIZE) // 1024)
+    processes = max(1, _capped(limits.processes, resource.RLIMIT_NPROC))
+    common = f"-v {memory_kib} -f {file_kib} -u {processes}"
+    return (
+        f"ulimit -t {cpu_hard} {common} && ulimit -S -t {cpu_soft} && "
+        'exec /bin/bash -c "$1" bash'
+    )
+
+
+def _shell_argv(command: str, limits: SandboxLimits) -> list[str]:
+    return ["/bin/bash", "-c", _limits_prologue(limits), "nodus-sandbox", command]
+
+
+def _prepare_workspace(workspace: Path, uid: int | None) -> None:
+    """Create the workspace and hand every entry to the sandbox uid.
+
+    Recursive because files put there by the host (or by an older run layout) must be writable
+    by the command too; symlinks are changed, never followed.
+    """
+    workspace.mkdir(parents=True, exist_ok=True)
+    if uid is None:
+        return
+
+    def own(path: str) -> None:
+        st = os.lstat(path)
+        if st.st_uid != uid or st.st_gid != uid:
+            os.lchown(path, uid, uid)
+
+    own(str(workspace))
+    for root, dirs, files in os.walk(workspace):
+        for name in dirs + files:
+            own(os.path.join(root, name))
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove the workspace even where the command dropped write permission on a directory."""
+
+    def retry_writable(func: Any, failed: str, _exc: Any) -> None:
+        parent = os.path.dirname(failed)
+        os.chmod(parent, 0o700)
+        if os.path.isdir(failed) and not os.path.islink(failed):
+            os.chmod(failed, 0o700)
+        func(failed)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=retry_writable)
+
+
+def _bwrap_argv(
+    bwrap: str,
+    setpriv: str | None,
+    workspace: Path,
+    command_argv: list[str],
+    limits: SandboxLimits,
+    *,
+    allow_network: bool,
+    host_uid: int | None,
+) -> list[str]:
+    """The bubblewrap command line; ``host_uid`` set means we are root and drop inside."""
+    tmpfs_bytes = str(max(_MIN_TMPFS_BYTES, limits.file_size_bytes))
+    if host_uid is not None:
+        # Real root: no user namespace, so the command's host uid is the dropped one and
+        # RLIMIT_NPROC applies; setpriv needs CAP_SETUID/SETGID, then clears every capability.
+        if setpriv is None:
+            raise ValueError("setpriv is required to drop root inside bubblewrap")
+        namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        if not allow_network:
+            namespaces.append("--unshare-net")
+        caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        drop = [
+            setpriv, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+        ]
+    else:
+        namespaces = ["--unshare-all", "--unshare-user", "--uid", str(_INNER_UID), "--gid", str(_INNER_UID)]
+        if allow_network:
+            namespaces.append("--share-net")
+        caps, drop = [], []
+    return [
+        bwrap,
+        *namespaces,
+        "--die-with-parent",
+        "--new-session",
+        "--hostname", "nodus-sandbox",
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
+        "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm",
+        "--bind", str(workspace), SANDBOX_WORKSPACE,
+        "--chdir", SANDBOX_WORKSPACE,
+        "--clearenv",
+        "--setenv", "PATH", _SANDBOX_PATH,
+        "--setenv", "HOME", SANDBOX_WORKSPACE,
+        "--setenv", "LANG", "C.UTF-8",
+        "--setenv", "TERM", "dumb",
+        *caps,
+        "--",
+        *drop,
+        *command_argv,
+    ]
+
+
+@lru_cache(maxsize=1)
+def _probe_bwrap() -> str | None:
+    """None when bubblewrap works here, else why not (becomes the fallback's note).
+
+    Runs a real, trivial sandbox with the same flags as commands use, because bwrap being
+    installed says nothing about whether namespaces are allowed in this container.
+    """
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bwrap not found"
+    setpriv = shutil.which("setpriv") if _is_root() else None
+    if _is_root() and setpriv is None:
+        return "setpriv not found (needed to drop root inside bubblewrap)"
+    probe_root = Path(os.environ.get("TMPDIR", "/tmp"))
+    try:
+        with tempfile.TemporaryDirectory(prefix="nodus-bwrap-probe-", dir=probe_root) as tmp:
+            workspace = Path(tmp)
+            uid = _UID_BASE if _is_root() else None
+            if uid is not None:
+                os.chown(workspace, uid, uid)
+            argv = _bwrap_argv(
+                bwrap, setpriv, workspace, ["/bin/bash", "-c", "touch probe"], SandboxLimits(),
+                allow_network=False, host_uid=uid,
+            )
+            proc = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_SECONDS,
+                env={"PATH": _SANDBOX_PATH}, start_new_session=True,
+            )
+            if proc.returncode != 0:
+                detail = proc.stderr.decode("utf-8", "replace").strip()[-300:]
+                return f"bwrap probe failed (exit {proc.returncode}): {detail}"
+            if not (workspace / "probe").exists():
+                return "bwrap probe ran but could not write its workspace"
+    except subprocess.TimeoutExpired:
+        return "bwrap probe timed out"
+    except OSError as exc:
+        return f"bwrap probe failed: {exc}"
+    return None
+
+
+def bwrap_available() -> bool:
+    """Whether commands can run under bubblewrap here (probed once per process)."""
+    return _probe_bwrap() is None
+
+
+_FORK_HINTS = ("fork: retry", "fork: resource temporarily unavailable", "cannot fork", "fork failed")
+_MEMORY_HINTS = ("memoryerror", "cannot allocate memory", "out of memory", "std::bad_alloc")
+_FILE_SIZE_HINTS = ("file size limit exceeded", "file too large")
+_CPU_HINTS = ("cpu time limit exceeded",)
+
+
+def _infer_limit(exit_code: int | None, text: str) -> str | None:
+    """Best-effort name of the limit a failed command ran into, from its status and last words."""
+    if exit_code is not None and exit_code > 128:
+        sig = exit_code - 128
+        if sig == signal.SIGXCPU:
+            return "cpu"
+        if sig == signal.SIGXFSZ:
+            return "file-size"
+    lowered = text.lower()
+    for limit, hints in (
+        ("processes", _FORK_HINTS),
+        ("memory", _MEMORY_HINTS),
+        ("file-size", _FILE_SIZE_HINTS),
+        ("cpu", _CPU_HINTS),
+    ):
+        if any(h in lowered for h in hints):
+            return limit
+    return None
+
+
+class _Active:
+    """The command currently running, shared between ``run`` and ``cancel``."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cancelled = False
+        self.finished = False
+
+
+class _OutputCap:
+    """Keeps the first ``cap`` bytes and the last few KiB of a stream; counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+        self.tail += chunk[-_HINT_TAIL_BYTES:]
+        del self.tail[:-_HINT_TAIL_BYTES]
+
+    @property
+    def dropped(self) -> int:
+        return self.total - len(self.head)
+
+    def text(self) -> str:
+        out = self.head.decode("utf-8", "replace")
+        if self.dropped:
+            out += f"\n[output truncated: {self.dropped} more bytes not shown]"
+        return out
+
+    def hint_text(self) -> str:
+        return self.head.decode("utf-8", "replace") + "\n" + self.tail.decode("utf-8", "replace")
+
+
+class _SandboxBase:
+    """Runs one command at a time with a deadline, a bounded output buffer and a cancel switch."""
+
+    backend: str = ""
+
+    def __init__(self, workspace: Path, limits: SandboxLimits, note: str | None) -> None:
+        self.workspace = Path(os.path.abspath(workspace))
+        self.limits = limits
+        self.note = note
+        # The host uid commands run as; None when we are not root and cannot drop to another uid.
+        self.host_uid: int | None = _sandbox_uid(self.workspace) if _is_root() else None
+        _prepare_workspace(self.workspace, self.host_uid)
+        self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._active: _Active | None = None
+        self._deleted = False
+
+    # -- backend hooks -------------------------------------------------------------------
+    def _argv(self, command: str) -> list[str]:
+        raise NotImplementedError
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _reap_leftovers(self) -> None:
+        """Kill whatever the command left behind once it is over; bubblewrap's PID namespace does it."""
+
+    # -- public --------------------------------------------------------------------------
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        """Run ``/bin/bash -c command`` in the workspace and wait for it (bounded by the timeout)."""
+        wall = self.limits.timeout_seconds if timeout is None else float(timeout)
+        with self._run_lock:
+            if self._deleted:
+                raise RuntimeError(f"sandbox {self.workspace} was deleted")
+            active = _Active()
+            with self._lock:
+                self._active = active
+            try:
+                return self._run_active(active, command, wall)
+            finally:
+                with self._lock:
+                    self._active = None
+
+    def cancel(self) -> None:
+        """Kill the running command, if any; safe from any thread, and later runs are unaffected."""
+        with self._lock:
+            active = self._active
+            if active is None or active.finished:
+                return
+            active.cancelled = True
+            proc = active.proc
+        if proc is not None:
+            self._kill(proc)
+
+    def delete(self) -> None:
+        """Stop any command and remove the workspace; the sandbox cannot run commands afterwards."""
+        self._deleted = True
+        self.cancel()
+        # Wait for the killed command to be collected so nothing writes into a half-removed tree.
+        acquired = self._run_lock.acquire(timeout=_KILL_WAIT_SECONDS * 2)
+        try:
+            self._reap_leftovers()
+            _remove_tree(self.workspace)
+        finally:
+            if acquired:
+                self._run_lock.release()
+
+    # -- internals -----------------------------------------------------------------------
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the command's process group (bubblewrap's included, which ends its namespace)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def _run_active(self, active: _Active, command: str, wall: float) -> CommandResult:
+        started = time.monotonic()
+        deadline = started + wall
+        proc = subprocess.Popen(
+            self._argv(command),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so one killpg reaches all of it
+            close_fds=True,
+            **self._popen_kwargs(),
+        )
+        with self._lock:
+            active.proc = proc
+            cancelled_early = active.cancelled
+        if cancelled_early:
+            self._kill(proc)
+
+        assert proc.stdout is not None
+        capture = _OutputCap(self.limits.output_bytes)
+        kill_after = self.limits.output_bytes * _OUTPUT_KILL_FACTOR
+        timed_out = output_killed = False
+        exited_at: float | None = None
+        with proc.stdout, selectors.DefaultSelector() as selector:
+            fd = proc.stdout.fileno()
+            selector.register(fd, selectors.EVENT_READ)
+            while True:
+                now = time.monotonic()
+                if active.cancelled:
+                    break
+                if now >= deadline:
+                    timed_out = True
+                    break
+                if proc.poll() is not None:
+                    exited_at = exited_at or now
+                    if now - exited_at > _EXIT_GRACE_SECONDS:
+                        break  # something the shell left behind still holds the pipe
+                if selector.select(min(_POLL_SECONDS, max(0.0, deadline - now))):
+                    chunk = os.read(fd, _READ_CHUNK)
+                    if not chunk:
+                        break
+                    capture.add(chunk)
+                    if capture.total > kill_after:
+                        output_killed = True
+                        break
+            if not (timed_out or output_killed or active.cancelled):
+                # End of output is not the end of the command (it may close its output and go
+                # on), so keep waiting, still bounded by the deadline; cancel() kills it meanwhile.
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+            if timed_out or output_killed or active.cancelled:
+                self._kill(proc)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=_KILL_WAIT_SECONDS)
+        with self._lock:
+            # From here on a cancel() is too late to change the outcome.
+            active.finished = True
+            cancel_requested = active.cancelled
+        self._kill(proc)  # anything left in the group once the shell is gone
+        self._reap_leftovers()
+        duration = time.monotonic() - started
+
+        cancelled = cancel_requested and not (timed_out or output_killed)
+        stopped = cancelled or timed_out or output_killed
+        exit_code = None if stopped or proc.returncode is None else _exit_status(proc.returncode)
+        if cancelled:
+            limit = None
+        elif output_killed:
+            limit = "output"
+        elif timed_out:
+            limit = "processes" if _infer_limit(None, capture.hint_text()) == "processes" else "timeout"
+        elif exit_code:
+            limit = _infer_limit(exit_code, capture.hint_text())
+        else:
+            limit = None
+        return CommandResult(
+            exit_code=exit_code,
+            output=capture.text(),
+            truncated=capture.dropped > 0,
+            timed_out=timed_out,
+            cancelled=cancelled,
+            duration_seconds=round(duration, 3),
+            limit=limit,
+        )
+
+
+def _exit_status(returncode: int) -> int:
+    """Shell convention (128 + signal) for both backends; Popen reports a signal as negative."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class BubblewrapSandbox(_SandboxBase):
+    """Commands in fresh namespaces over a read-only host; see the module docstring."""
+
+    backend = "bubblewrap"
+
+    def __init__(
+        self, workspace: Path, limits: SandboxLimits = SandboxLimits(), *, allow_network: bool = False
+    ) -> None:
+        super().__init__(workspace, limits, note=None)
+        self.allow_network = allow_network
+        self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
+        self._setpriv = shutil.which("setpriv") if self.host_uid is not None else None
+
+    def _argv(self, command: str) -> list[str]:
+        return _bwrap_argv(
+            self._bwrap, self._setpriv, self.workspace, _shell_argv(command, self.limits), self.limits,
+            allow_network=self.allow_network, host_uid=self.host_uid,
+        )
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        # bubblewrap itself needs no environment; the command's is set with --setenv.
+        return {"env": {"PATH": _SANDBOX_PATH}, "cwd": "/"}
+
+
+class ProcessSandbox(_SandboxBase):
+    """Fallback: a plain subprocess in the workspace, as the sandbox uid when we are root.
+
+    It has the same limits, timeout, output cap and cleared environment, but no filesystem or
+    network isolation: the command can reach the network and write anywhere its uid may (for
+    example ``/tmp``). Background processes are killed when a command ends, as under
+    bubblewrap: as root by killing everything running as the sandbox uid (a run that shares the
+    uid by hash collision would lose its command too), otherwise by killing the process group.
+    """
+
+    backend = "process"
+
+    def __init__(
+        self, workspace: Path, limits: SandboxLimits = SandboxLimits(), *, note: str | None = None
+    ) -> None:
+        super().__init__(workspace, limits, note=note or "bubblewrap not available")
+
+    def _argv(self, command: str) -> list[str]:
+        return _shell_argv(command, self.limits)
+
+    def _env(self) -> dict[str, str]:
+        return {"PATH": _SANDBOX_PATH, "HOME": str(self.workspace), "LANG": "C.UTF-8", "TERM": "dumb"}
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"env": self._env(), "cwd": str(self.workspace)}
+        if self.host_uid is not None:
+            # Popen changes directory before dropping the uid, so private parent dirs are fine.
+            kwargs.update(user=self.host_uid, group=self.host_uid, extra_groups=[])
+        return kwargs
+
+    def _reap_leftovers(self) -> None:
+        if self.host_uid is None:
+            return
+        # kill(-1) from the sandbox uid reaches every process of that uid, including ones that
+        # left the process group with setsid; it never reaches root's or other uids' processes.
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                ["/bin/bash", "-c", "kill -KILL -1 2>/dev/null; exit 0"],
+                user=self.host_uid, group=self.host_uid, extra_groups=[], env={"PATH": _SANDBOX_PATH},
+                cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=_KILL_WAIT_SECONDS, start_new_session=True,
+            )
+
+
+def create_sandbox(
+    workspace: Path, limits: SandboxLimits = SandboxLimits(), *, allow_network: bool = False
+) -> Sandbox:
+    """The best sandbox this host can offer for ``workspace`` (created if missing)."""
+    reason = _probe_bwrap()
+    if reason is None:
+        return BubblewrapSandbox(workspace, limits, allow_network=allow_network)
+    note = f"bubblewrap not available ({reason}); commands run as plain processes without filesystem"
+    note += " or network isolation"
+    return ProcessSandbox(workspace, limits, note=note)
