@@ -1,0 +1,180 @@
+"""``nodus up`` and ``nodus down``: bring the service onto a Ray cluster and take it off.
+
+``up`` starts a local Ray head (or joins the cluster at ``address``), creates the control
+plane actor, which reloads everything from storage and resumes unfinished runs, and deploys
+the Serve app. It is idempotent: on a running service it reattaches and reports. The driver
+exits afterwards; the detached actors and the Serve app keep running.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+
+from nodus.errors import NodusError, Unavailable
+
+from .settings import CONTROL_PLANE_NAME, NAMESPACE, SERVE_APP_NAME, ServerSettings
+
+__all__ = ["UpInfo", "up", "down"]
+
+_STATE_FILE = Path.home() / ".nodus" / "cluster.json"
+_READY_TIMEOUT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class UpInfo:
+    api_url: str
+    storage: str
+    model_backend: str
+    sandbox: str
+    ray_address: str
+    dashboard_url: str | None
+    started_ray: bool
+
+
+def _ray_executable() -> str:
+    candidate = Path(sys.executable).parent / "ray"
+    return str(candidate) if candidate.exists() else "ray"
+
+
+def _start_local_head() -> None:
+    command = [_ray_executable(), "start", "--head", "--disable-usage-stats",
+               "--include-dashboard=true", "--dashboard-host=127.0.0.1"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise Unavailable(f"`ray start --head` failed: {tail[0]}")
+
+
+def _init(address: str) -> Any:
+    return ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+
+
+def _connect(address: str | None) -> tuple[bool, Any]:
+    """Connect this driver; start a local head first when there is no cluster.
+
+    Returns whether a head was started, and Ray's context (which knows the dashboard URL).
+    """
+    if address:
+        return False, _init(address)
+    try:
+        return False, _init("auto")
+    except ConnectionError:
+        _start_local_head()
+        return True, _init("auto")
+
+
+def _ensure_control_plane(settings: ServerSettings) -> dict[str, object]:
+    from .control_plane import RemoteControlPlane
+
+    actor = RemoteControlPlane.options(
+        name=CONTROL_PLANE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote(settings)
+    info = ray.get(actor.ready.remote())
+    if info["storage"] != settings.storage_uri:
+        raise NodusError(
+            f"nodus is already running with storage {info['storage']}; run `nodus down` first to "
+            f"switch to {settings.storage_uri}",
+            code="Conflict",
+        )
+    return info
+
+
+def _deploy_api(port: int) -> None:
+    from ray import serve
+
+    from nodus_serve.deployment import build
+
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build(), name=SERVE_APP_NAME, route_prefix="/", blocking=False)
+
+
+def _wait_ready(api_url: str) -> None:
+    deadline = time.monotonic() + _READY_TIMEOUT_SECONDS
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{api_url}/readyz", timeout=5.0)
+            if response.status_code == 200:
+                return
+            last = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            last = type(exc).__name__
+        time.sleep(0.25)
+    raise Unavailable(f"the API at {api_url} did not become ready in {_READY_TIMEOUT_SECONDS:.0f}s ({last})")
+
+
+def up(address: str | None = None, port: int = 8000, storage: str | None = None) -> UpInfo:
+    """Start or reuse Ray, the control plane and the API; return where everything is."""
+    settings = ServerSettings.from_env()
+    if storage:
+        settings = replace(settings, storage_uri=storage)
+    started, ray_context = _connect(address)
+    try:
+        info = _ensure_control_plane(settings)
+        _deploy_api(port)
+        api_url = f"http://127.0.0.1:{port}"
+        _wait_ready(api_url)
+        context = ray.get_runtime_context()
+        dashboard = getattr(ray_context, "dashboard_url", None)
+        result = UpInfo(
+            api_url=api_url,
+            storage=settings.storage_uri,
+            model_backend=str(info["modelBackend"]),
+            sandbox=str(info["sandbox"]),
+            ray_address=context.gcs_address,
+            dashboard_url=f"http://{dashboard}" if dashboard else None,
+            started_ray=started,
+        )
+    finally:
+        ray.shutdown()
+    previous = _read_state()
+    _STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    state = asdict(result)
+    state["started_ray"] = started or bool(previous.get("started_ray"))
+    _STATE_FILE.write_text(json.dumps(state, indent=2))
+    return result
+
+
+def _read_state() -> dict[str, object]:
+    try:
+        return json.loads(_STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def down() -> str:
+    """Stop the service. A Ray head that `up` started is stopped; a joined cluster is left running."""
+    state = _read_state()
+    if state.get("started_ray"):
+        subprocess.run([_ray_executable(), "stop"], capture_output=True, text=True, check=False)
+        _STATE_FILE.unlink(missing_ok=True)
+        return "stopped the local Ray cluster (the API, the control plane and every run actor); storage is kept"
+    try:
+        ray.init(address=str(state.get("ray_address") or "auto"), namespace=NAMESPACE,
+                 logging_level="ERROR", log_to_driver=False)
+    except ConnectionError:
+        _STATE_FILE.unlink(missing_ok=True)
+        return "no Ray cluster is running; nothing to stop"
+    try:
+        from ray import serve
+
+        serve.delete(SERVE_APP_NAME)
+        stopped = 0
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry.get("namespace") == NAMESPACE:
+                ray.kill(ray.get_actor(entry["name"], namespace=NAMESPACE), no_restart=True)
+                stopped += 1
+    finally:
+        ray.shutdown()
+    _STATE_FILE.unlink(missing_ok=True)
+    return f"removed the API and {stopped} nodus actors from the cluster; the cluster and storage are kept"
+

@@ -1,0 +1,456 @@
+"""The control plane: one detached async actor that owns every resource.
+
+It validates each change, writes it to storage before answering (storage is the only durable
+state), and starts and supervises one run actor per unfinished run. On start it reloads
+everything from storage and re-attaches to, or replaces, the actors of unfinished runs, which
+is what makes ``ray stop --force`` followed by ``nodus up`` lose nothing.
+
+Ownership is strict: run actors report progress here and never write a run's resource
+themselves, so there is exactly one writer per resource file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from nodus.errors import Conflict, Invalid, NotFound, Unsupported
+from nodus.resources import (
+    TERMINAL_PHASES,
+    Agent,
+    AgentRun,
+    AgentRunStatus,
+    AgentStatus,
+    ObjectMeta,
+    parse_duration,
+    parse_resource,
+    validate_dns_label,
+)
+
+from .journal import Journal, step_views
+from .patch import merge_patch
+from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
+from .sandbox import bwrap_available
+from .settings import NAMESPACE, ServerSettings
+from .storage import Storage
+
+__all__ = ["ControlPlane", "RemoteControlPlane"]
+
+logger = logging.getLogger(__name__)
+
+_VERSION = "0.1.0"
+_CANCEL_GRACE_SECONDS = 15.0
+
+Key = tuple[str, str]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _check_project(project: str) -> str:
+    try:
+        return validate_dns_label(project)
+    except ValueError as exc:
+        raise Invalid(f"project: {exc}", details={"field": "project"}) from None
+
+
+def _agent_key(project: str, name: str) -> str:
+    return f"projects/{project}/agents/{name}"
+
+
+class ControlPlane:
+    """Resources in memory, mirrored to storage; supervisors for unfinished runs."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.storage = Storage(settings.storage_uri)
+        self._agents: dict[Key, dict[str, Any]] = {}
+        self._runs: dict[Key, dict[str, Any]] = {}
+        self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._supervisors: dict[Key, asyncio.Task[None]] = {}
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+
+    def __repr__(self) -> str:
+        return f"ControlPlane(storage={self.settings.storage_uri}, agents={len(self._agents)}, runs={len(self._runs)})"
+
+    # -- start and recovery ---------------------------------------------------------------
+
+    async def _ensure_started(self) -> None:
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            await asyncio.to_thread(self._load)
+            for key, run in self._runs.items():
+                if run["status"]["phase"] not in TERMINAL_PHASES and run["status"]["phase"] != "Waiting":
+                    self._supervise(key)
+            self._started = True
+
+    def _load(self) -> None:
+        """Read every resource back from storage; a damaged file is logged, not fatal."""
+        for project in self.storage.list_dir("projects"):
+            for name in self.storage.list_dir(f"projects/{project}/agents"):
+                self._load_one(self._agents, (project, name), f"{_agent_key(project, name)}/agent.json")
+            for name in self.storage.list_dir(f"projects/{project}/agentruns"):
+                self._load_one(self._runs, (project, name), f"{run_storage_prefix(project, name)}/run.json")
+
+    def _load_one(self, into: dict[Key, dict[str, Any]], key: Key, path: str) -> None:
+        try:
+            into[key] = self.storage.read_json(path)
+        except FileNotFoundError:
+            logger.warning("no resource file at %s; skipped", path)
+        except Exception:  # noqa: BLE001 - one damaged file must not stop the whole service
+            logger.exception("could not read %s; skipped", path)
+
+    async def ready(self) -> dict[str, Any]:
+        """Load (once) and describe the service: the readiness probe and ``/v1/info``."""
+        await self._ensure_started()
+        return {
+            "version": _VERSION,
+            "storage": self.settings.storage_uri,
+            "modelBackend": self.settings.model_backend,
+            "sandbox": "bubblewrap" if await asyncio.to_thread(bwrap_available) else "process",
+            "sandboxRoot": self.settings.sandbox_root,
+            "agents": len(self._agents),
+            "runs": len(self._runs),
+        }
+
+    # -- persistence ----------------------------------------------------------------------
+
+    async def _persist_run(self, key: Key) -> None:
+        run = self._runs.get(key)
+        if run is not None:
+            await asyncio.to_thread(self.storage.write_json, f"{run_storage_prefix(*key)}/run.json", run)
+
+    # -- agents ---------------------------------------------------------------------------
+
+    async def apply_agent(self, project: str, document: dict[str, Any], mode: str = "apply") -> dict[str, Any]:
+        """Create (``mode="create"``) or create-or-update an Agent; a changed spec is a revision."""
+        await self._ensure_started()
+        _check_project(project)
+        agent = parse_resource(document, expected_kind="Agent")
+        assert isinstance(agent, Agent)
+        key = (project, agent.metadata.name)
+        async with self._locks[key]:
+            existing = self._agents.get(key)
+            if existing is not None and mode == "create":
+                raise Conflict(f"agent {agent.metadata.name!r} already exists", code="AlreadyExists",
+                               details={"kind": "Agent", "name": agent.metadata.name})
+            spec = agent.spec.model_dump(mode="json")
+            labels = agent.metadata.labels
+            if existing is not None and existing["spec"] == spec and existing["metadata"].get("labels", {}) == labels:
+                return {"resource": existing, "result": "unchanged"}
+            revision = (existing["status"]["revision"] + 1) if existing else 1
+            resource = Agent(
+                metadata=ObjectMeta(
+                    name=agent.metadata.name,
+                    project=project,
+                    uid=existing["metadata"]["uid"] if existing else uuid.uuid4().hex,
+                    generation=revision,
+                    creationTimestamp=existing["metadata"]["creationTimestamp"] if existing else _now(),
+                    labels=labels,
+                ),
+                spec=agent.spec,
+                status=AgentStatus(revision=revision, updatedAt=_now()),
+            ).model_dump(mode="json")
+            base = _agent_key(project, agent.metadata.name)
+            # The revision first: agent.json must never name a revision that is not stored.
+            await asyncio.to_thread(self.storage.write_json, f"{base}/revisions/{revision:06d}.json", resource)
+            await asyncio.to_thread(self.storage.write_json, f"{base}/agent.json", resource)
+            self._agents[key] = resource
+            return {"resource": resource, "result": "created" if existing is None else "configured"}
+
+    async def patch_agent(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        current = await self.get_agent(project, name)
+        if not isinstance(patch, dict):
+            raise Invalid("a merge patch must be a JSON object", details={"field": ""})
+        document = merge_patch({k: v for k, v in current.items() if k != "status"}, patch)
+        document.pop("status", None)
+        meta = document.get("metadata")
+        if not isinstance(meta, dict) or meta.get("name") != name:
+            raise Invalid("metadata.name cannot be changed by a patch", details={"field": "metadata.name"})
+        return await self.apply_agent(project, document, mode="apply")
+
+    async def get_agent(self, project: str, name: str) -> dict[str, Any]:
+        await self._ensure_started()
+        _check_project(project)
+        agent = self._agents.get((project, name))
+        if agent is None:
+            raise NotFound(f"agent {name!r} not found in project {project!r}",
+                           details={"kind": "Agent", "name": name})
+        return agent
+
+    async def list_agents(self, project: str) -> list[dict[str, Any]]:
+        await self._ensure_started()
+        _check_project(project)
+        return [agent for (p, _), agent in sorted(self._agents.items()) if p == project]
+
+    async def delete_agent(self, project: str, name: str) -> dict[str, Any]:
+        agent = await self.get_agent(project, name)
+        key = (project, name)
+        async with self._locks[key]:
+            users = [run_name for (p, run_name), run in self._runs.items()
+                     if p == project and run["spec"]["agent"] == name
+                     and run["status"]["phase"] not in TERMINAL_PHASES]
+            if users:
+                raise Conflict(f"agent {name!r} has unfinished runs ({', '.join(sorted(users)[:5])}); "
+                               "cancel or delete them first", details={"kind": "Agent", "name": name})
+            await asyncio.to_thread(self.storage.delete_tree, _agent_key(project, name))
+            self._agents.pop(key, None)
+        return agent
+
+    # -- runs -----------------------------------------------------------------------------
+
+    async def create_run(self, project: str, document: dict[str, Any], mode: str = "create") -> dict[str, Any]:
+        """Accept a run: persist it Pending, pinned to the agent's current revision, then start it."""
+        await self._ensure_started()
+        _check_project(project)
+        run = parse_resource(document, expected_kind="AgentRun")
+        assert isinstance(run, AgentRun)
+        name = run.metadata.name
+        key = (project, name)
+        async with self._locks[key]:
+            spec = run.spec.model_dump(mode="json")
+            existing = self._runs.get(key)
+            if existing is not None:
+                if mode == "apply" and existing["spec"] == spec:
+                    return {"resource": existing, "result": "unchanged"}
+                if mode == "apply":
+                    raise Conflict(f"agentrun {name!r} exists with another spec; a run's spec cannot change "
+                                   "(delete it and create it again)", details={"kind": "AgentRun", "name": name})
+                raise Conflict(f"agentrun {name!r} already exists", code="AlreadyExists",
+                               details={"kind": "AgentRun", "name": name})
+            agent = self._agents.get((project, run.spec.agent))
+            if agent is None:
+                raise NotFound(f"spec.agent: agent {run.spec.agent!r} not found in project {project!r}",
+                               details={"kind": "Agent", "name": run.spec.agent, "field": "spec.agent"})
+            if agent["spec"]["state"] == "Stopped":
+                raise Conflict(f"agent {run.spec.agent!r} is stopped (spec.state: Stopped); it takes no runs",
+                               code="AgentStopped", details={"kind": "Agent", "name": run.spec.agent})
+            if run.spec.keepAlive:
+                raise Unsupported("spec.keepAlive is not supported yet: runs end after their first turn",
+                                  details={"field": "spec.keepAlive"})
+            created = _now()
+            status = AgentRunStatus(
+                phase="Pending",
+                agentRevision=agent["status"]["revision"],
+                createdAt=created,
+            ).model_dump(mode="json")
+            status["cost"]["limitUSD"] = agent["spec"]["perRunMaxCostUSD"]
+            if run.spec.deadline:
+                deadline = datetime.now(UTC) + parse_duration(run.spec.deadline)
+                status["deadlineAt"] = deadline.isoformat().replace("+00:00", "Z")
+            resource = {
+                "apiVersion": run.apiVersion,
+                "kind": "AgentRun",
+                "metadata": ObjectMeta(name=name, project=project, uid=uuid.uuid4().hex, generation=1,
+                                       creationTimestamp=created, labels=run.metadata.labels
+                                       ).model_dump(mode="json"),
+                "spec": spec,
+                "status": status,
+            }
+            prefix = run_storage_prefix(project, name)
+            # The pinned agent is stored with the run: the run never depends on the Agent again.
+            await asyncio.to_thread(self.storage.write_json, f"{prefix}/agent.json", agent)
+            await asyncio.to_thread(self.storage.write_json, f"{prefix}/run.json", resource)
+            self._runs[key] = resource
+        self._supervise(key)
+        return {"resource": resource, "result": "created"}
+
+    async def get_run(self, project: str, name: str) -> dict[str, Any]:
+        await self._ensure_started()
+        _check_project(project)
+        run = self._runs.get((project, name))
+        if run is None:
+            raise NotFound(f"agentrun {name!r} not found in project {project!r}",
+                           details={"kind": "AgentRun", "name": name})
+        return run
+
+    async def list_runs(self, project: str, agent: str | None = None) -> list[dict[str, Any]]:
+        await self._ensure_started()
+        _check_project(project)
+        return [run for (p, _), run in sorted(self._runs.items())
+                if p == project and (agent is None or run["spec"]["agent"] == agent)]
+
+    async def run_steps(self, project: str, name: str) -> list[dict[str, Any]]:
+        await self.get_run(project, name)
+        journal = Journal(self.storage, f"{run_storage_prefix(project, name)}/journal")
+        records = await asyncio.to_thread(journal.load)
+        return step_views(records)
+
+    async def run_answer(self, project: str, name: str) -> dict[str, Any]:
+        run = await self.get_run(project, name)
+        phase = run["status"]["phase"]
+        if run["status"].get("answer") is None:
+            raise Conflict(f"agentrun {name!r} has no answer (phase {phase})", code="AnswerNotReady",
+                           details={"kind": "AgentRun", "name": name, "phase": phase})
+        data = await asyncio.to_thread(self.storage.read_bytes, f"{run_storage_prefix(project, name)}/answer.txt")
+        text = data.decode("utf-8")
+        return {"name": name, "phase": phase, "answer": text, "bytes": len(data)}
+
+    async def cancel_run(self, project: str, name: str) -> dict[str, Any]:
+        """Stop the run: its command is killed and its sandbox deleted. Finished runs stay as they are."""
+        run = await self.get_run(project, name)
+        key = (project, name)
+        async with self._locks[key]:
+            if run["status"]["phase"] in TERMINAL_PHASES:
+                return run
+            # Terminal first, so neither the supervisor nor a late report revives the run.
+            run["status"].update({"phase": "Cancelled", "reason": "Cancelled",
+                                  "message": "cancelled on request", "finishedAt": _now()})
+            await self._persist_run(key)
+        await self._stop_actor(key, run)
+        return run
+
+    async def delete_run(self, project: str, name: str) -> dict[str, Any]:
+        run = await self.get_run(project, name)
+        key = (project, name)
+        if run["status"]["phase"] not in TERMINAL_PHASES:
+            await self.cancel_run(project, name)
+        else:
+            await self._stop_actor(key, run)
+        async with self._locks[key]:
+            await asyncio.to_thread(self._remove_workspace, project, name)
+            await asyncio.to_thread(self.storage.delete_tree, run_storage_prefix(project, name))
+            self._runs.pop(key, None)
+        return run
+
+    # -- reports from run actors ----------------------------------------------------------
+
+    async def report(self, project: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge a run actor's progress into the run's status; late reports of a finished run are dropped."""
+        key = (project, name)
+        async with self._locks[key]:
+            run = self._runs.get(key)
+            if run is None or run["status"]["phase"] in TERMINAL_PHASES:
+                return
+            _merge_status(run["status"], patch)
+            await self._persist_run(key)
+
+    # -- supervision ----------------------------------------------------------------------
+
+    def _supervise(self, key: Key) -> None:
+        task = self._supervisors.get(key)
+        if task is None or task.done():
+            self._supervisors[key] = asyncio.get_running_loop().create_task(self._supervise_run(key))
+
+    def _workspace(self, project: str, name: str) -> str:
+        return str(Path(self.settings.sandbox_root) / project / name)
+
+    def _remove_workspace(self, project: str, name: str) -> None:
+        shutil.rmtree(self._workspace(project, name), ignore_errors=True)
+
+    def _find_actor(self, project: str, name: str, attempt: int) -> Any | None:
+        try:
+            return ray.get_actor(run_actor_name(project, name, attempt), namespace=NAMESPACE)
+        except ValueError:
+            return None
+
+    async def _start_actor(self, key: Key) -> Any:
+        run = self._runs[key]
+        project, name = key
+        attempt = int(run["status"].get("attempts") or 0) + 1
+        await self.report(project, name, {"attempts": attempt})
+        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
+        config = RunConfig(
+            project=project,
+            name=name,
+            agent=run["spec"]["agent"],
+            agent_revision=int(run["status"]["agentRevision"]),
+            agent_spec=pinned["spec"],
+            run_spec=run["spec"],
+            storage_uri=self.settings.storage_uri,
+            workspace=self._workspace(project, name),
+            deadline_at=run["status"].get("deadlineAt"),
+            offline_latency_seconds=self.settings.offline_latency_seconds,
+        )
+        return RemoteRunActor.options(
+            name=run_actor_name(project, name, attempt),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+        ).remote(config)
+
+    async def _supervise_run(self, key: Key) -> None:
+        """Keep one live actor on an unfinished run until it ends; replace actors that die."""
+        project, name = key
+        while True:
+            run = self._runs.get(key)
+            if run is None or run["status"]["phase"] in TERMINAL_PHASES:
+                return
+            attempt = int(run["status"].get("attempts") or 0)
+            actor = self._find_actor(project, name, attempt) if attempt else None
+            if actor is None:
+                if attempt > self.settings.max_actor_restarts:
+                    await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
+                                             "message": f"the run's actor died {attempt} times"})
+                    return
+                actor = await self._start_actor(key)
+            try:
+                outcome = await actor.run.remote()
+            except RayActorError:
+                logger.warning("actor of run %s/%s died; replaying its journal in a new actor", project, name)
+                continue
+            except Exception as error:  # noqa: BLE001 - a bug in a run must fail that run only
+                run = self._runs.get(key)
+                if run is None or run["status"]["phase"] in TERMINAL_PHASES:
+                    return
+                cause = getattr(error, "cause", None) or error
+                logger.exception("run %s/%s failed inside its actor", project, name)
+                await self._finish(key, {"phase": "Failed", "reason": "InternalError",
+                                         "message": f"{type(cause).__name__}: {str(cause).splitlines()[0][:400]}"})
+                ray.kill(actor, no_restart=True)
+                return
+            await self._finish(key, outcome)
+            ray.kill(actor, no_restart=True)
+            return
+
+    async def _finish(self, key: Key, outcome: dict[str, Any]) -> None:
+        async with self._locks[key]:
+            run = self._runs.get(key)
+            if run is None or run["status"]["phase"] in TERMINAL_PHASES:
+                return
+            outcome = dict(outcome)
+            if outcome.get("phase") in TERMINAL_PHASES:
+                outcome.setdefault("finishedAt", _now())
+            _merge_status(run["status"], outcome)
+            await self._persist_run(key)
+
+    async def _stop_actor(self, key: Key, run: dict[str, Any]) -> None:
+        """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""
+        project, name = key
+        attempt = int(run["status"].get("attempts") or 0)
+        actor = self._find_actor(project, name, attempt) if attempt else None
+        if actor is not None:
+            try:
+                await asyncio.wait_for(actor.cancel.remote(), timeout=_CANCEL_GRACE_SECONDS)
+            except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
+                logger.warning("actor of run %s/%s did not cancel cleanly", project, name)
+            ray.kill(actor, no_restart=True)
+        if run["status"]["phase"] == "Cancelled":
+            await asyncio.to_thread(self._remove_workspace, project, name)
+
+
+def _merge_status(status: dict[str, Any], patch: dict[str, Any]) -> None:
+    for field, value in patch.items():
+        if isinstance(value, dict) and isinstance(status.get(field), dict):
+            status[field].update(value)
+        else:
+            status[field] = value
+
+
+RemoteControlPlane = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=1000)(ControlPlane)

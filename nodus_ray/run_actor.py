@@ -1,0 +1,198 @@
+"""One detached Ray actor per run: its sandbox, its journal and its program.
+
+The actor is disposable. Everything it knows that matters is in the journal, so when it dies
+(a crash, a killed node, ``ray stop``) the control plane starts another that loads the
+journal and runs the same program, which replays what was recorded and continues. The actor
+reports progress upward to the control plane, which alone writes the run's resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
+
+from .conversation import Conversation, ConversationSpec, RunFailure
+from .durable import NeedsResolution, Steps
+from .journal import Journal
+from .models import provider_for
+from .sandbox import Sandbox, create_sandbox
+from .settings import CONTROL_PLANE_NAME, NAMESPACE
+from .storage import Storage
+
+__all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
+
+
+def run_actor_name(project: str, name: str, attempt: int) -> str:
+    """Unique per attempt, so a replacement never races the dead actor's name."""
+    return f"run.{project}.{name}.{attempt}"
+
+
+def run_storage_prefix(project: str, name: str) -> str:
+    return f"projects/{project}/agentruns/{name}"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything an actor needs, pinned when the run was created (never read from the Agent)."""
+
+    project: str
+    name: str
+    agent: str
+    agent_revision: int
+    agent_spec: dict[str, Any]
+    run_spec: dict[str, Any]
+    storage_uri: str
+    workspace: str
+    deadline_at: str | None
+    offline_latency_seconds: float = 0.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+class RunActor:
+    """Runs the program once per actor; `run` can be awaited any number of times."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.phase = "Pending"
+        self._task: asyncio.Task[dict[str, Any]] | None = None
+        self._sandbox: Sandbox | None = None
+        self._cancelled = False
+        self._storage = Storage(config.storage_uri)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"RunActor(run={c.project}/{c.name}, agent={c.agent}@{c.agent_revision}, phase={self.phase})"
+
+    async def run(self) -> dict[str, Any]:
+        """Start the program if it has not started, and return its outcome when it ends."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._execute())
+        return await asyncio.shield(self._task)
+
+    async def cancel(self) -> None:
+        """Stop the running command and delete the sandbox; the control plane records why."""
+        self._cancelled = True
+        if self._sandbox is not None:
+            await asyncio.to_thread(self._sandbox.cancel)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:  # noqa: BLE001 - the task's end is the cancel we asked for
+                pass
+        await asyncio.to_thread(self._delete_sandbox)
+        self.phase = "Cancelled"
+
+    def _delete_sandbox(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.delete()
+        else:  # never opened by this actor (a replacement): the directory is all there is
+            shutil.rmtree(self.config.workspace, ignore_errors=True)
+
+    async def _report(self, patch: dict[str, Any]) -> None:
+        control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
+        await control_plane.report.remote(self.config.project, self.config.name, patch)
+
+    def _open_sandbox(self) -> Sandbox:
+        self._sandbox = create_sandbox(Path(self.config.workspace))
+        return self._sandbox
+
+    async def _execute(self) -> dict[str, Any]:
+        config = self.config
+        journal = Journal(self._storage, f"{run_storage_prefix(config.project, config.name)}/journal")
+        await asyncio.to_thread(journal.load)
+        steps = Steps(journal)
+        agent = config.agent_spec
+        model = agent.get("model") or {}
+        conversation = Conversation(
+            steps=steps,
+            provider=provider_for(model, latency_seconds=config.offline_latency_seconds),
+            spec=ConversationSpec(
+                system=agent.get("system", ""),
+                families=model.get("families"),
+                model_name=model.get("name"),
+                max_tokens=int(agent.get("maxTokens", 1024)),
+                max_tool_calls=int(agent.get("maxToolCalls", 50)),
+                prompt=config.run_spec.get("input", ""),
+            ),
+            open_sandbox=self._open_sandbox,
+            on_progress=self._on_progress,
+        )
+        self._conversation = conversation
+        self.phase = "Running"
+        await self._report({"phase": "Running", "reason": None, "message": None,
+                            "startedAt": _now(), "sandbox": {"node": socket.gethostname(),
+                                                             "workspace": config.workspace}})
+        try:
+            answer = await self._with_deadline(conversation.run())
+        except RunFailure as failure:
+            return self._outcome("Failed", failure.reason, failure.message, conversation)
+        except NeedsResolution as parked:
+            return self._outcome("Waiting", "NeedsResolution", f"{parked} ; resolve step {parked.step_id}",
+                                 conversation, step=parked.step_id)
+        except TimeoutError:
+            if self._sandbox is not None:
+                await asyncio.to_thread(self._sandbox.cancel)
+            await asyncio.to_thread(self._delete_sandbox)
+            return self._outcome("Failed", "DeadlineExceeded",
+                                 f"the run passed its deadline ({config.run_spec.get('deadline')})", conversation)
+        await asyncio.to_thread(
+            self._storage.write_bytes, f"{run_storage_prefix(config.project, config.name)}/answer.txt",
+            answer.encode("utf-8"),
+        )
+        return self._outcome("Succeeded", "Completed", None, conversation, answer=answer)
+
+    async def _with_deadline(self, program: Any) -> str:
+        if not self.config.deadline_at:
+            return await program
+        deadline = datetime.fromisoformat(self.config.deadline_at.replace("Z", "+00:00"))
+        remaining = (deadline - datetime.now(UTC)).total_seconds()
+        if remaining <= 0:
+            program.close()
+            raise TimeoutError
+        return await asyncio.wait_for(program, timeout=remaining)
+
+    async def _on_progress(self, turns: list[Turn]) -> None:
+        conversation = self._conversation
+        await self._report({
+            "turns": [turn.model_dump() for turn in turns],
+            "cost": {"totalUSD": str(conversation.cost_usd)},
+            "sandbox": {"backend": conversation.sandbox_info.get("backend"),
+                        "note": conversation.sandbox_info.get("note")},
+        })
+
+    def _outcome(self, phase: str, reason: str, message: str | None, conversation: Conversation, *,
+                 answer: str | None = None, step: str | None = None) -> dict[str, Any]:
+        self.phase = phase
+        status: dict[str, Any] = {
+            "phase": phase,
+            "reason": reason,
+            "message": message,
+            "turns": [turn.model_dump() for turn in conversation.turns],
+            "cost": {"totalUSD": str(conversation.cost_usd)},
+        }
+        if phase != "Waiting":
+            status["finishedAt"] = _now()
+        if step is not None:
+            status["step"] = step
+        if answer is not None:
+            encoded = answer.encode("utf-8")
+            preview = encoded[:ANSWER_PREVIEW_BYTES].decode("utf-8", errors="ignore")
+            status["answer"] = {"preview": preview, "bytes": len(encoded),
+                                "truncated": len(encoded) > ANSWER_PREVIEW_BYTES}
+        return status
+
+
+RemoteRunActor = ray.remote(num_cpus=0, max_restarts=0)(RunActor)
