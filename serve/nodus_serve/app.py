@@ -1,0 +1,205 @@
+"""The REST API: a stateless FastAPI app in front of the control plane actor.
+
+The ingress validates what it can alone (JSON shape, names), forwards everything else to the
+control plane and turns every refusal into ``{code, message, details}`` with a 4xx status.
+It holds no state, so Serve may run any number of replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray.exceptions import RayActorError, RayTaskError
+
+from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge, Unavailable
+from nodus.resources import API_VERSION, validate_dns_label
+from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_BODY_BYTES = 1024 * 1024  # a resource with a 256 KiB input, JSON-escaped, fits
+
+
+class ControlPlaneGateway:
+    """Finds the control plane by name and forwards calls; re-finds it after a restart."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+
+    def _actor(self) -> Any:
+        if self._handle is None:
+            try:
+                self._handle = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
+            except ValueError:
+                raise Unavailable("the control plane is not running; run `nodus up`") from None
+        return self._handle
+
+    async def call(self, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._actor(), method).remote(*args)
+        except NodusError:
+            raise
+        except RayActorError:
+            self._handle = None
+            raise Unavailable("the control plane is restarting; try again shortly") from None
+        except RayTaskError as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, NodusError):
+                raise cause from None
+            logger.exception("control plane call %s failed", method)
+            raise
+
+
+def _error(error: NodusError) -> JSONResponse:
+    return JSONResponse(status_code=error.status, content=error.to_dict())
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > _MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"the request body is larger than {_MAX_BODY_BYTES} bytes", details={"field": ""})
+    try:
+        body = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not JSON: {exc}", details={"field": ""}) from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", details={"field": ""})
+    return body
+
+
+def _project(project: str) -> str:
+    try:
+        return validate_dns_label(project)
+    except ValueError as exc:
+        raise Invalid(f"project: {exc}", details={"field": "project"}) from None
+
+
+def _name_matches(body: dict[str, Any], name: str) -> dict[str, Any]:
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and meta.get("name") not in (None, name):
+        raise Invalid(f"metadata.name {meta.get('name')!r} does not match the URL's name {name!r}",
+                      details={"field": "metadata.name"})
+    if isinstance(meta, dict):
+        body = {**body, "metadata": {**meta, "name": name}}
+    elif meta is None:
+        body = {**body, "metadata": {"name": name}}
+    return body
+
+
+def _listing(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": kind, "items": items}
+
+
+def _applied(outcome: dict[str, Any]) -> JSONResponse:
+    status = 201 if outcome["result"] == "created" else 200
+    return JSONResponse(status_code=status, content=outcome["resource"],
+                        headers={"X-Nodus-Result": outcome["result"]})
+
+
+def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
+    """The FastAPI app; Serve's ingress wraps it, tests may call it directly."""
+    cp = gateway or ControlPlaneGateway()
+    app = FastAPI(title="nodus", version="0.1.0",
+                  description="Durable agent runs on Ray. Errors are JSON {code, message, details}.")
+
+    @app.exception_handler(NodusError)
+    async def _nodus_error(_: Request, error: NodusError) -> JSONResponse:
+        return _error(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        field = ".".join(str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path"))
+        return _error(Invalid(f"{field}: {first.get('msg', 'invalid request')}", details={"field": field}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error", exc_info=error)
+        return JSONResponse(status_code=500, content={"code": "InternalError",
+                                                      "message": "the server failed; see its logs",
+                                                      "details": {}})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, Any]:
+        info = await cp.call("ready")
+        return {"status": "ready", **info}
+
+    @app.get("/v1/info")
+    async def info() -> dict[str, Any]:
+        return await cp.call("ready")
+
+    # -- agents ---------------------------------------------------------------------------
+
+    @app.get("/v1/projects/{project}/agents")
+    async def list_agents(project: str) -> dict[str, Any]:
+        return _listing("AgentList", await cp.call("list_agents", _project(project)))
+
+    @app.post("/v1/projects/{project}/agents", status_code=201)
+    async def create_agent(project: str, request: Request) -> JSONResponse:
+        return _applied(await cp.call("apply_agent", _project(project), await _body(request), "create"))
+
+    @app.get("/v1/projects/{project}/agents/{name}")
+    async def get_agent(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("get_agent", _project(project), name)
+
+    @app.put("/v1/projects/{project}/agents/{name}")
+    async def apply_agent(project: str, name: str, request: Request) -> JSONResponse:
+        body = _name_matches(await _body(request), name)
+        return _applied(await cp.call("apply_agent", _project(project), body, "apply"))
+
+    @app.patch("/v1/projects/{project}/agents/{name}")
+    async def patch_agent(project: str, name: str, request: Request) -> JSONResponse:
+        return _applied(await cp.call("patch_agent", _project(project), name, await _body(request)))
+
+    @app.delete("/v1/projects/{project}/agents/{name}")
+    async def delete_agent(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("delete_agent", _project(project), name)
+
+    # -- runs -----------------------------------------------------------------------------
+
+    @app.get("/v1/projects/{project}/agentruns")
+    async def list_runs(project: str, agent: str | None = None) -> dict[str, Any]:
+        return _listing("AgentRunList", await cp.call("list_runs", _project(project), agent))
+
+    @app.post("/v1/projects/{project}/agentruns", status_code=201)
+    async def create_run(project: str, request: Request) -> JSONResponse:
+        return _applied(await cp.call("create_run", _project(project), await _body(request), "create"))
+
+    @app.get("/v1/projects/{project}/agentruns/{name}")
+    async def get_run(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("get_run", _project(project), name)
+
+    @app.put("/v1/projects/{project}/agentruns/{name}")
+    async def apply_run(project: str, name: str, request: Request) -> JSONResponse:
+        body = _name_matches(await _body(request), name)
+        return _applied(await cp.call("create_run", _project(project), body, "apply"))
+
+    @app.delete("/v1/projects/{project}/agentruns/{name}")
+    async def delete_run(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("delete_run", _project(project), name)
+
+    @app.post("/v1/projects/{project}/agentruns/{name}/cancel")
+    async def cancel_run(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("cancel_run", _project(project), name)
+
+    @app.get("/v1/projects/{project}/agentruns/{name}/steps")
+    async def run_steps(project: str, name: str) -> dict[str, Any]:
+        return {"items": await cp.call("run_steps", _project(project), name)}
+
+    @app.get("/v1/projects/{project}/agentruns/{name}/answer")
+    async def run_answer(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("run_answer", _project(project), name)
+
+    return app

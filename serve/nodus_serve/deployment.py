@@ -1,0 +1,36 @@
+"""The Serve deployment of the API: ``serve run nodus_serve.deployment:app`` or `nodus up`.
+
+``max_ongoing_requests`` is raised well above Serve's default of 5, because a few slow
+requests (a large journal read) must not stall every other client.
+"""
+
+from __future__ import annotations
+
+from ray import serve
+
+from .app import create_app
+
+__all__ = ["NodusIngress", "app", "build"]
+
+fastapi_app = create_app()
+
+
+@serve.deployment(
+    name="nodus-api",
+    num_replicas=1,
+    max_ongoing_requests=256,
+    ray_actor_options={"num_cpus": 0},
+)
+@serve.ingress(fastapi_app)
+class NodusIngress:
+    """Stateless: every resource lives in the control plane and storage."""
+
+    def __repr__(self) -> str:
+        return "NodusIngress(api=/v1)"
+
+
+def build() -> serve.Application:
+    return NodusIngress.bind()
+
+
+app = build()
