@@ -1,0 +1,25 @@
+"""nodus: the client SDK of nodus-ray, durable LLM agent runs on Ray.
+
+This package talks to the nodus API over HTTP and never imports Ray, so a laptop with only the
+SDK can define agents, submit runs and read their answers; the server parts live in
+``nodus_ray``.
+"""
+
+from . import errors, resources
+from .agent import Agent, AgentGroup, AgentRun, ClaudeAgent, RunContext, View
+from .client import Client
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "ClaudeAgent",
+    "AgentRun",
+    "AgentGroup",
+    "RunContext",
+    "View",
+    "Client",
+    "errors",
+    "resources",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""The ``nodus`` command line: kubectl-style verbs over the nodus API."""

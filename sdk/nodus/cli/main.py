@@ -1,0 +1,762 @@
+"""``nodus``: kubectl-style verbs over the nodus API (apply, get, wait, create, cancel, delete).
+
+Every failure ends as exactly one ``error: ...`` line on stderr and a non-zero exit code (2 for
+usage mistakes, 1 for everything else), never a traceback: the CLI is used from scripts and CI
+logs where a stack trace hides the one sentence that matters. ``NODUS_DEBUG=1`` re-raises
+unexpected exceptions for developers.
+
+Nothing here imports Ray; only ``nodus up`` and ``nodus down`` load the server parts, lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, NoReturn, Optional
+
+import httpx
+import typer
+import yaml
+from typer.core import TyperGroup
+
+from .. import __version__
+from ..client import Client
+from ..config import ENV_API_URL, ENV_PROJECT, Settings, load_settings
+from ..errors import NodusError, NotFound, Unavailable
+from ..resources import API_VERSION, SHORT_NAMES, TERMINAL_PHASES, parse_resource
+from . import jsonpath
+from .durations import format_age, parse_timeout
+from .manifests import load_manifests
+from .output import dump_json, dump_yaml, print_table, shorten
+
+__all__ = ["app", "run", "CliError"]
+
+# Typer 0.2x ships its own copy of click (``typer._click``) while older releases use the click
+# package; usage errors must be caught as the classes *this* typer raises, so take them from it.
+_CLICK = typer.BadParameter.__module__.rpartition(".")[0]
+_click_exceptions: Any = importlib.import_module(f"{_CLICK}.exceptions")
+_click_globals: Any = importlib.import_module(f"{_CLICK}.globals")
+UsageError: type[Exception] = _click_exceptions.UsageError
+ClickException: type[Exception] = _click_exceptions.ClickException
+_ABORTS: tuple[type[BaseException], ...] = tuple(
+    {typer.Abort, getattr(_click_exceptions, "Abort", typer.Abort)}
+)
+_NO_ARGS_HELP: Any = getattr(_click_exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+_SETTINGS = "nodus.settings"
+_GROUP_KINDS = ("ag", "agentgroup", "agentgroups")
+_KIND_HELP = "agent (agents), agentrun (agentruns, ar)"
+
+
+class CliError(ClickException):
+    """A failure the CLI reports as one line, with its own exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _describe(exc: NodusError) -> str:
+    message = exc.message or exc.code
+    field = exc.details.get("field") if isinstance(exc.details, dict) else None
+    if field and str(field) not in message:
+        message += f" (field: {field})"
+    return message
+
+
+class _NodusGroup(TyperGroup):
+    """The root command: turns every exception into one ``error:`` line and an exit code."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            result = super().main(
+                args,
+                prog_name or "nodus",
+                complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
+            code = result if isinstance(result, int) else 0
+        except _NO_ARGS_HELP as exc:
+            if exc.format_message().strip():  # with rich help the text was printed already
+                exc.show()
+            code = exc.exit_code
+        except UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            code = _report(exc.format_message() + hint, exc.exit_code)
+        except ClickException as exc:
+            code = _report(exc.format_message(), exc.exit_code)
+        except _ABORTS:
+            code = _report("aborted", 130)
+        except NodusError as exc:
+            code = _report(_describe(exc), 1)
+        except yaml.YAMLError as exc:
+            code = _report(f"malformed YAML: {exc}", 1)
+        except OSError as exc:
+            code = _report(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), 1)
+        except httpx.HTTPError as exc:
+            code = _report(f"HTTP error: {exc}", 1)
+        except Exception as exc:  # the promise is one line, whatever went wrong
+            if os.environ.get("NODUS_DEBUG"):
+                raise
+            code = _report(f"unexpected {type(exc).__name__}: {exc} (set NODUS_DEBUG=1 for a traceback)", 1)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _report(message: str, code: int) -> int:
+    typer.echo(f"error: {_one_line(message)}", err=True)
+    return code
+
+
+app = typer.Typer(
+    cls=_NodusGroup,
+    name="nodus",
+    help="Durable LLM agent runs on Ray: apply agents, start runs, wait for answers.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+create_app = typer.Typer(help="Create a resource from flags instead of a file.", no_args_is_help=True)
+agentrun_app = typer.Typer(help="Read a run's answer and steps.", no_args_is_help=True)
+app.add_typer(create_app, name="create")
+app.add_typer(agentrun_app, name="agentrun")
+
+ProjectOption = Annotated[
+    Optional[str], typer.Option("--project", "-p", help=f"Project (default: ${ENV_PROJECT} or 'default').")
+]
+TargetsArgument = Annotated[
+    list[str], typer.Argument(help="KIND/NAME, or KIND NAME.", metavar="KIND/NAME", show_default=False)
+]
+OutputOption = Annotated[
+    Optional[str], typer.Option("--output", "-o", help="yaml, json, wide, name or jsonpath={.a.b}.")
+]
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    api_url: Annotated[
+        Optional[str], typer.Option("--api-url", envvar=ENV_API_URL, help="The nodus API base URL.")
+    ] = None,
+    project: Annotated[
+        Optional[str],
+        typer.Option("--project", "-p", envvar=ENV_PROJECT, help="Project of every resource named."),
+    ] = None,
+) -> None:
+    ctx.meta[_SETTINGS] = load_settings(api_url=api_url, project=project)
+
+
+def _settings() -> Settings:
+    ctx = _click_globals.get_current_context(silent=True)
+    settings = ctx.meta.get(_SETTINGS) if ctx is not None else None
+    return settings or load_settings()
+
+
+def _client(project: str | None = None) -> Client:
+    return Client(settings=_settings(), project=project)
+
+
+# -- kinds and targets ------------------------------------------------------------------------
+
+
+def _kind(text: str) -> tuple[str, str]:
+    """``ar`` -> ``("AgentRun", "agentruns")``; an unknown kind is a usage error."""
+    key = text.strip().lower()
+    if key in SHORT_NAMES:
+        return SHORT_NAMES[key]
+    if key in _GROUP_KINDS:
+        raise UsageError("AgentGroups arrive in a later release")
+    raise UsageError(f"unknown kind {text!r}; known kinds: {_KIND_HELP}")
+
+
+def _targets(args: Sequence[str], *, need_name: bool) -> list[tuple[str, str, str | None]]:
+    """``KIND/NAME ...`` or ``KIND [NAME ...]`` -> ``[(kind, collection, name | None)]``."""
+    if not args:
+        raise UsageError(f"name a kind ({_KIND_HELP}), as KIND/NAME or KIND NAME")
+    if "/" in args[0]:
+        targets = []
+        for arg in args:
+            kind_text, _, name = arg.partition("/")
+            if not name:
+                raise UsageError(f"{arg!r} names no resource; write KIND/NAME")
+            targets.append((*_kind(kind_text), name))
+        return targets
+    kind, collection = _kind(args[0])
+    names = list(args[1:])
+    if any("/" in name for name in names):
+        raise UsageError("mix of KIND NAME and KIND/NAME; write one form")
+    if not names:
+        if need_name:
+            raise UsageError(f"name the {kind} as {kind.lower()}/NAME or {kind.lower()} NAME")
+        return [(kind, collection, None)]
+    return [(kind, collection, name) for name in names]
+
+
+def _ref(kind: str, name: str) -> str:
+    return f"{kind.lower()}/{name}"
+
+
+# -- up / down / version ----------------------------------------------------------------------
+
+
+def _cluster() -> Any:
+    try:
+        from nodus_ray import cluster  # the only Ray-importing path of the CLI, on purpose
+    except ImportError as exc:
+        raise CliError(
+            f"the nodus-ray server parts are not installed here ({exc}); "
+            "install nodus-ray with its Ray dependencies to run `nodus up`"
+        ) from None
+    return cluster
+
+
+@app.command()
+def up(
+    address: Annotated[
+        Optional[str], typer.Option(help="Ray address to join (default: start a local Ray).")
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port of the HTTP API.")] = 8000,
+    storage: Annotated[Optional[str], typer.Option(help="Storage URI for resources and journals.")] = None,
+) -> None:
+    """Start (or join) Ray and the nodus API on this machine."""
+    started = _cluster().up(address=address, port=port, storage=storage)
+    lines = [
+        ("API", "api_url"),
+        ("Storage", "storage"),
+        ("Models", "model_backend"),
+        ("Sandbox", "sandbox"),
+        ("Ray", "ray_address"),
+        ("Dashboard", "dashboard_url"),
+    ]
+    for label, attribute in lines:
+        value = getattr(started, attribute, None)
+        typer.echo(f"{label:<10}{value if value not in (None, '') else '-'}")
+
+
+@app.command()
+def down() -> None:
+    """Stop the nodus API and the local Ray started by `nodus up`."""
+    typer.echo(str(_cluster().down()))
+
+
+@app.command()
+def version(
+    client_only: Annotated[bool, typer.Option("--client", help="Print only the client version.")] = False,
+) -> None:
+    """Print the client version and, when reachable, the server's."""
+    typer.echo(f"Client Version: {__version__}")
+    if client_only:
+        return
+    info = _client().info()
+    details = ", ".join(
+        f"{label} {info[key]}" for label, key in (("storage", "storage"), ("models", "modelBackend"),
+                                                   ("sandbox", "sandbox")) if info.get(key)
+    )
+    typer.echo(f"Server Version: {info.get('version', 'unknown')}" + (f" ({details})" if details else ""))
+
+
+# -- apply / create / patch -------------------------------------------------------------------
+
+
+def _revision_marks(resource: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """What changes when an apply changed something: the revision, generation and labels."""
+    if resource is None:
+        return None
+    metadata = resource.get("metadata") or {}
+    status = resource.get("status") or {}
+    return (status.get("revision"), metadata.get("generation"), metadata.get("labels") or {})
+
+
+@app.command()
+def apply(
+    filenames: Annotated[
+        list[str], typer.Option("--filename", "-f", help="YAML file to apply (repeatable; - reads stdin).")
+    ],
+    project: ProjectOption = None,
+) -> None:
+    """Create or update every resource of the files, in order; all are validated first."""
+    manifests = load_manifests(filenames)
+    client = _client(project)
+    for manifest in manifests:
+        target_project = manifest.project or project
+        try:
+            before = client.get(manifest.collection, manifest.name, project=target_project)
+        except NotFound:
+            before = None
+        applied = client.apply(manifest.collection, manifest.body(), project=target_project)
+        if applied.created:
+            verb = "created"
+        elif before is not None and _revision_marks(before) == _revision_marks(applied.resource):
+            verb = "unchanged"
+        else:
+            verb = "configured"
+        typer.echo(f"{manifest.ref} {verb}")
+
+
+def _create(kind: str, collection: str, name: str, spec: dict[str, Any], project: str | None) -> None:
+    manifest = {"apiVersion": API_VERSION, "kind": kind, "metadata": {"name": name}, "spec": spec}
+    parse_resource(manifest)
+    _client(project).create(collection, manifest)
+    typer.echo(f"{_ref(kind, name)} created")
+
+
+@create_app.command("agentrun")
+def create_agentrun(
+    name: Annotated[str, typer.Argument(help="Name of the run.")],
+    agent: Annotated[str, typer.Option("--agent", help="The Agent to run.")],
+    prompt: Annotated[str, typer.Option("--prompt", help="The run's input text.")],
+    deadline: Annotated[Optional[str], typer.Option(help="Lifetime bound, e.g. 30m or 2h.")] = None,
+    keep_alive: Annotated[
+        bool, typer.Option("--keep-alive", help="Wait for messages after each turn.")
+    ] = False,
+    project: ProjectOption = None,
+) -> None:
+    """Start a run of an agent."""
+    spec: dict[str, Any] = {"agent": agent, "input": prompt}
+    if deadline is not None:
+        spec["deadline"] = deadline
+    if keep_alive:
+        spec["keepAlive"] = True
+    _create("AgentRun", "agentruns", name, spec, project)
+
+
+@create_app.command("agent")
+def create_agent(
+    name: Annotated[str, typer.Argument(help="Name of the agent.")],
+    system: Annotated[str, typer.Option("--system", help="The system prompt.")] = "",
+    family: Annotated[
+        Optional[list[str]],
+        typer.Option("--family", help="Allowed Claude family (repeatable): haiku, sonnet, opus, fable."),
+    ] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="A Claude model id to pin.")] = None,
+    max_cost: Annotated[
+        Optional[str], typer.Option("--max-cost", help="Per-run model cost cap in USD, e.g. 0.50.")
+    ] = None,
+    max_tokens: Annotated[
+        Optional[int], typer.Option("--max-tokens", help="Output tokens per model call.")
+    ] = None,
+    api_key_secret: Annotated[
+        Optional[str], typer.Option("--api-key-secret", help="Secret with ANTHROPIC_API_KEY (BYOK).")
+    ] = None,
+    project: ProjectOption = None,
+) -> None:
+    """Create an agent (it must not exist yet; use apply to change one)."""
+    model_spec: dict[str, Any] = {"access": "BYOK" if api_key_secret else "Nodus"}
+    if family:
+        model_spec["families"] = family
+    if model:
+        model_spec["name"] = model
+    if api_key_secret:
+        model_spec["apiKeySecret"] = api_key_secret
+    spec: dict[str, Any] = {"system": system, "model": model_spec}
+    if max_cost is not None:
+        spec["perRunMaxCostUSD"] = max_cost
+    if max_tokens is not None:
+        spec["maxTokens"] = max_tokens
+    _create("Agent", "agents", name, spec, project)
+
+
+@app.command()
+def patch(
+    target: TargetsArgument,
+    patch_text: Annotated[
+        str, typer.Option("--patch", help="A JSON merge patch, e.g. '{\"spec\":{\"state\":\"Stopped\"}}'.")
+    ],
+    project: ProjectOption = None,
+) -> None:
+    """Change a resource with a JSON merge patch."""
+    try:
+        body = json.loads(patch_text)
+    except ValueError as exc:
+        raise UsageError(f"--patch is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise UsageError("--patch must be a JSON object")
+    client = _client(project)
+    for kind, collection, name in _targets(target, need_name=True):
+        assert name is not None
+        client.patch(collection, name, body)
+        typer.echo(f"{_ref(kind, name)} patched")
+
+
+# -- get --------------------------------------------------------------------------------------
+
+
+def _dollars(value: Any) -> str:
+    return f"${value}" if value not in (None, "") else "-"
+
+
+def _agent_row(agent: dict[str, Any], wide: bool) -> list[str]:
+    spec, status, metadata = agent.get("spec") or {}, agent.get("status") or {}, agent.get("metadata") or {}
+    model = spec.get("model") or {}
+    families = ",".join(model.get("families") or []) or (model.get("name") or "all")
+    row = [
+        metadata.get("name", ""),
+        str(status.get("revision", "-")),
+        families,
+        _dollars(spec.get("perRunMaxCostUSD")),
+        spec.get("state") or "Running",
+        format_age(metadata.get("creationTimestamp")),
+    ]
+    if wide:
+        row += [model.get("access") or "Nodus", model.get("name") or "-", spec.get("image") or "-"]
+    return row
+
+
+def _run_row(run: dict[str, Any], wide: bool) -> list[str]:
+    spec, status, metadata = run.get("spec") or {}, run.get("status") or {}, run.get("metadata") or {}
+    turns = status.get("turns") or []
+    row = [
+        metadata.get("name", ""),
+        spec.get("agent", ""),
+        status.get("phase") or "Pending",
+        status.get("reason") or "",
+        (turns[-1].get("model") if turns else None) or "-",
+        _dollars((status.get("cost") or {}).get("totalUSD")),
+        format_age(metadata.get("creationTimestamp") or status.get("createdAt")),
+    ]
+    if wide:
+        row += [
+            str(status.get("agentRevision") or "-"),
+            str(len(turns)),
+            (status.get("sandbox") or {}).get("backend") or "-",
+            "true" if spec.get("keepAlive") else "false",
+        ]
+    return row
+
+
+_TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], list[str]]]] = {
+    "Agent": (
+        ["NAME", "REVISION", "FAMILIES", "MAX-COST", "STATE", "AGE"],
+        ["ACCESS", "MODEL", "IMAGE"],
+        _agent_row,
+    ),
+    "AgentRun": (
+        ["NAME", "AGENT", "PHASE", "REASON", "MODEL", "COST", "AGE"],
+        ["REVISION", "TURNS", "SANDBOX", "KEEP-ALIVE"],
+        _run_row,
+    ),
+}
+
+
+def _field_selector(text: str) -> list[tuple[str, bool, str]]:
+    """``spec.agent=x,status.phase!=Failed`` -> ``[(path, equal, value)]``."""
+    selectors = []
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        match = re.fullmatch(r"([^=!]+?)\s*(==|!=|=)\s*(.*)", part)
+        if match is None:
+            raise UsageError(f"--field-selector {part!r} is not PATH=VALUE or PATH!=VALUE")
+        path, operator, value = match.groups()
+        try:
+            jsonpath.parse(path)
+        except jsonpath.JsonPathError as exc:
+            raise UsageError(str(exc)) from None
+        selectors.append((path, operator != "!=", value))
+    return selectors
+
+
+def _selected(resource: dict[str, Any], selectors: list[tuple[str, bool, str]]) -> bool:
+    return all(
+        (jsonpath.format_value(jsonpath.lookup(resource, path)) == value) == equal
+        for path, equal, value in selectors
+    )
+
+
+def _print_resources(kind: str, items: list[dict[str, Any]], output: str | None, single: bool) -> None:
+    if output in ("yaml", "json"):
+        listed = {"apiVersion": API_VERSION, "kind": f"{kind}List", "items": items}
+        value: Any = items[0] if single else listed
+        typer.echo(dump_yaml(value) if output == "yaml" else dump_json(value), nl=output == "json")
+    elif output == "name":
+        for item in items:
+            typer.echo(_ref(kind, (item.get("metadata") or {}).get("name", "")))
+    elif output is not None and output.startswith("jsonpath="):
+        expression = output.removeprefix("jsonpath=")
+        for item in items:
+            typer.echo(jsonpath.format_value(jsonpath.lookup(item, expression)))
+    else:
+        headers, wide_headers, row = _TABLES[kind]
+        wide = output == "wide"
+        print_table(headers + (wide_headers if wide else []), [row(item, wide) for item in items])
+
+
+@app.command()
+def get(
+    target: Annotated[
+        list[str],
+        typer.Argument(help="KIND, KIND/NAME or KIND NAME.", metavar="KIND/NAME", show_default=False),
+    ],
+    output: OutputOption = None,
+    field_selector: Annotated[
+        Optional[str],
+        typer.Option("--field-selector", help="Keep items whose PATH=VALUE, e.g. spec.agent=hello."),
+    ] = None,
+    project: ProjectOption = None,
+) -> None:
+    """List resources of a kind, or show named ones."""
+    known = output is None or output in ("yaml", "json", "wide", "name") or output.startswith("jsonpath=")
+    if not known:
+        raise UsageError(f"--output {output!r} is not one of yaml, json, wide, name, jsonpath={{...}}")
+    if output is not None and output.startswith("jsonpath="):
+        try:
+            jsonpath.parse(output.removeprefix("jsonpath="))
+        except jsonpath.JsonPathError as exc:
+            raise UsageError(str(exc)) from None
+    targets = _targets(target, need_name=False)
+    selectors = _field_selector(field_selector) if field_selector else []
+    client = _client(project)
+    kind, collection, _ = targets[0]
+    if targets[0][2] is None:
+        params = {}
+        for path, equal, value in selectors:
+            if collection == "agentruns" and equal and jsonpath.parse(path) == ("spec", "agent"):
+                params["agent"] = value  # let the server filter too; the client-side check stays
+        listed = client.list(collection, params=params or None)
+        items = [item for item in listed if _selected(item, selectors)]
+        if not items and output not in ("yaml", "json"):
+            typer.echo(f"No {collection} found in project {project or _settings().project}.", err=True)
+            return
+        _print_resources(kind, items, output, single=False)
+        return
+    if len({t[0] for t in targets}) > 1:
+        raise UsageError("name resources of one kind per `nodus get`")
+    items = [client.get(collection, name) for _, _, name in targets if name is not None]
+    selected = [item for item in items if _selected(item, selectors)]
+    if not selected:  # every named resource exists, but the field selector left none
+        typer.echo(f"No {collection} matched --field-selector.", err=True)
+        return
+    _print_resources(kind, selected, output, single=len(targets) == 1)
+
+
+# -- wait -------------------------------------------------------------------------------------
+
+
+def _condition(text: str) -> tuple[str, tuple[str | int, ...], str | None]:
+    """``delete`` or ``jsonpath={.a.b}=VALUE`` (the value optional) -> (mode, path, value)."""
+    if text == "delete":
+        return "delete", (), None
+    if not text.startswith("jsonpath="):
+        raise UsageError(f"--for={text!r}: use --for=jsonpath='{{.status.phase}}'=Succeeded or --for=delete")
+    rest = text.removeprefix("jsonpath=")
+    if rest.startswith("{"):
+        end = rest.find("}")
+        if end < 0:
+            raise UsageError(f"--for={text!r}: the JSONPath has no closing brace")
+        expression, tail = rest[: end + 1], rest[end + 1 :]
+        if tail and not tail.startswith("="):
+            raise UsageError(f"--for={text!r}: expected '=' after the JSONPath")
+        value = tail[1:] if tail else None
+    else:
+        expression, separator, value_text = rest.partition("=")
+        value = value_text if separator else None
+    try:
+        return "jsonpath", jsonpath.parse(expression), value
+    except jsonpath.JsonPathError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _timeout(text: str) -> float:
+    try:
+        return parse_timeout(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--timeout") from None
+
+
+def _path_text(path: tuple[str | int, ...]) -> str:
+    return "{" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path) + "}"
+
+
+@app.command()
+def wait(
+    target: TargetsArgument,
+    for_: Annotated[str, typer.Option("--for", help="jsonpath='{.status.phase}'=Succeeded, or delete.")],
+    timeout: Annotated[str, typer.Option("--timeout", help="Give up after this long: 30s, 2m, 1h.")] = "30s",
+    project: ProjectOption = None,
+) -> None:
+    """Wait until a resource meets a condition, then print `KIND/NAME condition met`."""
+    mode, path, expected = _condition(for_)
+    seconds = _timeout(timeout)
+    targets = _targets(target, need_name=True)
+    client = _client(project)
+    deadline = time.monotonic() + seconds
+    for kind, collection, name in targets:
+        assert name is not None
+        _wait_one(client, kind, collection, name, mode, path, expected, deadline, timeout)
+        typer.echo(f"{_ref(kind, name)} condition met")
+
+
+def _wait_one(
+    client: Client,
+    kind: str,
+    collection: str,
+    name: str,
+    mode: str,
+    path: tuple[str | int, ...],
+    expected: str | None,
+    deadline: float,
+    timeout_text: str,
+) -> None:
+    delay = 0.2
+    last = "no answer yet"
+    while True:
+        try:
+            resource = client.get(collection, name)
+        except NotFound:
+            if mode == "delete":
+                return
+            raise
+        except Unavailable as exc:  # a restarting server is waited out until the timeout
+            resource, last = None, exc.message
+        if resource is not None and mode == "jsonpath":
+            actual = jsonpath.lookup(resource, path)
+            present = actual is not jsonpath.MISSING
+            if present and (expected is None or jsonpath.format_value(actual) == expected):
+                return
+            last = f"{_path_text(path)} is {jsonpath.format_value(actual) or '<missing>'}"
+            status = resource.get("status") or {}
+            phase = status.get("phase")
+            if kind == "AgentRun" and path == ("status", "phase") and phase in TERMINAL_PHASES:
+                reason = f" ({status['reason']})" if status.get("reason") else ""
+                message = f": {status['message']}" if status.get("message") else ""
+                raise CliError(
+                    f"{_ref(kind, name)} ended {phase}{reason}{message}; it will not become {expected}"
+                )
+        elif resource is not None:
+            last = "it still exists"
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CliError(f"timed out after {timeout_text} waiting for {_ref(kind, name)}: {last}")
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 1.5, 1.0)
+
+
+# -- cancel / delete --------------------------------------------------------------------------
+
+
+@app.command()
+def cancel(
+    target: TargetsArgument,
+    project: ProjectOption = None,
+) -> None:
+    """Cancel runs: stop the running command and delete the sandbox."""
+    client = _client(project)
+    for kind, collection, name in _targets(target, need_name=True):
+        if collection != "agentruns":
+            raise UsageError(f"only agentruns can be cancelled, not {kind.lower()}s")
+        assert name is not None
+        client.cancel_run(name)
+        typer.echo(f"{_ref(kind, name)} cancelled")
+
+
+@app.command()
+def delete(
+    target: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="KIND/NAME, or KIND NAME.", metavar="KIND/NAME", show_default=False),
+    ] = None,
+    filenames: Annotated[
+        Optional[list[str]], typer.Option("--filename", "-f", help="Delete the resources of these files.")
+    ] = None,
+    ignore_not_found: Annotated[
+        bool, typer.Option("--ignore-not-found", help="Treat a missing resource as deleted.")
+    ] = False,
+    project: ProjectOption = None,
+) -> None:
+    """Delete resources; a run is cancelled first, an agent only once no unfinished run uses it."""
+    if target and filenames:
+        raise UsageError("name resources as KIND/NAME or pass -f FILE, not both")
+    if not target and not filenames:
+        raise UsageError("name resources as KIND/NAME or KIND NAME, or pass -f FILE")
+    if filenames:
+        items = [(m.kind, m.collection, m.name, m.project or project) for m in load_manifests(filenames)]
+    else:
+        items = [(k, c, n, project) for k, c, n in _targets(target or [], need_name=True) if n is not None]
+    client = _client(project)
+    for kind, collection, name, target_project in items:
+        try:
+            client.delete(collection, name, project=target_project)
+        except NotFound:
+            if not ignore_not_found:
+                raise
+            continue
+        typer.echo(f"{_ref(kind, name)} deleted")
+
+
+# -- agentrun answer / steps ------------------------------------------------------------------
+
+
+@agentrun_app.command("answer")
+def agentrun_answer(
+    name: Annotated[str, typer.Argument(help="The run.")],
+    project: ProjectOption = None,
+) -> None:
+    """Print the run's full answer."""
+    text = str(_client(project).run_answer(name).get("answer") or "")
+    typer.echo(text, nl=not text.endswith("\n"))
+
+
+@agentrun_app.command("steps")
+def agentrun_steps(
+    name: Annotated[str, typer.Argument(help="The run.")],
+    output: OutputOption = None,
+    project: ProjectOption = None,
+) -> None:
+    """List what the run did, in order: sandbox, routing and model calls, commands, the answer."""
+    if output not in (None, "yaml", "json", "wide"):
+        raise UsageError(f"--output {output!r} is not one of yaml, json, wide")
+    steps = _client(project).run_steps(name)
+    if output == "yaml":
+        typer.echo(dump_yaml({"items": steps}), nl=False)
+        return
+    if output == "json":
+        typer.echo(dump_json({"items": steps}))
+        return
+    wide = output == "wide"
+    headers = ["ID", "KIND", "STATE", "ATTEMPTS", "SUMMARY"] + (["COST"] if wide else [])
+    rows = []
+    for step in steps:
+        summary = str(step.get("summary") or "")
+        row = [
+            str(step.get("id", "")),
+            str(step.get("kind", "")),
+            str(step.get("state", "")),
+            str(step.get("attempts", "")),
+            " ".join(summary.split()) if wide else shorten(summary, 80),
+        ]
+        if wide:
+            row.append(_dollars(step.get("costUSD")))
+        rows.append(row)
+    if not rows:
+        typer.echo(f"agentrun/{name} has no steps yet.", err=True)
+        return
+    print_table(headers, rows)
+
+
+def run() -> NoReturn:
+    """The ``nodus`` console script."""
+    app(prog_name="nodus")
+    raise SystemExit(0)  # pragma: no cover - the group's main always exits
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

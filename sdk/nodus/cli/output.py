@@ -1,0 +1,65 @@
+"""Rendering for the CLI: kubectl-like tables, YAML that reads well, and JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["dump_yaml", "dump_json", "print_table", "shorten"]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (system prompts, answers) as ``|`` blocks instead of escaped one-liners."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value and not value.endswith((" ", "\t")) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(value: Any, *, multi: bool = False) -> str:
+    """One YAML document, or a ``---``-separated stream when ``multi`` and given a list."""
+    if multi:
+        return yaml.dump_all(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def shorten(text: str, limit: int) -> str:
+    """One line of at most ``limit`` characters, so a table row never wraps a long summary."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, file: TextIO | None = None) -> None:
+    """A borderless table with upper-case headers, three spaces between columns, like kubectl.
+
+    Markup and highlighting are off because cells hold user data (``[brackets]`` are not styles),
+    and the width is unbounded because cutting a name or cost to fit a pipe hides data; rich lays
+    the columns out, and trailing padding is cut so the output diffs and greps cleanly.
+    """
+    console = Console(
+        file=io.StringIO(), markup=False, highlight=False, emoji=False, color_system=None, width=100_000
+    )
+    table = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 3, 0, 0), header_style="")
+    for header in headers:
+        table.add_column(header, no_wrap=True)
+    for row in rows:
+        table.add_row(*[str(cell) for cell in row])
+    with console.capture() as captured:
+        console.print(table)
+    text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+    print(text, file=file or sys.stdout)

@@ -1,0 +1,278 @@
+"""The HTTP client for the nodus REST API (docs/api.md).
+
+The SDK and the CLI talk to the server only through this module, over plain HTTP, so a machine
+with just the SDK installed never needs Ray. Every refusal comes back as the `errors` class the
+server raised (rebuilt from ``{code, message, details}``), and every transport failure becomes one
+`errors.Unavailable` that says which URL could not be reached; a token never appears in either.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+
+from .config import Settings, load_settings
+from .errors import Invalid, NodusError, Unavailable, error_from_response
+from .resources import validate_dns_label
+
+__all__ = ["COLLECTIONS", "Applied", "Client"]
+
+# The REST collections this server serves; the CLI maps kinds onto these.
+COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns"})
+
+# Only connection failures of idempotent GETs are retried: the request never reached the server,
+# so a retry cannot double an effect. Writes are left to the caller, who knows whether the
+# operation is safe to repeat (apply is; create is not).
+_GET_RETRY_DELAYS: tuple[float, ...] = (0.2, 0.5)
+_DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+class Applied(NamedTuple):
+    """The answer to an apply (PUT): the stored resource, and whether this call created it."""
+
+    resource: dict[str, Any]
+    created: bool
+
+
+def _display_url(url: str) -> str:
+    """The URL without user-info or query, so credentials embedded in it never reach a message."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid URL>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _segment(value: str, what: str) -> str:
+    """One URL path segment, quoted, refusing values that would change the path's meaning."""
+    if not isinstance(value, str) or value in ("", ".", ".."):
+        raise Invalid(f"{what} {value!r} is not a valid name", details={"field": what})
+    return quote(value, safe="")
+
+
+def _name(value: str) -> str:
+    try:
+        validate_dns_label(value)
+    except ValueError as exc:
+        raise Invalid(f"name {exc}", details={"field": "metadata.name"}) from None
+    return value
+
+
+class Client:
+    """A synchronous client for one nodus API and a default project.
+
+    ``collection`` arguments are the REST plurals (``"agents"``, ``"agentruns"``); every method
+    takes ``project=`` to override the client's default for one call.
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        *,
+        project: str | None = None,
+        token: str | None = None,
+        timeout: float | httpx.Timeout | None = None,
+        transport: httpx.BaseTransport | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        base = settings or load_settings()
+        self.settings = Settings(
+            api_url=(api_url or base.api_url).rstrip("/"),
+            project=project or base.project,
+            token=token if token is not None else base.token,
+        )
+        from . import __version__  # the package is fully imported by the time a Client exists
+
+        headers = {"User-Agent": f"nodus-sdk/{__version__}", "Accept": "application/json"}
+        if self.settings.token:
+            headers["Authorization"] = f"Bearer {self.settings.token}"
+        self._http = httpx.Client(
+            base_url=self.settings.api_url,
+            headers=headers,
+            timeout=_DEFAULT_TIMEOUT if timeout is None else timeout,
+            transport=transport,
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def api_url(self) -> str:
+        return self.settings.api_url
+
+    @property
+    def project(self) -> str:
+        return self.settings.project
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client(api_url={_display_url(self.api_url)!r}, project={self.project!r})"
+
+    def _unavailable(self, exc: Exception) -> Unavailable:
+        if isinstance(exc, httpx.TimeoutException):
+            connecting = isinstance(exc, httpx.ConnectTimeout)
+            reason = "the connection timed out" if connecting else "the request timed out"
+        else:
+            reason = str(exc) or type(exc).__name__
+        token = self.settings.token
+        if token and token in reason:  # belt and braces: transport errors should never echo headers
+            reason = reason.replace(token, "***")
+        url = _display_url(self.api_url)
+        return Unavailable(
+            f"cannot reach the nodus API at {url}: {reason}; is `nodus up` running?",
+            details={"url": url},
+        )
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        delays: Iterable[float] = _GET_RETRY_DELAYS if method == "GET" else ()
+        delays = iter(delays)
+        while True:
+            try:
+                response = self._http.request(method, path, json=json, params=params, headers=headers)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                delay = next(delays, None)
+                if delay is None:
+                    raise self._unavailable(exc) from None
+                time.sleep(delay)
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+                raise Invalid(
+                    f"the API URL {_display_url(self.api_url)!r} is not usable: {exc}",
+                    details={"field": "api_url"},
+                ) from None
+            except httpx.TransportError as exc:
+                raise self._unavailable(exc) from None
+        if response.is_success:
+            return response
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        raise error_from_response(response.status_code, body)
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise NodusError(
+                f"the API at {_display_url(self.api_url)} answered HTTP {response.status_code} "
+                "with a body that is not JSON",
+                code="BadResponse",
+            ) from None
+
+    def _path(self, collection: str, project: str | None, name: str | None = None, *sub: str) -> str:
+        if collection not in COLLECTIONS:
+            raise Invalid(
+                f"unknown collection {collection!r}; known: {', '.join(sorted(COLLECTIONS))}",
+                details={"field": "collection"},
+            )
+        path = f"/v1/projects/{_segment(project or self.project, 'project')}/{collection}"
+        if name is not None:
+            path += f"/{_name(name)}"
+        for part in sub:
+            path += f"/{part}"
+        return path
+
+    @staticmethod
+    def _resource_name(resource: Mapping[str, Any]) -> str:
+        metadata = resource.get("metadata") if isinstance(resource, Mapping) else None
+        name = metadata.get("name") if isinstance(metadata, Mapping) else None
+        if not isinstance(name, str):
+            raise Invalid("the resource has no metadata.name", details={"field": "metadata.name"})
+        return name
+
+    # -- service ----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz``: the ingress answers (the control plane may still be starting)."""
+        return self._json(self._request("GET", "/healthz"))
+
+    def ready(self) -> dict[str, Any]:
+        """``GET /readyz``: the control plane answers; raises `Unavailable` while it does not."""
+        return self._json(self._request("GET", "/readyz"))
+
+    def info(self) -> dict[str, Any]:
+        """``GET /v1/info``: server version, storage, model backend and sandbox kind."""
+        return self._json(self._request("GET", "/v1/info"))
+
+    # -- generic resources ------------------------------------------------------------------
+
+    def list(
+        self, collection: str, *, project: str | None = None, params: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The items of a collection (``?agent=NAME`` filters agentruns server-side)."""
+        body = self._json(self._request("GET", self._path(collection, project), params=params))
+        items = body.get("items") if isinstance(body, dict) else None
+        return list(items or [])
+
+    def get(self, collection: str, name: str, *, project: str | None = None) -> dict[str, Any]:
+        return self._json(self._request("GET", self._path(collection, project, name)))
+
+    def create(
+        self, collection: str, resource: Mapping[str, Any], *, project: str | None = None
+    ) -> dict[str, Any]:
+        """POST; raises `Conflict` with code ``AlreadyExists`` when the name is taken."""
+        return self._json(self._request("POST", self._path(collection, project), json=dict(resource)))
+
+    def apply(
+        self, collection: str, resource: Mapping[str, Any], *, project: str | None = None
+    ) -> Applied:
+        """PUT to ``metadata.name``: create or update; ``created`` tells which (201 or 200)."""
+        name = self._resource_name(resource)
+        response = self._request("PUT", self._path(collection, project, name), json=dict(resource))
+        return Applied(self._json(response), response.status_code == 201)
+
+    def patch(
+        self, collection: str, name: str, patch: Mapping[str, Any], *, project: str | None = None
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386): ``None`` values remove fields."""
+        response = self._request(
+            "PATCH",
+            self._path(collection, project, name),
+            json=dict(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        return self._json(response)
+
+    def delete(self, collection: str, name: str, *, project: str | None = None) -> dict[str, Any] | None:
+        return self._json(self._request("DELETE", self._path(collection, project, name)))
+
+    # -- agent runs -------------------------------------------------------------------------
+
+    def cancel_run(self, name: str, *, project: str | None = None) -> dict[str, Any] | None:
+        """Stop the run's command and delete its sandbox; the run ends Cancelled."""
+        return self._json(self._request("POST", self._path("agentruns", project, name, "cancel")))
+
+    def run_steps(self, name: str, *, project: str | None = None) -> list[dict[str, Any]]:
+        """The run's journaled steps, in order."""
+        body = self._json(self._request("GET", self._path("agentruns", project, name, "steps")))
+        items = body.get("items") if isinstance(body, dict) else None
+        return list(items or [])
+
+    def run_answer(self, name: str, *, project: str | None = None) -> dict[str, Any]:
+        """``{name, phase, answer, bytes}``; raises `Conflict` (``AnswerNotReady``) before there is one."""
+        return self._json(self._request("GET", self._path("agentruns", project, name, "answer")))
