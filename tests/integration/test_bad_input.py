@@ -1,0 +1,157 @@
+"""Bad input gets one clear refusal naming the problem, and loses nothing already accepted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import Server, unique
+
+AGENTS = "/v1/projects/default/agents"
+RUNS = "/v1/projects/default/agentruns"
+
+
+def agent(name: str, **spec: object) -> dict[str, object]:
+    return {"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name}, "spec": spec}
+
+
+def run(name: str, agent_name: str, **spec: object) -> dict[str, object]:
+    return {"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
+            "spec": {"agent": agent_name, "input": "What is 2 + 2?", **spec}}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({**agent("a1"), "apiVersion": "v9"}, 422, "apiVersion"),
+        ({**agent("a1"), "kind": "Pod"}, 422, "kind"),
+        (agent("Not_A_Label"), 422, "metadata.name"),
+        (agent("a1", perRunMaxCostUSD="lots"), 422, "spec.perRunMaxCostUSD"),
+        (agent("a1", maxToolCalls="fifty"), 422, "spec.maxToolCalls"),
+        (agent("a1", unknownThing=True), 422, "spec.unknownThing"),
+    ],
+)
+def test_agent_refusals(server: Server, body: dict[str, object], status: int, field: str) -> None:
+    with server.http() as http:
+        response = http.post(AGENTS, json=body)
+    assert response.status_code == status
+    error = response.json()
+    assert set(error) == {"code", "message", "details"}
+    assert error["code"] == "Invalid"
+    assert error["details"]["field"] == field
+
+
+def test_unreadable_bodies_are_400_json(server: Server) -> None:
+    with server.http() as http:
+        for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+            response = http.post(AGENTS, content=raw, headers={"content-type": "application/json"})
+            assert response.status_code == 400
+            assert response.json()["code"] == "Invalid"
+
+
+def test_run_refusals(server: Server) -> None:
+    name = unique("agent")
+    with server.http() as http:
+        assert http.put(f"{AGENTS}/{name}", json=agent(name)).status_code == 201
+        too_big = http.post(RUNS, json=run(unique("r"), name, input="x" * (256 * 1024 + 1)))
+        assert too_big.status_code == 413 and too_big.json()["details"]["field"] == "spec.input"
+        missing_agent = http.post(RUNS, json=run(unique("r"), "no-such-agent"))
+        assert missing_agent.status_code == 404
+        assert missing_agent.json()["details"]["field"] == "spec.agent"
+        assert http.get(f"{RUNS}/no-such-run").status_code == 404
+        assert http.get(f"{RUNS}/no-such-run/steps").json()["code"] == "NotFound"
+        assert http.post(f"{RUNS}/no-such-run/cancel").status_code == 404
+        bad_deadline = http.post(RUNS, json=run(unique("r"), name, deadline="tomorrow"))
+        assert bad_deadline.json()["details"]["field"] == "spec.deadline"
+        bad_project = http.get("/v1/projects/Bad_Project/agents")
+        assert bad_project.status_code == 422 and bad_project.json()["details"]["field"] == "project"
+
+
+def test_a_refused_change_leaves_the_accepted_resource_untouched(server: Server) -> None:
+    name = unique("agent")
+    with server.http() as http:
+        first = http.put(f"{AGENTS}/{name}", json=agent(name, system="v1"))
+        assert first.status_code == 201
+        refused = http.put(f"{AGENTS}/{name}", json=agent(name, system="v2", perRunMaxCostUSD="free"))
+        assert refused.status_code == 422
+        current = http.get(f"{AGENTS}/{name}").json()
+        assert current["spec"]["system"] == "v1"
+        assert current["status"]["revision"] == 1
+        duplicate = http.post(AGENTS, json=agent(name, system="v3"))
+        assert duplicate.status_code == 409 and duplicate.json()["code"] == "AlreadyExists"
+        assert http.get(f"{AGENTS}/{name}").json()["spec"]["system"] == "v1"
+
+
+def test_revisions_and_pinning(server: Server) -> None:
+    name = unique("agent")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{name}", json=agent(name, system="first"))
+        early = http.post(RUNS, json=run(unique("r"), name)).json()
+        changed = http.put(f"{AGENTS}/{name}", json=agent(name, system="second"))
+        assert changed.status_code == 200 and changed.json()["status"]["revision"] == 2
+        unchanged = http.put(f"{AGENTS}/{name}", json=agent(name, system="second"))
+        assert unchanged.json()["status"]["revision"] == 2
+        late = http.post(RUNS, json=run(unique("r"), name)).json()
+        patched = http.patch(f"{AGENTS}/{name}", json={"spec": {"maxToolCalls": 7}})
+        assert patched.status_code == 200
+        assert patched.json()["status"]["revision"] == 3
+        assert patched.json()["spec"]["system"] == "second"
+    assert early["status"]["agentRevision"] == 1
+    assert late["status"]["agentRevision"] == 2
+
+
+def test_a_stopped_agent_refuses_runs(server: Server) -> None:
+    name = unique("agent")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{name}", json=agent(name, state="Stopped"))
+        refused = http.post(RUNS, json=run(unique("r"), name))
+        assert refused.status_code == 409
+        assert refused.json()["code"] == "AgentStopped"
+
+
+def test_the_same_run_applied_twice_is_one_run(server: Server) -> None:
+    agent_name, run_name = unique("agent"), unique("r")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{agent_name}", json=agent(agent_name))
+        assert http.put(f"{RUNS}/{run_name}", json=run(run_name, agent_name)).status_code == 201
+        assert http.put(f"{RUNS}/{run_name}", json=run(run_name, agent_name)).status_code == 200
+        changed = http.put(f"{RUNS}/{run_name}", json=run(run_name, agent_name, input="different"))
+        assert changed.status_code == 409
+        names = [r["metadata"]["name"] for r in http.get(RUNS).json()["items"]]
+        assert names.count(run_name) == 1
+
+
+def test_openapi_and_probes(server: Server) -> None:
+    with server.http() as http:
+        assert http.get("/healthz").json() == {"status": "ok"}
+        ready = http.get("/readyz").json()
+        assert ready["status"] == "ready" and ready["modelBackend"] == "offline"
+        paths = http.get("/openapi.json").json()["paths"]
+        assert "/v1/projects/{project}/agentruns/{name}/steps" in paths
+
+
+def test_cli_refusals_are_one_line_without_traceback(server: Server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: [unclosed\n")
+    good_then_bad = tmp_path / "two.yaml"
+    first = unique("agent")
+    good_then_bad.write_text(
+        json.dumps(agent(first)) + "\n---\n" + json.dumps({**agent("second"), "kind": "Gizmo"}) + "\n"
+    )
+    cases = [
+        server.cli("apply", "-f", str(bad_yaml)),
+        server.cli("apply", "-f", str(good_then_bad)),
+        server.cli("apply", "-f", str(tmp_path / "missing.yaml")),
+        server.cli("get", "agentrun/does-not-exist"),
+        server.cli("create", "agentrun", "x1", "--agent", "no-such-agent", "--prompt", "hi"),
+        server.cli("get", "gizmos"),
+    ]
+    for result in cases:
+        assert result.returncode != 0
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Gizmo" in cases[1].stderr
+    # The valid first document was not applied: the file was refused as a whole.
+    with server.http() as http:
+        assert http.get(f"{AGENTS}/{first}").status_code == 404

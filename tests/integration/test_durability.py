@@ -1,0 +1,91 @@
+"""Runs survive their actors: a killed run actor is replaced and replays its journal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+from .conftest import Server, unique, wait_for
+
+AGENTS = "/v1/projects/default/agents"
+RUNS = "/v1/projects/default/agentruns"
+
+
+def _agent(name: str) -> dict[str, Any]:
+    return {"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name}, "spec": {"system": "x"}}
+
+
+def _steps(server: Server, name: str) -> list[dict[str, Any]]:
+    with server.http() as http:
+        return http.get(f"{RUNS}/{name}/steps").json()["items"]
+
+
+def _actor_pid(ray: Any, name: str) -> int:
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("name", "=", name), ("state", "=", "ALIVE")], detail=True)
+    assert actors, f"no live actor named {name}"
+    return int(actors[0].pid)
+
+
+def test_a_killed_run_actor_is_replaced_and_completed_steps_are_not_repeated(
+    server: Server, ray_driver: Any
+) -> None:
+    agent, run = unique("durable"), unique("counted")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{agent}", json=_agent(agent))
+        created = http.post(RUNS, json={
+            "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": run},
+            "spec": {"agent": agent, "input": "Use the shell to run `echo tick >> counter.txt`"},
+        })
+        assert created.status_code == 201
+
+    def command_done() -> bool:
+        return any(s["kind"] == "command" and s["state"] == "Completed" for s in _steps(server, run))
+
+    wait_for(command_done, timeout=60, interval=0.02, message="the counted command to complete")
+    # The second model call is in flight (the test server's offline model takes 0.3 s): crash
+    # the actor's process the hard way, as a node failure would.
+    os.kill(_actor_pid(ray_driver, f"run.default.{run}.1"), signal.SIGKILL)
+
+    def finished() -> dict[str, Any] | None:
+        with server.http() as http:
+            body = http.get(f"{RUNS}/{run}").json()
+        return body if body["status"]["phase"] in ("Succeeded", "Failed") else None
+
+    final = wait_for(finished, timeout=90, message="the replayed run to finish")
+    assert final["status"]["phase"] == "Succeeded", final["status"]
+    assert final["status"]["attempts"] == 2, "a second actor took over"
+    counter = server.sandbox_root / "default" / run / "counter.txt"
+    assert counter.read_text() == "tick\n", "the completed command ran exactly once"
+    steps = _steps(server, run)
+    command = [s for s in steps if s["kind"] == "command"]
+    assert len(command) == 1 and command[0]["attempts"] == 1
+    models = [s for s in steps if s["kind"] == "model"]
+    assert [m["state"] for m in models] == ["Completed", "Completed"]
+    assert models[1]["attempts"] == 2, "the interrupted model call was made again by the new actor"
+
+
+def test_the_control_plane_reloads_everything_after_a_crash(server: Server, ray_driver: Any) -> None:
+    agent, run = unique("reload"), unique("kept")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{agent}", json=_agent(agent))
+        http.post(RUNS, json={"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": run},
+                              "spec": {"agent": agent, "input": "What is 3 * 3?"}})
+        wait_for(lambda: http.get(f"{RUNS}/{run}").json()["status"]["phase"] == "Succeeded", timeout=60,
+                 message="the run to succeed")
+        before = http.get(f"{RUNS}/{run}").json()
+        os.kill(_actor_pid(ray_driver, "nodus-control-plane"), signal.SIGKILL)
+
+        def reloaded() -> dict[str, Any] | None:
+            response = http.get(f"{RUNS}/{run}")
+            return response.json() if response.status_code == 200 else None
+
+        after = wait_for(reloaded, timeout=120, interval=0.5, message="the restarted control plane")
+        assert after == before
+        assert http.get(f"{AGENTS}/{agent}").json()["status"]["revision"] == 1
+        assert http.get(f"{RUNS}/{run}/answer").json()["answer"].strip() == "3 * 3 = 9."
+    assert json.loads((server.storage / "projects/default/agentruns" / run / "run.json").read_text())[
+        "status"]["phase"] == "Succeeded"
