@@ -9,6 +9,7 @@ exits afterwards; the detached actors and the Serve app keep running.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -92,6 +93,9 @@ def _deploy_api(port: int) -> None:
     from ray import serve
 
     from nodus_serve.deployment import build
+
+    # Serve narrates every step at INFO on the driver; `nodus up` prints its own summary.
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build(), name=SERVE_APP_NAME, route_prefix="/", blocking=False)

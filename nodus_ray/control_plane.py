@@ -150,7 +150,7 @@ class ControlPlane:
             if existing is not None and mode == "create":
                 raise Conflict(f"agent {agent.metadata.name!r} already exists", code="AlreadyExists",
                                details={"kind": "Agent", "name": agent.metadata.name})
-            spec = agent.spec.model_dump(mode="json")
+            spec = agent.spec.model_dump(mode="json", exclude_none=True)
             labels = agent.metadata.labels
             if existing is not None and existing["spec"] == spec and existing["metadata"].get("labels", {}) == labels:
                 return {"resource": existing, "result": "unchanged"}
@@ -167,6 +167,7 @@ class ControlPlane:
                 spec=agent.spec,
                 status=AgentStatus(revision=revision, updatedAt=_now()),
             ).model_dump(mode="json")
+            resource["spec"] = spec  # the same normal form the next apply compares against
             base = _agent_key(project, agent.metadata.name)
             # The revision first: agent.json must never name a revision that is not stored.
             await asyncio.to_thread(self.storage.write_json, f"{base}/revisions/{revision:06d}.json", resource)
@@ -224,7 +225,7 @@ class ControlPlane:
         name = run.metadata.name
         key = (project, name)
         async with self._locks[key]:
-            spec = run.spec.model_dump(mode="json")
+            spec = run.spec.model_dump(mode="json", exclude_none=True)
             existing = self._runs.get(key)
             if existing is not None:
                 if mode == "apply" and existing["spec"] == spec:

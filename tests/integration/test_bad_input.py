@@ -97,6 +97,7 @@ def test_revisions_and_pinning(server: Server) -> None:
         assert patched.status_code == 200
         assert patched.json()["status"]["revision"] == 3
         assert patched.json()["spec"]["system"] == "second"
+    assert early["status"]["phase"] == "Pending"
     assert early["status"]["agentRevision"] == 1
     assert late["status"]["agentRevision"] == 2
 

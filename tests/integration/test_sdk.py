@@ -23,7 +23,7 @@ def test_the_documented_snippet(sdk_env: Server) -> None:
 
     run = agent.submit("Use the shell to count the files in the workspace")
     status = run.wait(timeout=120)
-    assert status.status.phase == "Succeeded" if hasattr(status, "status") else status.phase == "Succeeded"
+    assert status.phase == "Succeeded"
     assert "0" in run.answer()  # a new workspace holds no files
     kinds = [step.kind for step in run.steps()]
     assert kinds[:3] == ["sandbox", "route", "model"] and "command" in kinds
@@ -57,6 +57,8 @@ def test_from_name_and_failures(sdk_env: Server) -> None:
     assert "DeadlineExceeded" in str(caught.value) or caught.value.details.get("reason") == "DeadlineExceeded"
     again = nodus.AgentRun.from_name(run.name)
     assert again.status().status.phase == "Failed"
+    assert again.status().status.reason == "DeadlineExceeded"
+    assert not (sdk_env.sandbox_root / "default" / run.name).exists(), "a passed deadline deletes the sandbox"
     with pytest.raises(NotFound):
         nodus.AgentRun.from_name(unique("missing"))
     with pytest.raises(NotFound):

@@ -1,0 +1,150 @@
+"""What a run costs beyond Ray itself: N trivial runs beside a bare-Ray baseline, in one process.
+
+A trivial run is one turn on the offline model with no latency and no command ("What is
+2 + 2?"): what remains is nodus's own overhead (the API, the control plane, one detached
+actor per run, the sandbox directory, the journal writes, the status reports). The baseline
+does the least Ray work a run needs: create a detached actor, call it once, kill it. Both
+phases run on the same cluster, one after the other, with the same concurrency, and both are
+measured the same way: wall time from the first submit to the last completion, each item's
+latency, and the CPU seconds the whole machine spent (from /proc/stat, so Ray's own
+processes count too).
+
+    python benchmarks/run_overhead.py --runs 20
+
+It starts nodus with `nodus up` on a temporary storage directory (or uses NODUS_API_URL's
+server when --reuse is given) and prints a Markdown row for benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+import nodus
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds the machine has spent outside idle and iowait since boot."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values[:8]) - idle) / _TICKS
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    items: int
+    wall_seconds: float
+    cpu_seconds: float
+    latencies: list[float]
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies)
+
+    @property
+    def p95(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _measure(name: str, count: int, concurrency: int, one: callable) -> Phase:  # type: ignore[valid-type]
+    cpu_before, started = _busy_cpu_seconds(), time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        latencies = list(pool.map(lambda i: one(i), range(count)))
+    wall = time.perf_counter() - started
+    return Phase(name, count, wall, _busy_cpu_seconds() - cpu_before, latencies)
+
+
+@ray.remote(num_cpus=0)
+class _Bare:
+    def ping(self) -> int:
+        return 1
+
+
+def _bare_ray(index: int) -> float:
+    started = time.perf_counter()
+    actor = _Bare.options(name=f"bench-bare-{os.getpid()}-{index}", namespace="nodus-bench",
+                          lifetime="detached").remote()
+    ray.get(actor.ping.remote())
+    ray.kill(actor)
+    return time.perf_counter() - started
+
+
+def _nodus_run(agent: nodus.ClaudeAgent, tag: str) -> callable:  # type: ignore[valid-type]
+    def one(index: int) -> float:
+        started = time.perf_counter()
+        run = agent.submit("What is 2 + 2?", name=f"bench-{tag}-{index}")
+        run.wait(timeout=600)
+        elapsed = time.perf_counter() - started
+        run.delete()
+        return elapsed
+
+    return one
+
+
+def _row(nodus_phase: Phase, bare: Phase, runs: int, concurrency: int) -> str:
+    return (
+        f"| {time.strftime('%Y-%m-%d')} | {runs} | {concurrency} "
+        f"| {nodus_phase.wall_seconds:.1f} s / {bare.wall_seconds:.1f} s = {nodus_phase.wall_seconds / bare.wall_seconds:.2f}x "
+        f"| {nodus_phase.cpu_seconds:.1f} s / {bare.cpu_seconds:.1f} s = {nodus_phase.cpu_seconds / bare.cpu_seconds:.2f}x "
+        f"| {nodus_phase.p50:.2f} / {nodus_phase.p95:.2f} s | {bare.p50:.2f} / {bare.p95:.2f} s |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--reuse", action="store_true", help="use the server at NODUS_API_URL")
+    args = parser.parse_args()
+
+    if not args.reuse:
+        from nodus_ray.cluster import up
+
+        base = Path(tempfile.mkdtemp(prefix="nodus-bench-"))
+        base.chmod(0o711)
+        os.environ["NODUS_STORAGE"] = str(base / "storage")
+        os.environ["NODUS_SANDBOX_ROOT"] = str(base / "sandboxes")
+        os.environ["NODUS_OFFLINE_LATENCY"] = "0"
+        info = up(port=int(os.environ.get("NODUS_BENCH_PORT", "8000")))
+        os.environ["NODUS_API_URL"] = info.api_url
+    ray.init(address="auto", namespace="nodus-bench", logging_level="ERROR", log_to_driver=False)
+
+    agent = nodus.ClaudeAgent("bench-trivial", system="Answer briefly.", families=["haiku"])
+    agent.deploy()
+    tag = f"{int(time.time())}"
+    # Warm both paths once so neither phase pays for first-import costs the other skipped.
+    _nodus_run(agent, f"{tag}-warm")(0)
+    _bare_ray(-1)
+
+    bare = _measure("bare ray", args.runs, args.concurrency, _bare_ray)
+    measured = _measure("nodus", args.runs, args.concurrency, _nodus_run(agent, tag))
+    for phase in (bare, measured):
+        print(f"{phase.name:>9}: {phase.items} items in {phase.wall_seconds:.2f} s wall, "
+              f"{phase.cpu_seconds:.2f} CPU s, p50 {phase.p50:.2f} s, p95 {phase.p95:.2f} s", file=sys.stderr)
+    print("| date | runs | concurrency | wall: nodus / bare = ratio | CPU: nodus / bare = ratio "
+          "| nodus p50 / p95 | bare p50 / p95 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(_row(measured, bare, args.runs, args.concurrency))
+    ray.shutdown()
+    if not args.reuse:
+        from nodus_ray.cluster import down
+
+        down()
+
+
+if __name__ == "__main__":
+    main()

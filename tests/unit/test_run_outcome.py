@@ -1,0 +1,37 @@
+"""The answer preview a run's status carries: the first 4 KiB, cut on a character boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from nodus.resources import ANSWER_PREVIEW_BYTES
+from nodus_ray.run_actor import RunActor, RunConfig
+
+
+def _actor(tmp_path: Path) -> RunActor:
+    return RunActor(RunConfig(project="p", name="r", agent="a", agent_revision=1, agent_spec={},
+                              run_spec={"agent": "a", "input": "x"}, storage_uri=str(tmp_path / "s"),
+                              workspace=str(tmp_path / "w"), deadline_at=None))
+
+
+def test_long_answers_are_previewed_and_flagged(tmp_path: Path) -> None:
+    answer = "é" * ANSWER_PREVIEW_BYTES  # 2 bytes each: twice the preview
+    outcome = _actor(tmp_path)._outcome("Succeeded", "Completed", None,
+                                        SimpleNamespace(turns=[], cost_usd=0), answer=answer)
+    preview = outcome["answer"]["preview"]
+    assert len(preview.encode()) <= ANSWER_PREVIEW_BYTES
+    assert len(preview.encode()) >= ANSWER_PREVIEW_BYTES - 1
+    assert answer.startswith(preview)
+    assert outcome["answer"] == {"preview": preview, "bytes": 2 * ANSWER_PREVIEW_BYTES, "truncated": True}
+    assert outcome["finishedAt"]
+
+
+def test_short_answers_are_whole(tmp_path: Path) -> None:
+    outcome = _actor(tmp_path)._outcome("Succeeded", "Completed", None,
+                                        SimpleNamespace(turns=[], cost_usd=0), answer="4")
+    assert outcome["answer"] == {"preview": "4", "bytes": 1, "truncated": False}
+
+
+def test_the_actor_names_itself_for_the_dashboard(tmp_path: Path) -> None:
+    assert repr(_actor(tmp_path)) == "RunActor(run=p/r, agent=a@1, phase=Pending)"
