@@ -15,15 +15,30 @@ the run may use the network, network) namespaces:
   when the command's shell exits (or we kill bubblewrap) the namespace's init dies and the
   kernel kills everything left in it: nothing outlives a command;
 * the environment is cleared down to PATH, HOME, LANG and TERM, so server secrets such as
-  API keys never reach the model's commands.
+  API keys never reach the model's commands;
+* some host directories are hidden under an empty read-only tmpfs, so the command cannot even
+  list them: ``/root`` and the server user's home (host credentials: SSH keys, cloud and
+  registry logins), Ray's temp directory when it is outside ``/tmp`` (its session directory
+  holds the raylet and object store sockets and logs), and whatever the caller passes as
+  ``hidden_paths`` (the control plane passes the sandbox root, so no run can browse the other
+  runs' workspaces, and the local storage directory). The workspace still works when it lives
+  under a hidden directory, because bubblewrap binds it at ``/tmp/workspace`` from the host's
+  view of the path, not the sandbox's.
 
 Why the uid drop
 ----------------
 Runs on this platform are served by root. Root is exempt from ``RLIMIT_NPROC``, so a fork bomb
 in a sandbox running as (or mapped to) host root would not be stopped. Every command therefore
-runs as an unprivileged host uid chosen from the workspace path: the same workspace always gets
-the same uid (a run replayed after a restart can still write its own files) and different runs
-rarely share one (their process budgets are per uid). The workspace is ``chown``-ed to that uid.
+runs as an unprivileged host uid. The control plane should pass ``uid``: it allocates a unique
+one per run, so concurrent runs never share a process budget, and the process fallback's
+kill-everything-of-this-uid cleanup never reaches another run. Without ``uid`` the uid is
+derived from the workspace path: the same workspace always gets the same uid (a run replayed
+after a restart can still write its own files) and different runs only rarely share one.
+
+The workspace directory is owned by that uid with mode 0700 (re-applied around every command,
+since the command owns it and could open it up). That is the barrier between runs wherever a
+workspace is visible: under the process fallback, or under bubblewrap when the sandbox root is
+not hidden. Files inside keep whatever mode the command's umask gives them.
 
 bubblewrap itself still starts as root, and the uid is dropped *inside* the sandbox by
 ``setpriv`` after the namespaces and mounts are set up. Dropping before bubblewrap (unprivileged
@@ -31,14 +46,15 @@ bubblewrap in a user namespace) would make bubblewrap resolve the workspace path
 dropped uid, which fails whenever any parent directory is private to root (pytest's temp dirs,
 ``/root/...``). Capabilities are cleared from every set and ``no_new_privs`` is set, so the
 command cannot regain privileges through setuid binaries. Unprivileged servers skip the drop
-and run bubblewrap in a user namespace instead.
+(``uid`` is validated but cannot be used) and run bubblewrap in a user namespace instead.
 
 Resource limits are applied with bash's ``ulimit`` in a short prologue after the drop rather
 than in a ``preexec_fn``: Ray workers are multi-threaded and ``preexec_fn`` is not safe there,
 while ``Popen``'s own ``user``/``group``/``start_new_session`` run in C.
 
 When bubblewrap cannot run, :class:`ProcessSandbox` is the fallback: same limits, uid drop,
-cleared environment, timeout and output cap, but no filesystem or network isolation.
+private workspace, cleared environment, timeout and output cap, but no filesystem or network
+isolation and no hidden paths.
 """
 
 from __future__ import annotations
@@ -46,18 +62,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pwd
 import resource
 import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 __all__ = [
     "SandboxLimits",
@@ -67,6 +85,9 @@ __all__ = [
     "ProcessSandbox",
     "create_sandbox",
     "bwrap_available",
+    "SANDBOX_WORKSPACE",
+    "MIN_SANDBOX_UID",
+    "MAX_SANDBOX_UID",
 ]
 
 # Where the workspace appears inside bubblewrap: under the private /tmp because the read-only
@@ -74,8 +95,18 @@ __all__ = [
 SANDBOX_WORKSPACE = "/tmp/workspace"
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _INNER_UID = 1000  # the uid a user-namespace (unprivileged) sandbox shows its command
-_UID_BASE = 200_000
+_UID_BASE = 200_000  # the hashed fallback uids: _UID_BASE .. _UID_BASE + _UID_SPAN - 1
 _UID_SPAN = 50_000
+# Explicit uids: below 1000 are system accounts (and 0 is root), 65534 is "nobody" (shared by
+# NFS squashing and many daemons), and 2**31-1 and above are (uid_t)-1 style sentinels or
+# rejected by some tools.
+MIN_SANDBOX_UID = 1000
+MAX_SANDBOX_UID = 2**31 - 2
+_NOBODY_UID = 65534
+# Never hidden by default even if a home directory or Ray temp dir points there (system users
+# such as Debian's ``daemon`` have ``/usr/sbin`` as home): the command needs them to run at all.
+_SYSTEM_DIRS = ("/bin", "/sbin", "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev",
+                "/proc", "/sys")
 _READ_CHUNK = 64 << 10
 _OUTPUT_KILL_FACTOR = 64  # kill a command once it has written this many times the output cap
 _HINT_TAIL_BYTES = 4096  # the end of the stream is kept too: errors usually come last
@@ -169,6 +200,112 @@ def _sandbox_uid(workspace: Path) -> int:
     return _UID_BASE + int.from_bytes(digest[:8], "big") % _UID_SPAN
 
 
+def _validate_uid(uid: object) -> int:
+    """``uid`` if it is safe to run commands as, else a ValueError saying which uids are."""
+    if (
+        isinstance(uid, bool)
+        or not isinstance(uid, int)
+        or not MIN_SANDBOX_UID <= uid <= MAX_SANDBOX_UID
+        or uid == _NOBODY_UID
+    ):
+        raise ValueError(
+            f"sandbox uid must be an int from {MIN_SANDBOX_UID} to {MAX_SANDBOX_UID} other than "
+            f"{_NOBODY_UID} (nobody), got {uid!r}"
+        )
+    return uid
+
+
+def _within(path: str, parent: str) -> bool:
+    """Whether ``path`` is ``parent`` or below it (both absolute and normalized)."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _ray_temp_dirs() -> list[str]:
+    """Where Ray keeps its sessions (sockets, logs) on this host, as far as we can tell.
+
+    Ray is asked only if this process already imported and initialized it (a Ray worker);
+    importing Ray here would cost seconds for a module that does not otherwise need it. Ray's
+    own default, ``$RAY_TMPDIR/ray`` or ``$TMPDIR/ray``, covers a cluster started by hand.
+    """
+    dirs = [os.path.join(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray")]
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        with contextlib.suppress(Exception):  # any Ray version or state: this is best effort
+            if ray.is_initialized():
+                dirs.append(ray.get_runtime_context().get_temp_dir())
+                dirs.append(ray._private.worker.global_worker.node.get_session_dir_path())
+    return [d for d in dirs if d]
+
+
+def _default_hidden_paths() -> list[Path]:
+    """Host paths hidden from every bubblewrap command, whatever the caller asks for.
+
+    ``/root`` and the homes of the server's user (and of the ``sudo`` caller) hold host
+    credentials; Ray's temp directory holds the session's sockets, through which a command
+    could submit work to the cluster as the server. Ones under ``/tmp`` are hidden anyway.
+    """
+    candidates = ["/root", os.environ.get("HOME", "")]
+    with contextlib.suppress(KeyError):
+        candidates.append(pwd.getpwuid(os.geteuid()).pw_dir)
+    sudo_user = os.environ.get("SUDO_USER")
+    if sudo_user:
+        with contextlib.suppress(KeyError):
+            candidates.append(pwd.getpwnam(sudo_user).pw_dir)
+    candidates += _ray_temp_dirs()
+    hidden: list[Path] = []
+    for candidate in candidates:
+        if not candidate or not os.path.isabs(candidate):
+            continue
+        path = os.path.normpath(candidate)
+        if path == "/" or any(_within(path, d) or _within(d, path) for d in _SYSTEM_DIRS):
+            continue
+        if Path(path) not in hidden:
+            hidden.append(Path(path))
+    return hidden
+
+
+def _check_hidden_paths(paths: Sequence[Path | str]) -> tuple[Path, ...]:
+    """The caller's ``hidden_paths`` as absolute Paths; hiding ``/`` would hide the system."""
+    if isinstance(paths, (str, Path)):
+        raise TypeError("hidden_paths must be a sequence of paths, not a single path")
+    checked: list[Path] = []
+    for raw in paths:
+        if not os.path.isabs(raw):
+            raise ValueError(f"hidden path must be absolute, got {str(raw)!r}")
+        path = Path(os.path.normpath(raw))
+        if str(path) == "/":
+            raise ValueError("cannot hide / (the sandbox needs the host's programs)")
+        checked.append(path)
+    return tuple(checked)
+
+
+def _hide_args(paths: Sequence[Path]) -> list[str]:
+    """bubblewrap arguments that cover each existing path with an empty read-only mount.
+
+    Resolved now, per command, because paths (Ray's session, a storage directory) can appear
+    after the sandbox is made. Symlinks are resolved on the host: the sandbox sees the host's
+    root, so the host's target is what must be covered. Paths under ``/tmp`` are skipped (the
+    private ``/tmp`` already hides them, and mounting there would only create empty
+    directories), as are paths below another hidden one (the mount point could not be created
+    in a read-only tmpfs). A directory gets a tmpfs; anything else gets ``/dev/null`` bound over
+    it (``nodev`` on the host root makes that unreadable too).
+    """
+    resolved = sorted({os.path.realpath(p) for p in paths if os.path.lexists(p)})
+    args: list[str] = []
+    kept: list[str] = []
+    for path in resolved:
+        if path == "/" or _within(path, "/tmp") or any(_within(path, k) for k in kept):
+            continue
+        if not os.path.exists(path):
+            continue
+        kept.append(path)
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
 def _capped(value: int, resource_id: int) -> int:
     """``value``, lowered to our own hard limit: an unprivileged ``ulimit`` cannot raise it."""
     _soft, hard = resource.getrlimit(resource_id)
@@ -197,25 +334,42 @@ def _shell_argv(command: str, limits: SandboxLimits) -> list[str]:
     return ["/bin/bash", "-c", _limits_prologue(limits), "nodus-sandbox", command]
 
 
-def _prepare_workspace(workspace: Path, uid: int | None) -> None:
-    """Create the workspace and hand every entry to the sandbox uid.
+def _seal_workspace(workspace: Path, uid: int | None) -> None:
+    """Make the workspace directory itself private: mode 0700, owned by the sandbox uid.
 
-    Recursive because files put there by the host (or by an older run layout) must be writable
-    by the command too; symlinks are changed, never followed.
+    This is the barrier that keeps another run's sandbox (another uid) out wherever the path is
+    visible. Re-applied around every command because the command owns the directory and may
+    chmod it. Done through one descriptor so the checks and changes hit the same directory.
+    """
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if uid is not None and (st.st_uid != uid or st.st_gid != uid):
+            os.fchown(fd, uid, uid)
+        if st.st_mode & 0o7777 != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def _prepare_workspace(workspace: Path, uid: int | None) -> None:
+    """Create the workspace, make it private and hand every entry to the sandbox uid.
+
+    Recursive because files put there by the host (or by an older run layout, or an earlier
+    uid) must be writable by the command too. ``os.fwalk`` with ``follow_symlinks=False`` and
+    dir_fd-relative ``chown`` never follow a symlink, even one swapped in while we walk.
     """
     workspace.mkdir(parents=True, exist_ok=True)
+    _seal_workspace(workspace, uid)
     if uid is None:
         return
-
-    def own(path: str) -> None:
-        st = os.lstat(path)
-        if st.st_uid != uid or st.st_gid != uid:
-            os.lchown(path, uid, uid)
-
-    own(str(workspace))
-    for root, dirs, files in os.walk(workspace):
+    # realpath: fwalk does not descend into a top that is itself a symlink.
+    for _root, dirs, files, dir_fd in os.fwalk(os.path.realpath(workspace), follow_symlinks=False):
         for name in dirs + files:
-            own(os.path.join(root, name))
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if st.st_uid != uid or st.st_gid != uid:
+                    os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _remove_tree(path: Path) -> None:
@@ -241,8 +395,15 @@ def _bwrap_argv(
     *,
     allow_network: bool,
     host_uid: int | None,
+    hidden: Sequence[Path] = (),
 ) -> list[str]:
-    """The bubblewrap command line; ``host_uid`` set means we are root and drop inside."""
+    """The bubblewrap command line; ``host_uid`` set means we are root and drop inside.
+
+    Mounts apply in order: the hidden paths come after the private ``/tmp`` and before the
+    workspace bind, so a hidden path can never cover ``/tmp/workspace``. The workspace bind's
+    source is resolved by bubblewrap on the host's root, not the new one, so a workspace under
+    a hidden directory still works.
+    """
     tmpfs_bytes = str(max(_MIN_TMPFS_BYTES, limits.file_size_bytes))
     if host_uid is not None:
         # Real root: no user namespace, so the command's host uid is the dropped one and
@@ -273,6 +434,7 @@ def _bwrap_argv(
         "--proc", "/proc",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm",
+        *_hide_args(hidden),
         "--bind", str(workspace), SANDBOX_WORKSPACE,
         "--chdir", SANDBOX_WORKSPACE,
         "--clearenv",
@@ -291,8 +453,9 @@ def _bwrap_argv(
 def _probe_bwrap() -> str | None:
     """None when bubblewrap works here, else why not (becomes the fallback's note).
 
-    Runs a real, trivial sandbox with the same flags as commands use, because bwrap being
-    installed says nothing about whether namespaces are allowed in this container.
+    Runs a real, trivial sandbox with the same flags as commands use (hidden paths included),
+    because bwrap being installed says nothing about whether namespaces, or tmpfs mounts and
+    read-only remounts, are allowed in this container.
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -309,7 +472,7 @@ def _probe_bwrap() -> str | None:
                 os.chown(workspace, uid, uid)
             argv = _bwrap_argv(
                 bwrap, setpriv, workspace, ["/bin/bash", "-c", "touch probe"], SandboxLimits(),
-                allow_network=False, host_uid=uid,
+                allow_network=False, host_uid=uid, hidden=_default_hidden_paths(),
             )
             proc = subprocess.run(
                 argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_SECONDS,
@@ -403,12 +566,29 @@ class _SandboxBase:
 
     backend: str = ""
 
-    def __init__(self, workspace: Path, limits: SandboxLimits, note: str | None) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        limits: SandboxLimits,
+        note: str | None,
+        *,
+        uid: int | None = None,
+        hidden_paths: Sequence[Path] = (),
+    ) -> None:
         self.workspace = Path(os.path.abspath(workspace))
         self.limits = limits
         self.note = note
+        if uid is not None:
+            uid = _validate_uid(uid)  # also when not root, so a bad allocation fails everywhere
         # The host uid commands run as; None when we are not root and cannot drop to another uid.
-        self.host_uid: int | None = _sandbox_uid(self.workspace) if _is_root() else None
+        self.host_uid: int | None = None
+        if _is_root():
+            self.host_uid = uid if uid is not None else _sandbox_uid(self.workspace)
+        # What the caller asked to hide plus the defaults (credentials, Ray's sockets).
+        self.hidden_paths: tuple[Path, ...] = _check_hidden_paths(hidden_paths)
+        self._hidden = self.hidden_paths + tuple(
+            p for p in _default_hidden_paths() if p not in self.hidden_paths
+        )
         _prepare_workspace(self.workspace, self.host_uid)
         self._lock = threading.Lock()
         self._run_lock = threading.Lock()
@@ -471,7 +651,13 @@ class _SandboxBase:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
+    def _reseal(self) -> None:
+        """Put the workspace back to 0700 and the sandbox uid, whatever the command did to it."""
+        with contextlib.suppress(FileNotFoundError):  # then the command itself reports it
+            _seal_workspace(self.workspace, self.host_uid)
+
     def _run_active(self, active: _Active, command: str, wall: float) -> CommandResult:
+        self._reseal()
         started = time.monotonic()
         deadline = started + wall
         proc = subprocess.Popen(
@@ -533,6 +719,7 @@ class _SandboxBase:
             cancel_requested = active.cancelled
         self._kill(proc)  # anything left in the group once the shell is gone
         self._reap_leftovers()
+        self._reseal()  # the next command may be minutes away; don't leave it open meanwhile
         duration = time.monotonic() - started
 
         cancelled = cancel_requested and not (timed_out or output_killed)
@@ -565,14 +752,25 @@ def _exit_status(returncode: int) -> int:
 
 
 class BubblewrapSandbox(_SandboxBase):
-    """Commands in fresh namespaces over a read-only host; see the module docstring."""
+    """Commands in fresh namespaces over a read-only host; see the module docstring.
+
+    ``uid`` (as root) is the host uid commands run as; the control plane allocates one per run.
+    ``hidden_paths`` are covered with an empty read-only tmpfs in addition to the defaults
+    (``/root``, the server user's home, Ray's temp directory outside ``/tmp``).
+    """
 
     backend = "bubblewrap"
 
     def __init__(
-        self, workspace: Path, limits: SandboxLimits = SandboxLimits(), *, allow_network: bool = False
+        self,
+        workspace: Path,
+        limits: SandboxLimits = SandboxLimits(),
+        *,
+        allow_network: bool = False,
+        uid: int | None = None,
+        hidden_paths: Sequence[Path] = (),
     ) -> None:
-        super().__init__(workspace, limits, note=None)
+        super().__init__(workspace, limits, note=None, uid=uid, hidden_paths=hidden_paths)
         self.allow_network = allow_network
         self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._setpriv = shutil.which("setpriv") if self.host_uid is not None else None
@@ -580,7 +778,7 @@ class BubblewrapSandbox(_SandboxBase):
     def _argv(self, command: str) -> list[str]:
         return _bwrap_argv(
             self._bwrap, self._setpriv, self.workspace, _shell_argv(command, self.limits), self.limits,
-            allow_network=self.allow_network, host_uid=self.host_uid,
+            allow_network=self.allow_network, host_uid=self.host_uid, hidden=self._hidden,
         )
 
     def _popen_kwargs(self) -> dict[str, Any]:
@@ -591,19 +789,46 @@ class BubblewrapSandbox(_SandboxBase):
 class ProcessSandbox(_SandboxBase):
     """Fallback: a plain subprocess in the workspace, as the sandbox uid when we are root.
 
-    It has the same limits, timeout, output cap and cleared environment, but no filesystem or
-    network isolation: the command can reach the network and write anywhere its uid may (for
-    example ``/tmp``). Background processes are killed when a command ends, as under
-    bubblewrap: as root by killing everything running as the sandbox uid (a run that shares the
-    uid by hash collision would lose its command too), otherwise by killing the process group.
+    It has the same limits, timeout, output cap, cleared environment and private (0700, owned
+    by the sandbox uid) workspace, but no filesystem or network isolation: the command can
+    reach the network (``allow_network`` is accepted for a uniform interface but cannot deny
+    it), read whatever its uid may, and write anywhere its uid may (for example ``/tmp``).
+    ``hidden_paths`` cannot be hidden without a mount namespace; they are recorded and ignored.
+    What protects other runs and the host is the uid drop plus the 0700 workspaces: another
+    run's workspace and root-private directories such as ``/root`` are unreadable to it.
+
+    Background processes, as root: after every command everything running as the sandbox uid
+    is killed with ``kill(-1)`` from that uid, which also reaches children that left the
+    command's process group or session (``setsid``, double-forked daemons) and cannot reach
+    root's or other uids' processes. With an explicit per-run ``uid`` that is exactly this
+    run's processes; with the hashed fallback uid, a run sharing the uid by collision would
+    lose its running command too.
+
+    Background processes, not root: there is no uid drop, so the command runs as the server's
+    own uid and killing by uid would kill the server (and its Ray workers) too. Only the
+    command's process group is killed. A child that calls ``setsid`` or ``setpgid`` (or
+    double-forks into a new session, as daemons do) escapes that: it outlives the command and
+    keeps running as the server's user, with the command's rlimits, until it exits on its own
+    or the server's process tree goes away. The command is still reported as finished once its
+    shell exits (a leftover holding the output pipe is given up on after a short grace).
     """
 
     backend = "process"
 
     def __init__(
-        self, workspace: Path, limits: SandboxLimits = SandboxLimits(), *, note: str | None = None
+        self,
+        workspace: Path,
+        limits: SandboxLimits = SandboxLimits(),
+        *,
+        note: str | None = None,
+        allow_network: bool = False,
+        uid: int | None = None,
+        hidden_paths: Sequence[Path] = (),
     ) -> None:
-        super().__init__(workspace, limits, note=note or "bubblewrap not available")
+        super().__init__(
+            workspace, limits, note=note or "bubblewrap not available", uid=uid, hidden_paths=hidden_paths
+        )
+        self.allow_network = allow_network
 
     def _argv(self, command: str) -> list[str]:
         return _shell_argv(command, self.limits)
@@ -619,6 +844,7 @@ class ProcessSandbox(_SandboxBase):
         return kwargs
 
     def _reap_leftovers(self) -> None:
+        """Kill every process of the sandbox uid (as root); see the class docstring for why only then."""
         if self.host_uid is None:
             return
         # kill(-1) from the sandbox uid reaches every process of that uid, including ones that
@@ -633,12 +859,29 @@ class ProcessSandbox(_SandboxBase):
 
 
 def create_sandbox(
-    workspace: Path, limits: SandboxLimits = SandboxLimits(), *, allow_network: bool = False
+    workspace: Path,
+    limits: SandboxLimits = SandboxLimits(),
+    *,
+    allow_network: bool = False,
+    uid: int | None = None,
+    hidden_paths: Sequence[Path] = (),
 ) -> Sandbox:
-    """The best sandbox this host can offer for ``workspace`` (created if missing)."""
+    """The best sandbox this host can offer for ``workspace`` (created if missing, made 0700).
+
+    ``uid``: the host uid commands run as when the server is root, unique per run so concurrent
+    runs share neither a process budget nor the process fallback's cleanup; ``None`` derives
+    one from the workspace path. It must be in ``MIN_SANDBOX_UID..MAX_SANDBOX_UID`` and not
+    65534 (ValueError otherwise, even when not root). ``hidden_paths``: absolute host paths
+    that bubblewrap commands cannot see (the sandbox root, local storage); the process
+    fallback cannot hide anything.
+    """
     reason = _probe_bwrap()
     if reason is None:
-        return BubblewrapSandbox(workspace, limits, allow_network=allow_network)
+        return BubblewrapSandbox(
+            workspace, limits, allow_network=allow_network, uid=uid, hidden_paths=hidden_paths
+        )
     note = f"bubblewrap not available ({reason}); commands run as plain processes without filesystem"
     note += " or network isolation"
-    return ProcessSandbox(workspace, limits, note=note)
+    return ProcessSandbox(
+        workspace, limits, note=note, allow_network=allow_network, uid=uid, hidden_paths=hidden_paths
+    )

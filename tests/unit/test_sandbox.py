@@ -7,8 +7,10 @@ cannot run at all.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -66,20 +68,39 @@ def _processes_of(uid: int) -> list[int]:
     return pids
 
 
+def _unused_uid() -> int:
+    """A uid nothing runs as, random so concurrent test runs do not share (and reap) one."""
+    while True:
+        uid = random.randrange(300_000, 2_000_000)
+        if uid != 65534 and not _processes_of(uid):
+            return uid
+
+
 @pytest.fixture
 def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Sandbox]]:
     made: list[Sandbox] = []
 
-    def make(limits: SandboxLimits | None = None, *, name: str = "ws",
-             allow_network: bool = False) -> Sandbox:
+    def make(limits: SandboxLimits | None = None, *, name: str = "ws", workspace: Path | None = None,
+             allow_network: bool = False, uid: int | None = None,
+             hidden_paths: tuple[Path, ...] = ()) -> Sandbox:
         limits = limits or SandboxLimits(timeout_seconds=30)
-        box = create_sandbox(tmp_path / name, limits, allow_network=allow_network)
+        box = create_sandbox(workspace or tmp_path / name, limits, allow_network=allow_network, uid=uid,
+                             hidden_paths=hidden_paths)
         made.append(box)
         return box
 
     yield make
     for box in made:
         box.delete()
+
+
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A host directory that bubblewrap commands can see: not under /tmp, which is private inside."""
+    path = Path(tempfile.mkdtemp(prefix="nodus-sandbox-test-", dir="/var/tmp"))
+    path.chmod(0o755)  # traversable by every uid, so only the workspace's own mode keeps runs apart
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # -- results ---------------------------------------------------------------------------------
@@ -133,6 +154,75 @@ def test_create_sandbox_falls_back_with_the_reason(tmp_path: Path, monkeypatch: 
     assert box.note is not None and "bwrap not found" in box.note
 
 
+@pytest.mark.parametrize("bad", [0, 999, 65534, 2**31 - 1, 2**32 - 1, -1, True, 1000.0, "2000"])
+def test_invalid_uid_is_refused_before_anything_is_created(tmp_path: Path, bad: object) -> None:
+    for make in (create_sandbox, ProcessSandbox, BubblewrapSandbox):
+        with pytest.raises(ValueError, match="sandbox uid must be an int from 1000 to 2147483646"):
+            make(tmp_path / "ws", uid=bad)  # type: ignore[operator]
+    assert not (tmp_path / "ws").exists()
+
+
+def test_uid_range_bounds_are_accepted(tmp_path: Path) -> None:
+    for uid in (1000, 2**31 - 2):
+        box = ProcessSandbox(tmp_path / f"ws-{uid}", uid=uid)
+        assert box.host_uid == (uid if os.geteuid() == 0 else None)
+        box.delete()
+
+
+def test_invalid_hidden_paths_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        create_sandbox(tmp_path / "ws", hidden_paths=[Path("relative/dir")])
+    with pytest.raises(ValueError, match="cannot hide /"):
+        create_sandbox(tmp_path / "ws", hidden_paths=[Path("/")])
+    with pytest.raises(TypeError):
+        create_sandbox(tmp_path / "ws", hidden_paths=Path("/srv"))  # type: ignore[arg-type]
+
+
+def test_workspace_is_private_even_without_bubblewrap(process_box: ProcessSandbox) -> None:
+    st = process_box.workspace.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    if process_box.host_uid is not None:
+        assert (st.st_uid, st.st_gid) == (process_box.host_uid, process_box.host_uid)
+    # The command owns the directory and may open it up; it is closed again when the command ends.
+    assert process_box.run("chmod 777 .").exit_code == 0
+    assert stat.S_IMODE(process_box.workspace.stat().st_mode) == 0o700
+
+
+def test_bwrap_argv_hides_paths_after_tmp_and_before_the_workspace(host_dir: Path) -> None:
+    storage = host_dir / "storage"
+    (storage / "nested").mkdir(parents=True)
+    secret_file = host_dir / "token"
+    secret_file.write_text("t")
+    link = host_dir / "link-to-storage"
+    link.symlink_to(storage)
+    hidden = [storage / "nested", link, secret_file, host_dir / "missing", Path("/tmp/whatever")]
+    argv = sandbox_module._bwrap_argv(
+        "/usr/bin/bwrap", None, storage / "ws", ["/bin/true"], SandboxLimits(),
+        allow_network=False, host_uid=None, hidden=hidden,
+    )
+    # The symlink is covered at its target; what is below a hidden dir, missing or in /tmp is not.
+    tmpfs_targets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--tmpfs"]
+    assert tmpfs_targets == ["/tmp", "/dev/shm", str(storage)]
+    assert argv[argv.index(str(storage)) + 1: argv.index(str(storage)) + 3] == ["--remount-ro", str(storage)]
+    file_bind = argv.index(str(secret_file))
+    assert argv[file_bind - 2: file_bind] == ["--ro-bind", "/dev/null"]
+    assert argv.index("/dev/shm") < argv.index(str(storage)) < argv.index(sandbox_module.SANDBOX_WORKSPACE)
+    assert argv.index(str(secret_file)) < argv.index(sandbox_module.SANDBOX_WORKSPACE)
+
+
+def test_default_hidden_paths_cover_credentials_and_ray(host_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    home = host_dir / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RAY_TMPDIR", str(host_dir / "raytmp"))
+    defaults = sandbox_module._default_hidden_paths()
+    assert Path("/root") in defaults and home in defaults and host_dir / "raytmp" / "ray" in defaults
+    # A home that is the system (Debian's ``daemon`` user has /usr/sbin) must never be hidden.
+    for system_home in ("/", "/usr/sbin", "/usr", "/etc"):
+        monkeypatch.setenv("HOME", system_home)
+        assert Path(system_home) not in sandbox_module._default_hidden_paths()
+
+
 # -- bubblewrap ------------------------------------------------------------------------------
 
 @needs_bwrap
@@ -168,6 +258,120 @@ def test_same_workspace_same_uid_so_a_replay_can_write(make_sandbox: Callable[..
     assert second.host_uid == first.host_uid  # type: ignore[attr-defined]
     assert second.run("echo two >> d/f && cat d/f").output == "one\ntwo\n"
     assert second.run("id -u").output.strip() != "0"
+
+
+@needs_bwrap
+@needs_root
+def test_explicit_uid_is_used_and_owns_a_private_workspace(make_sandbox: Callable[..., Sandbox]) -> None:
+    uid = _unused_uid()
+    box = make_sandbox(uid=uid)
+    assert box.host_uid == uid  # type: ignore[attr-defined]
+    result = box.run("id -u; id -g; echo x > f; mkdir d; chmod 777 .")
+    assert result.output == f"{uid}\n{uid}\n"
+    for path in (box.workspace, box.workspace / "f", box.workspace / "d"):
+        st = path.stat()
+        assert (st.st_uid, st.st_gid) == (uid, uid), path
+    assert stat.S_IMODE(box.workspace.stat().st_mode) == 0o700  # re-closed after the chmod
+
+
+@needs_bwrap
+@needs_root
+def test_an_existing_workspace_is_handed_to_a_new_explicit_uid(make_sandbox: Callable[..., Sandbox],
+                                                               tmp_path: Path) -> None:
+    first = make_sandbox()  # hashed uid
+    assert first.run("mkdir -p d && echo one > d/f && chmod 600 d/f && ln -s /etc/shadow link").exit_code == 0
+    uid = _unused_uid()
+    second = make_sandbox(uid=uid)  # same path, now with an allocated uid
+    assert second.run("echo two >> d/f && cat d/f").output == "one\ntwo\n"
+    assert Path("/etc/shadow").stat().st_uid == 0  # the symlink was changed, not followed
+    assert os.lstat(second.workspace / "link").st_uid == uid
+
+
+@needs_bwrap
+@needs_root
+@pytest.mark.parametrize("second_backend", ["bubblewrap", "process"])
+def test_another_runs_visible_workspace_is_unreadable(host_dir: Path, second_backend: str) -> None:
+    first = create_sandbox(host_dir / "run-1", uid=_unused_uid())
+    other_uid = _unused_uid()
+    if second_backend == "process":
+        second: Sandbox = ProcessSandbox(host_dir / "run-2", uid=other_uid)
+    else:
+        second = create_sandbox(host_dir / "run-2", uid=other_uid)
+    try:
+        assert first.run("echo first-secret > notes.txt && chmod 644 notes.txt").exit_code == 0
+        ws1 = first.workspace
+        result = second.run(f"ls -d {ws1} && echo VISIBLE; cat {ws1}/notes.txt; ls {ws1}; touch {ws1}/x")
+        assert "VISIBLE" in result.output  # the host path is not hidden: only the 0700 mode stops it
+        lines = result.output.splitlines()
+        assert "first-secret" not in lines and "notes.txt" not in lines  # neither content nor listing
+        assert result.output.count("Permission denied") == 3, result.output
+        assert not (ws1 / "x").exists()
+    finally:
+        first.delete()
+        second.delete()
+
+
+@needs_bwrap
+def test_hidden_sandbox_root_hides_other_runs_and_workspaces_under_it_still_work(
+    make_sandbox: Callable[..., Sandbox], host_dir: Path
+) -> None:
+    root = host_dir / "sandboxes"
+    uids = (_unused_uid(), _unused_uid()) if os.geteuid() == 0 else (None, None)
+    first = make_sandbox(workspace=root / "default" / "run-1", uid=uids[0], hidden_paths=(root,))
+    second = make_sandbox(workspace=root / "default" / "run-2", uid=uids[1], hidden_paths=(root,))
+    result = first.run(f"echo one > f && cat f && pwd && ls -A {root}; echo rc=$?")
+    assert result.output == "one\n/tmp/workspace\nrc=0\n"  # works, yet its own parent is empty
+    assert (first.workspace / "f").read_text() == "one\n"
+    result = second.run(f"ls -A {root}; echo rc=$?; cat {first.workspace}/f; touch {root}/x")
+    assert result.output.startswith("rc=0\n")  # an empty listing: not even the run names
+    assert "one" not in result.output
+    assert "Read-only file system" in result.output
+    assert sorted(os.listdir(root / "default")) == ["run-1", "run-2"]
+
+
+@needs_bwrap
+def test_hidden_paths_are_empty_and_read_only_inside(make_sandbox: Callable[..., Sandbox],
+                                                     host_dir: Path) -> None:
+    storage = host_dir / "storage"
+    (storage / "runs").mkdir(parents=True)
+    (storage / "secret.txt").write_text("storage-secret\n")
+    (storage / "secret.txt").chmod(0o644)
+    token = host_dir / "token"
+    token.write_text("token-secret\n")
+    token.chmod(0o644)
+    link = host_dir / "storage-link"
+    link.symlink_to(storage)
+    # Positive control: without hiding, the world-readable secrets are readable inside.
+    assert "storage-secret" in make_sandbox(name="plain").run(f"cat {storage}/secret.txt").output
+    box = make_sandbox(hidden_paths=(link, token))  # a symlink hides its target
+    result = box.run(
+        f"ls -A {storage}; echo rc=$?; cat {storage}/secret.txt {link}/secret.txt {token}; "
+        f"touch {storage}/x; echo ok > f && cat f"
+    )
+    assert result.output.startswith("rc=0\n")
+    assert "secret" not in result.output.replace("secret.txt", "")
+    assert "Read-only file system" in result.output
+    assert result.output.endswith("ok\n")
+    assert not (storage / "x").exists()
+
+
+@needs_bwrap
+def test_root_home_is_not_listable(make_sandbox: Callable[..., Sandbox]) -> None:
+    if not os.path.isdir("/root"):
+        pytest.skip("no /root on this host")
+    result = make_sandbox().run("ls -A /root; echo rc=$?; ls -A ~root | wc -l")
+    assert result.output == "rc=0\n0\n"
+
+
+@needs_bwrap
+def test_ray_temp_dir_outside_tmp_is_hidden_by_default(make_sandbox: Callable[..., Sandbox], host_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    sockets = host_dir / "raytmp" / "ray" / "session_2026-01-01" / "sockets"
+    sockets.mkdir(parents=True)
+    (sockets / "raylet").write_text("")
+    monkeypatch.setenv("RAY_TMPDIR", str(host_dir / "raytmp"))
+    result = make_sandbox().run(f"ls -A {host_dir}/raytmp/ray; echo rc=$?")
+    assert result.output == "rc=0\n"
 
 
 @needs_bwrap
@@ -417,6 +621,47 @@ def test_process_sandbox_drops_root(process_box: ProcessSandbox) -> None:
     result = process_box.run("id -u; touch /etc/nodus-should-not-exist")
     assert result.output.splitlines()[0] == str(process_box.host_uid)
     assert not Path("/etc/nodus-should-not-exist").exists()
+
+
+@needs_root
+def test_process_sandbox_as_root_kills_children_that_left_the_session(tmp_path: Path) -> None:
+    uid = _unused_uid()
+    box = ProcessSandbox(tmp_path / "ws", SandboxLimits(timeout_seconds=30), uid=uid)
+    try:
+        started = time.monotonic()
+        result = box.run(
+            "setsid -f sh -c 'echo $$ > daemon.pid; exec sleep 300' </dev/null >/dev/null 2>&1; "
+            "for _ in $(seq 100); do [ -s daemon.pid ] && break; sleep 0.05; done; "
+            "echo shell-session $(cut -d' ' -f6 /proc/$$/stat); "
+            "echo daemon-session $(cut -d' ' -f6 /proc/$(cat daemon.pid)/stat)"
+        )
+        assert result.exit_code == 0 and time.monotonic() - started < 10
+        sessions = dict(line.split() for line in result.output.splitlines())
+        assert sessions["shell-session"] != sessions["daemon-session"]  # it really escaped the group
+        daemon = int((box.workspace / "daemon.pid").read_text())
+        assert _wait_until(lambda: not _processes_of(uid), timeout=10), "setsid child outlived its command"
+        assert daemon not in _processes_of(uid)
+        assert box.run("echo alive").output == "alive\n"
+    finally:
+        box.delete()
+
+
+@needs_root
+def test_process_sandboxes_with_their_own_uids_do_not_reap_each_other(tmp_path: Path) -> None:
+    a = ProcessSandbox(tmp_path / "a", SandboxLimits(timeout_seconds=30), uid=_unused_uid())
+    b = ProcessSandbox(tmp_path / "b", SandboxLimits(timeout_seconds=30), uid=_unused_uid())
+    try:
+        results: list[CommandResult] = []
+        slow = "touch started; sleep 2; echo survived"
+        worker = threading.Thread(target=lambda: results.append(a.run(slow)))
+        worker.start()
+        assert _wait_until((a.workspace / "started").exists, timeout=10)
+        assert b.run("sleep 100 & echo b").exit_code == 0  # b's cleanup kills everything of b's uid
+        worker.join(timeout=10)
+        assert results and results[0].exit_code == 0 and results[0].output == "survived\n"
+    finally:
+        a.delete()
+        b.delete()
 
 
 def test_process_sandbox_timeout_and_leftovers(process_box: ProcessSandbox) -> None:
