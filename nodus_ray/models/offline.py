@@ -10,7 +10,8 @@ What it can do (the full table is in the :class:`OfflineProvider` docstring):
 * run simple shell requests through the ``bash`` tool (Python version, list/count files, create
   and read a file, date, current directory, disk usage, kernel, environment, ...), run commands
   given in backticks or after ``run:`` verbatim, and then report what the commands printed;
-* do arithmetic (``+ - * / // % **``, ``^`` as power, parentheses, unary minus) without ``eval``;
+* do arithmetic (``+ - * / // % **``, ``^`` as power, parentheses, unary minus) without ``eval``,
+  when the prompt is the sum ("What is 2 + 2?", "12 / 4"), not numbers in prose ("a 2-3 day trip");
 * otherwise restate the request and say it is the offline model.
 
 It cannot answer questions, write code, reason, or plan more than one round of tool calls.
@@ -65,14 +66,15 @@ class OfflineProvider:
        ``end_turn`` with one sentence per result, e.g. "The Python version is Python 3.11.2.",
        "The workspace has 3 files.", "The file notes.txt contains: hello", or generically "The
        command `X` exited with code N and printed: ..." (first 5 lines, at most 400 characters).
-       A non-zero ``exit code N`` is reported as a failure and ``killed: ...`` as killed.
+       A non-zero ``exit code N`` is reported as a failure and ``killed: ...`` as killed. Empty
+       output, or the sandbox's ``(no output)`` marker, is reported as "printed nothing".
     2. **A shell request** with no result yet: it answers ``tool_use`` with a short text block
        saying what it will run, then one ``bash`` ``tool_use`` block per command, in order, with
        ids ``toolu_off_<n>`` (n counts every tool call in the conversation, so ids are unique).
        A prompt is a shell request when it mentions the shell (shell, bash, terminal, command,
        run, execute, or workspace/sandbox together with a verb such as list, create, count) or
        when it matches one of the file tasks below on its own. Commands, checked clause by
-       clause in this order:
+       clause in this order (words inside quotes or backticks never select an entry):
 
        - ``run: CMD`` or "run the command CMD" (no backticks) -> ``CMD`` verbatim, one per line
        - text in backticks or a fenced block, with run/execute/command -> each snippet verbatim
@@ -81,7 +83,11 @@ class OfflineProvider:
        - create/make/write a file NAME [containing CONTENT], write CONTENT to NAME
          -> ``printf '%s\\n' CONTENT > NAME`` (``printf '' > NAME`` without content;
          ``mkdir -p DIR &&`` first when NAME has a directory)
-       - read/show/cat/open the file NAME, or "it" after a create -> ``cat NAME``
+       - print/echo/say "TEXT" (quoted, whatever it looks like, even "notes.txt") -> ``echo TEXT``
+         with a shell word; without one the clause asks for nothing (it is never a file read)
+       - read/show/print/open the file NAME, cat/read/open/view NAME, show the contents of NAME,
+         what's in NAME, or "it" after a create -> ``cat NAME`` (a NAME without the word "file"
+         must look like a file name: notes.txt, dir/x)
        - list the files / the workspace, what is in the workspace -> ``ls -la``
 
        Only when the prompt also has a shell word ("in the shell", "run", "command", ...):
@@ -92,8 +98,8 @@ class OfflineProvider:
        - environment variables -> ``env | sort``;  current user, whoami -> ``whoami``
        - number of CPUs / cores -> ``nproc``;  memory / RAM -> ``head -n 3 /proc/meminfo``
        - the date / time / day -> ``date``
-       - print/echo "TEXT" (quoted) -> ``echo TEXT``
-       - arithmetic ("compute 2 + 2 in the shell") -> ``python3 -c 'print(2 + 2)'``
+       - arithmetic, under the rule of 3. below ("compute 2 + 2 in the shell")
+         -> ``python3 -c 'print(2 + 2)'``
        - backticked text without a run verb ("use bash: `ls`") -> run verbatim
 
        Clauses are split at sentence ends, ``;``, "then" and "and <verb>", so "create a file a.txt
@@ -102,10 +108,16 @@ class OfflineProvider:
        the user wrote are run as written (the sandbox, not this model, is the safety boundary).
     3. **Arithmetic**: numbers with ``+ - * / // % **``, ``^`` (power), ``x``/``×``/``÷`` and the
        words plus, minus, times, multiplied by, divided by, mod(ulo), to the power of, squared,
-       and parentheses and unary minus. Parsed with ``ast`` and evaluated node by node (never
+       cubed, and parentheses and unary minus. Parsed with ``ast`` and evaluated node by node (never
        ``eval``); results over ~4000 bits, complex results and division by zero are refused in
        words. Answer: "2 + 2 = 4." Integers stay integers; divisions give a clean decimal
        ("10 / 4 = 2.5.", "12 / 4 = 3."). Several expressions are answered in one sentence.
+       Only when the expression is clearly the question: the prompt is just the expression(s)
+       (joined by "and", "," or ";") once polite wrappers are stripped ("what is", "what's",
+       "compute", "calculate", "evaluate", "how much is", "solve", "please", a trailing "?" or
+       "."), or one of those verbs directly precedes it ("Hey, what is 6 * 7? I need it."). Numbers
+       in prose ("Plan a 2-3 day trip"), dates (2024-01-05, 1/5/2024), phone numbers
+       (555-123-4567) and versions (3.11.2) are not evaluated; such prompts are restated.
     4. **Anything else**: 'You asked: "<prompt, cut at 120 characters>" I am the offline model,
        so I can only restate requests, do arithmetic and run simple shell commands.' A follow-up
        prompt is handled the same way on its own.
@@ -302,8 +314,12 @@ _READ_FILE_RE = re.compile(
     + _NAME,
     re.I,
 )
+# A name without the word "file" is read only after an explicit file verb or phrase: "cat X",
+# "read X", "open X", "view X", "show the contents of X", "what's in X". "print X" / "show X" alone
+# is not a read, so a quoted text after print/echo/say is echoed, whatever it looks like.
 _READ_NAME_RE = re.compile(
-    rf"\b(?:{_READ_VERBS}\s+(?:me\s+)?(?:the\s+)?(?:contents?\s+of\s+)?|cat\s+|what(?:'s|\s+is)\s+in\s+)"
+    rf"\b(?:{_READ_VERBS}\s+(?:me\s+)?(?:the\s+)?contents?\s+of\s+(?:the\s+)?"
+    r"|(?:read|cat|open|view)\s+(?:me\s+)?|what(?:'s|\s+is)\s+in(?:side)?\s+)"
     + _NAME,
     re.I,
 )
@@ -349,7 +365,11 @@ _CUED_TASKS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\b(?:date|time|day)\b", "date"),
     )
 )
-_ECHO_RE = re.compile(r"\b(?:print|echo|say|output)\s+(?P<text>\"[^\"\n]*\"|'[^'\n]*')", re.I)
+_ECHO_RE = re.compile(
+    r"\b(?:print|echo|say|output)(?:\s+out)?\s+(?:the\s+(?:text|string|words?|message|line)\s+)?"
+    r"(?P<text>\"[^\"\n]*\"|(?<!\w)'[^'\n]*'(?!\w))",
+    re.I,
+)
 
 
 @dataclass(frozen=True)
@@ -444,19 +464,36 @@ def _clean_command(text: str) -> str:
 
 
 def _match_task(clause: str, *, cue: bool, last_file: str | None) -> _Task | None:
-    """The first table entry one clause asks for (see the class docstring for the table)."""
-    if _PYTHON_VERSION_RE.search(clause):
+    """The first table entry one clause asks for (see the class docstring for the table).
+
+    Words inside quotes or backticks never select an entry: print "what time is it" is an echo,
+    not ``date``.
+    """
+    masked = _mask(clause)
+    if _PYTHON_VERSION_RE.search(masked):
         return _Task("python3 --version")
-    if _COUNT_RE.search(clause):
+    if _COUNT_RE.search(masked):
         return _Task(_COUNT_FILES_COMMAND)
-    task = _match_create(clause) or _match_read(clause, last_file)
+    task = _match_create(clause)
     if task is not None:
         return task
-    if _LIST_RE.search(clause):
+    echo = _ECHO_RE.search(clause)
+    if echo is not None and not _in_quotes(clause, echo):
+        # A quoted text after print/echo/say is text to print, never a file to read.
+        return _Task(f"echo {shlex.quote(_unquote(echo.group('text')))}") if cue else None
+    task = _match_read(clause, last_file)
+    if task is not None:
+        return task
+    if _LIST_RE.search(masked):
         return _Task("ls -la")
     if cue:
         return _match_cued(clause)
     return None
+
+
+def _in_quotes(text: str, match: re.Match[str]) -> bool:
+    """Whether the match starts inside a quoted or backticked span of ``text``."""
+    return _mask(text)[match.start()] == "_" and text[match.start()] != "_"
 
 
 def _unquote(name: str) -> str:
@@ -477,14 +514,21 @@ def _clean_content(text: str) -> str:
 
 
 def _match_create(clause: str) -> _Task | None:
-    bare = (m for m in _overlapping(_CREATE_BARE_RE, clause) if _looks_like_file(_unquote(m.group("name"))))
-    match = _CREATE_RE.search(clause) or next(bare, None)
+    bare = (
+        m
+        for m in _overlapping(_CREATE_BARE_RE, clause)
+        if _looks_like_file(_unquote(m.group("name"))) and not _in_quotes(clause, m)
+    )
+    match = _CREATE_RE.search(clause)
+    if match is not None and _in_quotes(clause, match):
+        match = None
+    match = match or next(bare, None)
     if match is not None:
         content = match.group("content")
         name = _unquote(match.group("name"))
         return _create_task(name, None if content is None else _clean_content(content))
     match = _WRITE_TO_RE.search(clause)
-    if match is not None:
+    if match is not None and not _in_quotes(clause, match):
         name = _unquote(match.group("name"))
         if match.group("file") or _looks_like_file(name):
             return _create_task(name, _clean_content(match.group("content")))
@@ -524,12 +568,10 @@ def _match_read(clause: str, last_file: str | None) -> _Task | None:
 
 
 def _match_cued(clause: str) -> _Task | None:
+    masked = _mask(clause)
     for pattern, command in _CUED_TASKS:
-        if pattern.search(clause):
+        if pattern.search(masked):
             return _Task(command)
-    match = _ECHO_RE.search(clause)
-    if match is not None:
-        return _Task(f"echo {shlex.quote(_unquote(match.group('text')))}")
     evaluated = _find_expressions(clause)
     if evaluated:
         expression = evaluated[0][0].replace("^", "**")
@@ -571,7 +613,8 @@ def _short(command: str, limit: int = 80) -> str:
 # --------------------------------------------------------------------------------------------
 # Tool results -> final answer
 
-_EXIT_RE = re.compile(r"^exit code (-?\d+)\s*$", re.I)
+_NO_OUTPUT_MARKER = "(no output)"  # what ``CommandResult.for_model`` writes when nothing was printed
+_EXIT_RE = re.compile(r"^exit code (-?\d+)(?:\s*\([^)]*\))?\s*$", re.I)
 _KILLED_RE = re.compile(r"^killed:\s*(.*)$", re.I)
 _CREATED_RE = re.compile(r"^(?:mkdir -p \S+ && )?printf (?:'%s\\n' .+|'') > (?P<name>.+)$", re.S)
 
@@ -586,15 +629,23 @@ class _Outcome:
 
 
 def _parse_result(block: dict[str, Any], command: str | None) -> _Outcome:
-    """Split ``exit code N`` / ``killed: why`` from the output that follows it."""
+    """Split ``exit code N`` / ``killed: why`` from the output that follows it.
+
+    The sandbox writes ``(no output)`` in place of empty output; that marker becomes ``""``.
+    """
     text = _tool_result_text(block)
     first, _, rest = text.partition("\n")
+    rest = _without_no_output_marker(rest)
     exit_match, killed_match = _EXIT_RE.match(first.strip()), _KILLED_RE.match(first.strip())
     if exit_match:
         return _Outcome(command, int(exit_match.group(1)), None, rest, bool(block.get("is_error")))
     if killed_match:
         return _Outcome(command, None, killed_match.group(1).strip() or "no reason given", rest, True)
-    return _Outcome(command, None, None, text, bool(block.get("is_error")))
+    return _Outcome(command, None, None, _without_no_output_marker(text), bool(block.get("is_error")))
+
+
+def _without_no_output_marker(output: str) -> str:
+    return "" if output.strip() == _NO_OUTPUT_MARKER else output
 
 
 def _summarize_results(results: list[dict[str, Any]], tool_uses: list[dict[str, Any]]) -> str:
@@ -720,6 +771,28 @@ _WORD_OPERATORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 _CANDIDATE_RE = re.compile(r"(?:[-+(]\s*)*[\d.][\d.\s()+\-*/%^]*")
 
+# When numbers with an operator count as a question (see :func:`_find_expressions`).
+_ARITHMETIC_LEAD = r"(?:what\s+is|what's|whats|compute|calculate|evaluate|how\s+much\s+is|solve)"
+_LEAD_BEFORE_RE = re.compile(rf"\b{_ARITHMETIC_LEAD}\s*:?\s*$", re.I)
+_WRAPPER_BEFORE_RE = re.compile(
+    rf"\s*(?:(?:please|kindly|hey|ok|okay|so|can\s+you|could\s+you|would\s+you|will\s+you|{_ARITHMETIC_LEAD})"
+    r"\b[\s,:]*)*",
+    re.I,
+)
+_WRAPPER_AFTER_RE = re.compile(
+    r"(?:\s*=)?(?:\s+(?:in|inside|using|with|via|on)\s+(?:the\s+|your\s+|my\s+|a\s+)?"
+    r"(?:shell|bash|terminal|sandbox|workspace|command\s+line))?"
+    r"(?:[\s?.!,]|\bplease\b|\bfor\s+me\b)*",
+    re.I,
+)
+_LEADING_DOTS_RE = re.compile(r"(?:\.(?!\d)|\s)*")
+_JOINER_RE = re.compile(r"[\s,;&]*(?:and\b)?[\s,;&]*", re.I)
+# Number shapes that are not sums: dates and phone numbers (2024-01-05, 555-123-4567), versions and
+# dotted numbers (3.11.2), and slashed dates with a four-digit year (1/5/2024, 2024/01/05).
+_NOT_ARITHMETIC_RE = re.compile(
+    r"\d-\d+-\d|\d*\.\d+\.\d|\b\d{1,2}/\d{1,2}/(?:1[89]|2\d)\d\d\b|\b(?:1[89]|2\d)\d\d/\d{1,2}/\d{1,2}\b"
+)
+
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -748,23 +821,66 @@ def _arithmetic_answer(prompt: str) -> str | None:
 
 
 def _find_expressions(text: str) -> list[tuple[str, ast.Expression]]:
-    """Arithmetic in the text with at least one binary operator, as (shown form, parsed tree)."""
+    """The arithmetic the text asks for, as (shown form, parsed tree); empty when it asks none.
+
+    An expression (at least one binary operator) counts only when it is clearly the question:
+    either the whole text is expressions (joined by "and", "," or ";") once polite wrappers are
+    stripped ("what is", "compute", "please", a trailing "?" or "." or "in the shell"), or
+    "what is", "what's", "compute", "calculate", "evaluate", "how much is" or "solve" directly
+    precedes it (or precedes an expression it is joined to by "and"). So "Plan a 2-3 day trip"
+    is not arithmetic. Dates, phone numbers and version numbers (2024-01-05, 555-123-4567,
+    3.11.2) are never evaluated.
+    """
     for pattern, symbol in _WORD_OPERATORS:
         text = pattern.sub(symbol, text)
-    found = []
+    spans = _expression_spans(text)
+    if not spans:
+        return []
+    if _only_expressions(text, spans):
+        return [(shown, tree) for _, _, shown, tree in spans]
+    found, previous_end = [], None
+    for start, end, shown, tree in spans:
+        before = text[:start]
+        chained = previous_end is not None and _JOINER_RE.fullmatch(text[previous_end:start])
+        if chained or _LEAD_BEFORE_RE.search(before):
+            found.append((shown, tree))
+            previous_end = end
+        else:
+            previous_end = None
+    return found
+
+
+def _expression_spans(text: str) -> list[tuple[int, int, str, ast.Expression]]:
+    """Every arithmetic expression in the text: (start, end, shown form, parsed tree)."""
+    spans = []
     for match in _CANDIDATE_RE.finditer(text):
-        candidate = _trim_candidate(match.group())
-        if not candidate or len(candidate) > _MAX_EXPRESSION_CHARS:
+        raw = match.group()
+        leading = _LEADING_DOTS_RE.match(raw)  # a sentence's "." before the number
+        lead = leading.end() if leading else 0
+        candidate = _trim_candidate(raw[lead:])
+        if not candidate or len(candidate) > _MAX_EXPRESSION_CHARS or _NOT_ARITHMETIC_RE.search(candidate):
             continue
         tree = _parse(candidate)
         if tree is not None and any(isinstance(node, ast.BinOp) for node in ast.walk(tree)):
-            found.append((" ".join(candidate.split()), tree))
-    return found
+            start = match.start() + lead
+            spans.append((start, start + len(candidate), " ".join(candidate.split()), tree))
+    return spans
+
+
+def _only_expressions(text: str, spans: list[tuple[int, int, str, ast.Expression]]) -> bool:
+    """Whether the text is nothing but the expressions, joiners and polite wrappers."""
+    if not _WRAPPER_BEFORE_RE.fullmatch(text[: spans[0][0]]):
+        return False
+    if not _WRAPPER_AFTER_RE.fullmatch(text[spans[-1][1] :]):
+        return False
+    return all(
+        _JOINER_RE.fullmatch(text[left[1] : right[0]]) for left, right in zip(spans, spans[1:], strict=False)
+    )
 
 
 def _trim_candidate(candidate: str) -> str:
     """Drop trailing punctuation and unmatched closing parentheses."""
-    candidate = candidate.strip()
+    candidate = candidate.rstrip()
     while candidate and (candidate[-1] not in "0123456789)" or candidate.count(")") > candidate.count("(")):
         candidate = candidate[:-1].rstrip()
     return candidate

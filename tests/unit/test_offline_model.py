@@ -19,6 +19,7 @@ import pytest
 
 from nodus_ray.models.base import BASH_TOOL, ModelProvider, ModelRequest, ModelResponse
 from nodus_ray.models.offline import OFFLINE_MODELS, OfflineProvider
+from nodus_ray.sandbox import CommandResult
 
 MODEL = "offline-sonnet"
 
@@ -184,6 +185,57 @@ def test_small_command_table(prompt: str, command: str) -> None:
     assert _commands(_ask(prompt)) == [command]
 
 
+@pytest.mark.parametrize(
+    ("prompt", "command"),
+    [
+        ('Use the shell to print "Hello. World"', "echo 'Hello. World'"),
+        ('Use bash to echo "notes.txt"', "echo notes.txt"),
+        ("In the terminal, print 'dir/x.md'", "echo dir/x.md"),
+        ('Say "what time is it" in the shell', "echo 'what time is it'"),
+        ('Use the shell to print "the Python version"', "echo 'the Python version'"),
+        ('Use the shell to print "list the files"', "echo 'list the files'"),
+        ('Use the shell to print "create a file x.txt"', "echo 'create a file x.txt'"),
+        ('Use the shell to print "$(touch pwned)"', "echo '$(touch pwned)'"),
+    ],
+)
+def test_quoted_text_after_print_is_echoed_whatever_it_looks_like(prompt: str, command: str) -> None:
+    assert _commands(_ask(prompt)) == [command]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_quoted_print_echoes_exactly(tmp_path: Path) -> None:
+    [command] = _commands(_ask('Use the shell to print "Hello. World"'))
+    out = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout == "Hello. World\n"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "command"),
+    [
+        ('Read the file "Hello. World"', "cat 'Hello. World'"),
+        ("Use the shell to print the file notes.txt", "cat notes.txt"),
+        ("cat notes.txt", "cat notes.txt"),
+        ("Read notes.txt", "cat notes.txt"),
+        ("Show the contents of notes.txt", "cat notes.txt"),
+        ("Show me what's in a.txt", "cat a.txt"),
+        ('Use the shell to cat "my notes.txt"', "cat 'my notes.txt'"),
+    ],
+)
+def test_only_explicit_file_words_read_a_file(prompt: str, command: str) -> None:
+    assert _commands(_ask(prompt)) == [command]
+
+
+def test_quoted_print_without_a_shell_word_is_not_a_file_read() -> None:
+    response = _ask('Print "notes.txt"')
+    assert not response.tool_uses()
+    assert response.text().startswith("You asked:")
+
+
+def test_echo_then_read_in_one_prompt() -> None:
+    prompt = 'In bash, echo "a; b. c" then show the contents of a.txt'
+    assert _commands(_ask(prompt)) == ["echo 'a; b. c'", "cat a.txt"]
+
+
 def test_unmappable_shell_request_falls_back_to_ls_and_says_so() -> None:
     response = _ask("Run the tests in the shell")
     assert _commands(response) == ["ls -la"]
@@ -206,6 +258,37 @@ def test_generic_result_reports_first_lines_trimmed() -> None:
     _, final = _reply_with_results("Run `seq 50`", [output])
     assert "`seq 50` exited with code 0" in final.text()
     assert "line 0" in final.text() and "line 49" not in final.text()
+
+
+@pytest.mark.parametrize(
+    "result", ["exit code 0\n(no output)", "exit code 0\n(no output)\n", "exit code 0\n", "exit code 0"]
+)
+def test_command_with_no_output_printed_nothing(result: str) -> None:
+    _, final = _reply_with_results("Run `true`", [result])
+    assert final.text() == "The command `true` exited with code 0 and printed nothing."
+    assert "(no output)" not in final.text()
+
+
+def test_no_output_marker_from_the_sandbox_reads_as_nothing() -> None:
+    def result(exit_code: int | None, **kwargs: Any) -> str:
+        fields = {"truncated": False, "timed_out": False, "cancelled": False, "duration_seconds": 0.1}
+        fields.update(kwargs)
+        return CommandResult(exit_code=exit_code, output="", limit=None, **fields).for_model()
+
+    assert result(0).endswith("(no output)")  # the marker this test is about
+    _, final = _reply_with_results("Run `true`", [result(0)])
+    assert "printed nothing" in final.text() and "(no output)" not in final.text()
+    _, final = _reply_with_results("Run `false`", [result(1)])
+    assert final.text() == "The command `false` failed with exit code 1 and printed nothing."
+    _, final = _reply_with_results("Read the file empty.txt", [result(0)])
+    assert final.text() == "The file empty.txt is empty."
+    _, final = _reply_with_results("List the files in the workspace", [result(0)])
+    assert final.text() == "The workspace is empty."
+    _, final = _reply_with_results("Run `sleep 5`", ["killed: timeout after 2s\n(no output)"])
+    assert "killed (timeout after 2s) and printed nothing." in final.text()
+    # Real output that merely contains the words is still quoted.
+    _, final = _reply_with_results("Run `echo x`", ["exit code 0\nlog: (no output) yet"])
+    assert "printed: log: (no output) yet" in final.text()
 
 
 def test_tool_result_as_text_blocks_and_ids_stay_unique_across_turns() -> None:
@@ -279,6 +362,17 @@ def test_follow_up_prompt_is_answered_on_its_own() -> None:
         ("2**10", "2**10 = 1024."),
         ("What is -3 + 5?", "-3 + 5 = 2."),
         ("What is 3 plus 4 times 2?", "3 + 4 * 2 = 11."),
+        ("3 times 4", "3 * 4 = 12."),
+        ("what is 6 * 7?", "6 * 7 = 42."),
+        ("What's 2-3?", "2-3 = -1."),
+        ("how much is 5 x 3?", "5 * 3 = 15."),
+        ("Please calculate: 3*(4+1).", "3*(4+1) = 15."),
+        ("evaluate 2 ** 8", "2 ** 8 = 256."),
+        ("solve 12/4/2", "12/4/2 = 1.5."),
+        ("2+2=?", "2+2 = 4."),
+        ("Hey, what is 6 * 7? I need it for homework.", "6 * 7 = 42."),
+        ("What is 3 x 4 and 2 to the power of 10 and 5 squared?", "3 * 4 = 12; 2**10 = 1024; 5**2 = 25."),
+        ("12 / 4, 2^3", "12 / 4 = 3; 2^3 = 8."),
     ],
 )
 def test_arithmetic(prompt: str, answer: str) -> None:
@@ -286,6 +380,41 @@ def test_arithmetic(prompt: str, answer: str) -> None:
     assert response.stop_reason == "end_turn"
     assert not response.tool_uses()
     assert response.text() == answer
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Plan a 2-3 day trip to Rome",
+        "Plan a 2 - 3 day trip to Rome",
+        "Book a table for 4-6 people",
+        "Pages 10-20 of the report are missing",
+        "The meeting is on 2024-01-05",
+        "The meeting is on 2024-10-15",
+        "What is 2024-10-15?",
+        "What happened on 1/5/2024?",
+        "What is new in Python 3.11.2?",
+        "Upgrade from 3.11.2 - 1 to 3.12",
+        "Call me at 555-123-4567",
+        "What is 555-123-4567?",
+        "I ate 3/4 of the pie",
+        "Give me 5 tips",
+        "Hi. 2+2 apples",
+    ],
+)
+def test_numbers_in_prose_are_restated_not_computed(prompt: str) -> None:
+    response = _ask(prompt)
+    assert response.stop_reason == "end_turn"
+    assert not response.tool_uses()
+    assert response.text().startswith(f'You asked: "{prompt}"')
+    assert " = " not in response.text()
+
+
+def test_shell_arithmetic_follows_the_same_rule() -> None:
+    assert _commands(_ask("Use bash to compute 2 ** 100")) == ["python3 -c 'print(2 ** 100)'"]
+    assert _commands(_ask("2 ** 100 in the shell")) == ["python3 -c 'print(2 ** 100)'"]
+    # A range in a shell request is not a sum: the request is unmapped and lists the workspace.
+    assert _commands(_ask("Run the tests for 2-3 minutes in the shell")) == ["ls -la"]
 
 
 def test_arithmetic_refuses_division_by_zero_and_huge_powers_quickly() -> None:
@@ -385,3 +514,20 @@ def test_latency_is_honoured() -> None:
     assert time.monotonic() - started >= 0.2
     with pytest.raises(ValueError):
         OfflineProvider(latency_seconds=-1)
+
+
+def test_an_exit_header_with_a_limit_note_is_still_read() -> None:
+    from nodus_ray.models.base import ModelRequest
+    from nodus_ray.models.offline import OfflineProvider
+
+    messages = [
+        {"role": "user", "content": "Use the shell to run `yes | head -c 100000000`"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_off_1", "name": "bash",
+                                           "input": {"command": "yes | head -c 100000000"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_off_1",
+                                      "content": "exit code 0 (output limit exceeded)\ny\ny"}]},
+    ]
+    answer = OfflineProvider().complete(ModelRequest(model="offline-haiku", system="", messages=messages,
+                                                     max_tokens=1024)).text()
+    assert "exited with code 0" in answer
+    assert "no exit code" not in answer
