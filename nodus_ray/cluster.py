@@ -80,10 +80,14 @@ def _ensure_control_plane(settings: ServerSettings) -> dict[str, object]:
         name=CONTROL_PLANE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
     ).remote(settings)
     info = ray.get(actor.ready.remote())
-    if info["storage"] != settings.storage_uri:
+    if info.get("settingsDigest") != settings.digest():
+        running = ray.get(actor.running_settings.remote())
+        wanted = settings.describe()
+        changed = ", ".join(f"{key} is {running.get(key)!r} (asked {wanted[key]!r})"
+                            for key in wanted if running.get(key) != wanted[key])
         raise NodusError(
-            f"nodus is already running with storage {info['storage']}; run `nodus down` first to "
-            f"switch to {settings.storage_uri}",
+            f"nodus is already running with other settings: {changed or 'they differ'}; "
+            "run `nodus down` first to change them",
             code="Conflict",
         )
     return info
@@ -118,7 +122,10 @@ def _wait_ready(api_url: str) -> None:
 
 def up(address: str | None = None, port: int = 8000, storage: str | None = None) -> UpInfo:
     """Start or reuse Ray, the control plane and the API; return where everything is."""
-    settings = ServerSettings.from_env()
+    try:
+        settings = ServerSettings.from_env()
+    except ValueError as error:
+        raise NodusError(str(error), code="Invalid") from None
     if storage:
         settings = replace(settings, storage_uri=storage)
     started, ray_context = _connect(address)

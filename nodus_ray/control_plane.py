@@ -41,7 +41,7 @@ from .patch import merge_patch
 from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
 from .sandbox import bwrap_available
 from .settings import NAMESPACE, ServerSettings
-from .storage import Storage
+from .storage import Storage, redact_uri
 
 __all__ = ["ControlPlane", "RemoteControlPlane"]
 
@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 _VERSION = "0.1.0"
 _CANCEL_GRACE_SECONDS = 15.0
+# Sandbox uids are handed out one per run, above the range the sandbox's own hash fallback
+# uses (200000-249999), so no two runs ever share a process budget or kill each other's work.
+_FIRST_SANDBOX_UID = 300_000
 
 Key = tuple[str, str]
 
@@ -78,11 +81,12 @@ class ControlPlane:
         self._runs: dict[Key, dict[str, Any]] = {}
         self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._supervisors: dict[Key, asyncio.Task[None]] = {}
+        self._last_sandbox_uid: int | None = None
         self._started = False
         self._start_lock: asyncio.Lock | None = None
 
     def __repr__(self) -> str:
-        return f"ControlPlane(storage={self.settings.storage_uri}, agents={len(self._agents)}, runs={len(self._runs)})"
+        return f"ControlPlane(storage={redact_uri(self.settings.storage_uri)}, agents={len(self._agents)}, runs={len(self._runs)})"
 
     # -- start and recovery ---------------------------------------------------------------
 
@@ -121,13 +125,18 @@ class ControlPlane:
         await self._ensure_started()
         return {
             "version": _VERSION,
-            "storage": self.settings.storage_uri,
+            "storage": redact_uri(self.settings.storage_uri),
             "modelBackend": self.settings.model_backend,
             "sandbox": "bubblewrap" if await asyncio.to_thread(bwrap_available) else "process",
             "sandboxRoot": self.settings.sandbox_root,
+            "settingsDigest": self.settings.digest(),
             "agents": len(self._agents),
             "runs": len(self._runs),
         }
+
+    async def running_settings(self) -> dict[str, object]:
+        """The running settings, credentials redacted (for `nodus up` to explain a mismatch)."""
+        return self.settings.describe()
 
     # -- persistence ----------------------------------------------------------------------
 
@@ -246,12 +255,14 @@ class ControlPlane:
                 raise Unsupported("spec.keepAlive is not supported yet: runs end after their first turn",
                                   details={"field": "spec.keepAlive"})
             created = _now()
+            sandbox_uid = self._next_sandbox_uid()
             status = AgentRunStatus(
                 phase="Pending",
                 agentRevision=agent["status"]["revision"],
                 createdAt=created,
             ).model_dump(mode="json")
             status["cost"]["limitUSD"] = agent["spec"]["perRunMaxCostUSD"]
+            status["sandbox"]["uid"] = sandbox_uid
             if run.spec.deadline:
                 deadline = datetime.now(UTC) + parse_duration(run.spec.deadline)
                 status["deadlineAt"] = deadline.isoformat().replace("+00:00", "Z")
@@ -271,6 +282,21 @@ class ControlPlane:
             self._runs[key] = resource
         self._supervise(key)
         return {"resource": resource, "result": "created"}
+
+    def _next_sandbox_uid(self) -> int:
+        # Taken synchronously (no await) so two concurrent creates never get the same uid.
+        if self._last_sandbox_uid is None:
+            used = [run["status"].get("sandbox", {}).get("uid") for run in self._runs.values()]
+            self._last_sandbox_uid = max([u for u in used if isinstance(u, int)] + [_FIRST_SANDBOX_UID - 1])
+        self._last_sandbox_uid += 1
+        return self._last_sandbox_uid
+
+    def _hidden_paths(self) -> tuple[str, ...]:
+        """Host paths a sandbox must not see: every workspace, and the storage if it is local."""
+        hidden = [self.settings.sandbox_root]
+        if self.storage.is_local:
+            hidden.append(self.storage.local_root)
+        return tuple(hidden)
 
     async def get_run(self, project: str, name: str) -> dict[str, Any]:
         await self._ensure_started()
@@ -378,6 +404,8 @@ class ControlPlane:
             workspace=self._workspace(project, name),
             deadline_at=run["status"].get("deadlineAt"),
             offline_latency_seconds=self.settings.offline_latency_seconds,
+            sandbox_uid=run["status"].get("sandbox", {}).get("uid"),
+            hidden_paths=self._hidden_paths(),
         )
         return RemoteRunActor.options(
             name=run_actor_name(project, name, attempt),

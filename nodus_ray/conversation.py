@@ -105,7 +105,10 @@ class Conversation:
         async def choose() -> dict[str, Any]:
             decision = route(prompt, self.spec.families)
             family = decision.family
-            model = self.spec.model_name or self.provider.model_for_family(family)
+            # A pinned Claude model applies only where Claude serves; the offline provider
+            # always names its own model, so status never claims a model that did not answer.
+            pinned = self.spec.model_name if self.provider.name != "offline" else None
+            model = pinned or self.provider.model_for_family(family)
             return {"family": family, "model": model, "routing": decision.routing, "score": decision.score}
 
         routed = await self.steps.run(

@@ -54,6 +54,8 @@ class RunConfig:
     workspace: str
     deadline_at: str | None
     offline_latency_seconds: float = 0.0
+    sandbox_uid: int | None = None
+    hidden_paths: tuple[str, ...] = ()
 
 
 def _now() -> str:
@@ -106,7 +108,12 @@ class RunActor:
         await control_plane.report.remote(self.config.project, self.config.name, patch)
 
     def _open_sandbox(self) -> Sandbox:
-        self._sandbox = create_sandbox(Path(self.config.workspace))
+        # Other runs' workspaces and the storage are mounted away, not merely unreadable.
+        self._sandbox = create_sandbox(
+            Path(self.config.workspace),
+            uid=self.config.sandbox_uid,
+            hidden_paths=[Path(path) for path in self.config.hidden_paths],
+        )
         return self._sandbox
 
     async def _execute(self) -> dict[str, Any]:

@@ -6,11 +6,13 @@ depends on which process happened to start its worker.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .storage import default_storage_uri
+from .storage import default_storage_uri, redact_uri
 
 __all__ = ["NAMESPACE", "CONTROL_PLANE_NAME", "SERVE_APP_NAME", "ServerSettings"]
 
@@ -36,11 +38,26 @@ class ServerSettings:
 
     @classmethod
     def from_env(cls) -> ServerSettings:
-        return cls(
-            storage_uri=default_storage_uri(),
-            sandbox_root=os.environ.get("NODUS_SANDBOX_ROOT") or _default_sandbox_root(),
-            offline_latency_seconds=float(os.environ.get("NODUS_OFFLINE_LATENCY", "0") or 0),
-        )
+        """Read and check the environment; a bad value is refused here, not in every run."""
+        raw_latency = os.environ.get("NODUS_OFFLINE_LATENCY", "0") or "0"
+        try:
+            latency = float(raw_latency)
+        except ValueError:
+            raise ValueError(f"NODUS_OFFLINE_LATENCY={raw_latency!r} is not a number of seconds") from None
+        if not 0 <= latency <= 600:
+            raise ValueError(f"NODUS_OFFLINE_LATENCY={raw_latency!r} must be between 0 and 600 seconds")
+        sandbox_root = os.environ.get("NODUS_SANDBOX_ROOT") or _default_sandbox_root()
+        if not os.path.isabs(sandbox_root):
+            raise ValueError(f"NODUS_SANDBOX_ROOT={sandbox_root!r} must be an absolute path")
+        return cls(storage_uri=default_storage_uri(), sandbox_root=sandbox_root, offline_latency_seconds=latency)
+
+    def digest(self) -> str:
+        """Identifies these settings without showing them (the storage URI may hold credentials)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, object]:
+        """The settings as they may be shown: credentials in the storage URI redacted."""
+        return {**asdict(self), "storage_uri": redact_uri(self.storage_uri)}
 
     @property
     def model_backend(self) -> str:

@@ -16,10 +16,26 @@ import os
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
-__all__ = ["Storage", "default_storage_uri"]
+__all__ = ["Storage", "default_storage_uri", "redact_uri"]
+
+_SECRET_QUERY_KEYS = ("secret", "key", "token", "password", "credential", "session")
+
+
+def redact_uri(uri: str) -> str:
+    """The URI without credentials (``s3://KEY:SECRET@bucket`` or ``?secret_key=...``), for display."""
+    parts = urlsplit(uri)
+    if not parts.scheme or parts.scheme == "file":
+        return uri
+    netloc = parts.netloc.rsplit("@", 1)[-1] if "@" in parts.netloc else parts.netloc
+    if "@" in parts.netloc:
+        netloc = f"***@{netloc}"
+    query = [(k, "***" if any(word in k.lower() for word in _SECRET_QUERY_KEYS) else v)
+             for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="*"), parts.fragment))
 
 
 def default_storage_uri() -> str:
@@ -48,7 +64,7 @@ class Storage:
         self._local = isinstance(self._fs, pafs.LocalFileSystem)
 
     def __repr__(self) -> str:
-        return f"Storage({self.uri!r})"
+        return f"Storage({redact_uri(self.uri)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Filesystem handles do not travel between processes; the URI does.
@@ -57,6 +73,11 @@ class Storage:
     @property
     def is_local(self) -> bool:
         return self._local
+
+    @property
+    def local_root(self) -> str:
+        """The root directory on this machine (only meaningful when `is_local`)."""
+        return self._root
 
     def _full(self, key: str) -> str:
         key = key.strip("/")

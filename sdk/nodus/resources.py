@@ -202,6 +202,7 @@ class SandboxStatus(_Open):
     backend: Literal["bubblewrap", "process"] | None = None
     node: str | None = None
     workspace: str | None = None
+    uid: int | None = None
     note: str | None = None
 
 

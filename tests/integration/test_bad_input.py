@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from .conftest import Server, unique
+from .conftest import NODUS, PORT, Server, unique
 
 AGENTS = "/v1/projects/default/agents"
 RUNS = "/v1/projects/default/agentruns"
@@ -156,3 +157,25 @@ def test_cli_refusals_are_one_line_without_traceback(server: Server, tmp_path) -
     # The valid first document was not applied: the file was refused as a whole.
     with server.http() as http:
         assert http.get(f"{AGENTS}/{first}").status_code == 404
+
+
+def test_unknown_routes_and_methods_answer_json(server: Server) -> None:
+    with server.http() as http:
+        missing = http.get("/v1/nowhere")
+        assert missing.status_code == 404 and missing.json()["code"] == "NotFound"
+        wrong = http.patch(f"{RUNS}/whatever", json={})
+        assert wrong.status_code == 405 and wrong.json()["code"] == "MethodNotAllowed"
+
+
+def test_nodus_up_refuses_to_change_a_running_servers_settings(server: Server) -> None:
+    again = subprocess.run([NODUS, "up", "--port", str(PORT)], env={**server.env, "NODUS_OFFLINE_LATENCY": "7"},
+                           capture_output=True, text=True, timeout=180, check=False)
+    assert again.returncode != 0
+    assert "offline_latency_seconds" in again.stderr and "nodus down" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    bad = subprocess.run([NODUS, "up", "--port", str(PORT)], env={**server.env, "NODUS_OFFLINE_LATENCY": "soon"},
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert bad.returncode != 0 and "NODUS_OFFLINE_LATENCY" in bad.stderr
+    # The running server is untouched.
+    with server.http() as http:
+        assert http.get("/readyz").status_code == 200

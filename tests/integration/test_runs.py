@@ -79,3 +79,25 @@ def test_the_journal_stores_each_message_once_as_arrow(server: Server) -> None:
     # A model call refers to the conversation by its length instead of copying it.
     model_started = [r for r in rows if r["kind"] == "model" and r["state"] == "Started"]
     assert all('"role"' not in r["payload"] for r in model_started)
+
+
+def test_a_run_cannot_see_other_runs_workspaces_or_the_storage(server: Server) -> None:
+    first = _start(server, "Use the shell to run `echo hidden-value > secret.txt`")
+    assert _finished(server, first)["status"]["phase"] == "Succeeded"
+    other_workspace = server.sandbox_root / "default" / first
+    assert (other_workspace / "secret.txt").exists()
+    second = _start(
+        server,
+        f"Use the shell to run `cat {other_workspace}/secret.txt` and `ls -A {server.sandbox_root}` "
+        f"and `ls -A {server.storage}`",
+    )
+    final = _finished(server, second)
+    assert final["status"]["phase"] == "Succeeded"
+    results = [s["detail"]["result"] for s in _steps(server, second) if s["kind"] == "command"]
+    assert results[0]["exit_code"] != 0
+    assert "hidden-value" not in results[0]["output"]
+    # Hidden (an empty mount) or absent (the test's directories live under the private /tmp):
+    # either way nothing of the other run or of the storage shows.
+    assert "default" not in results[1]["output"] and first not in results[1]["output"]
+    assert "projects" not in results[2]["output"]
+    assert final["status"]["sandbox"]["uid"] != _finished(server, first)["status"]["sandbox"]["uid"]
