@@ -318,6 +318,11 @@ class Agent:
             raise _unsupported("submit(group=...)", "submit group runs with AgentGroup.submit_many", "group")
         if session_key is not None:
             raise _unsupported("submit(session_key=...)", "the API does not serve sessions", "session_key")
+        if keep_alive:
+            raise _unsupported(
+                "submit(keep_alive=True)", "runs end after their first turn until follow-up messages are served",
+                "keep_alive",
+            )
         if hold_worker not in (None, "auto"):
             raise _unsupported(
                 "submit(hold_worker=...) other than 'auto'", "the API does not hold workers", "hold_worker"
@@ -343,10 +348,10 @@ class Agent:
             if not (idempotent and exc.code == "AlreadyExists"):
                 raise
             existing = self.client.get("agentruns", name, project=self._project)
-            same = existing.get("spec") or {}
-            if same.get("agent") != self.name or same.get("input") != text:
+            same = {k: v for k, v in (existing.get("spec") or {}).items() if v not in (None, False)}
+            if same != {k: v for k, v in spec.items() if v not in (None, False)}:
                 raise Conflict(
-                    f"agentrun/{name} already exists with a different agent or input",
+                    f"agentrun/{name} already exists with a different spec (agent, input or deadline)",
                     code="AlreadyExists",
                     details={"kind": "AgentRun", "name": name},
                 ) from None

@@ -118,7 +118,7 @@ _BY_STATUS: dict[int, type[NodusError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     422: Invalid,
-    400: Invalid,
+    400: BadRequest,
     503: Unavailable,
 }
 

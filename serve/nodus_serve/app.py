@@ -15,6 +15,7 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from ray.exceptions import RayActorError, RayTaskError
 
 from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge, Unavailable
@@ -119,6 +120,16 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
         first = error.errors()[0] if error.errors() else {}
         field = ".".join(str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path"))
         return _error(Invalid(f"{field}: {first.get('msg', 'invalid request')}", details={"field": field}))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+        # Unknown paths and methods answer in the same JSON shape as every other refusal.
+        codes = {404: "NotFound", 405: "MethodNotAllowed"}
+        code = codes.get(error.status_code, f"HTTP{error.status_code}")
+        message = (f"{request.method} {request.url.path} is not an endpoint of this API"
+                   if error.status_code in codes else str(error.detail))
+        return JSONResponse(status_code=error.status_code, headers=getattr(error, "headers", None),
+                            content={"code": code, "message": message, "details": {}})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, error: Exception) -> JSONResponse:

@@ -253,10 +253,14 @@ def test_remote_deploys_lazily_then_submits_waits_and_answers(api: FakeAPI) -> N
     assert sent["spec"]["input"] == '{"q": "version?"}'
     assert re.fullmatch(r"helper-[0-9a-f]{8}", sent["metadata"]["name"])
     # Deployed once: a second submit does not PUT again.
-    agent.submit("again", keep_alive=True, deadline=timedelta(hours=2))
+    agent.submit("again", deadline=timedelta(hours=2))
     assert [m for m, _, _ in api.requests].count("PUT") == 1
-    assert api.requests[-1][2]["spec"] == {
-        "agent": "helper", "input": "again", "deadline": "2h", "keepAlive": True}
+    assert api.requests[-1][2]["spec"] == {"agent": "helper", "input": "again", "deadline": "2h"}
+    # Follow-up messages are not served yet: refused before anything is sent.
+    sent = len(api.requests)
+    with pytest.raises(errors.Unsupported, match="keep_alive"):
+        agent.submit("again", keep_alive=True)
+    assert len(api.requests) == sent
 
 
 def test_idempotency_key_redelivery_returns_the_same_run(api: FakeAPI) -> None:

@@ -288,6 +288,16 @@ def _revision_marks(resource: dict[str, Any] | None) -> tuple[Any, ...] | None:
     return (status.get("revision"), metadata.get("generation"), metadata.get("labels") or {})
 
 
+def _manifest_project(manifest: Any, project: str | None) -> str | None:
+    """The document's project unless -p names another, which is refused like kubectl does."""
+    if project and manifest.project and manifest.project != project:
+        raise UsageError(
+            f"{manifest.ref} names project {manifest.project!r} but -p is {project!r}; "
+            f"pass -p {manifest.project} or remove metadata.project"
+        )
+    return manifest.project or project
+
+
 @app.command()
 def apply(
     filenames: Annotated[
@@ -299,7 +309,7 @@ def apply(
     manifests = load_manifests(filenames)
     client = _client(project)
     for manifest in manifests:
-        target_project = manifest.project or project
+        target_project = _manifest_project(manifest, project)
         try:
             before = client.get(manifest.collection, manifest.name, project=target_project)
         except NotFound:
@@ -328,7 +338,7 @@ def create_agentrun(
     prompt: Annotated[str, typer.Option("--prompt", help="The run's input text.")],
     deadline: Annotated[Optional[str], typer.Option(help="Lifetime bound, e.g. 30m or 2h.")] = None,
     keep_alive: Annotated[
-        bool, typer.Option("--keep-alive", help="Wait for messages after each turn.")
+        bool, typer.Option("--keep-alive", help="Wait for messages after each turn (not served yet).")
     ] = False,
     project: ProjectOption = None,
 ) -> None:
@@ -664,8 +674,12 @@ def cancel(
         if collection != "agentruns":
             raise UsageError(f"only agentruns can be cancelled, not {kind.lower()}s")
         assert name is not None
-        client.cancel_run(name)
-        typer.echo(f"{_ref(kind, name)} cancelled")
+        run = client.cancel_run(name) or {}
+        phase = (run.get("status") or {}).get("phase")
+        if phase and phase != "Cancelled":
+            typer.echo(f"{_ref(kind, name)} already {phase}; nothing to cancel")
+        else:
+            typer.echo(f"{_ref(kind, name)} cancelled")
 
 
 @app.command()
@@ -688,7 +702,7 @@ def delete(
     if not target and not filenames:
         raise UsageError("name resources as KIND/NAME or KIND NAME, or pass -f FILE")
     if filenames:
-        items = [(m.kind, m.collection, m.name, m.project or project) for m in load_manifests(filenames)]
+        items = [(m.kind, m.collection, m.name, _manifest_project(m, project)) for m in load_manifests(filenames)]
     else:
         items = [(k, c, n, project) for k, c, n in _targets(target or [], need_name=True) if n is not None]
     client = _client(project)
