@@ -23,7 +23,7 @@ from .client import Client
 from .errors import AgentRunFailed, Conflict, Invalid, Unavailable, Unsupported, WaitTimeout
 from .resources import API_VERSION, TERMINAL_PHASES, parse_resource
 
-__all__ = ["View", "Agent", "ClaudeAgent", "AgentRun", "AgentGroup", "RunContext"]
+__all__ = ["View", "Agent", "ClaudeAgent", "AgentRun", "AgentGroup", "RunContext", "claude_agent_spec"]
 
 _LATER = "a later release builds groups and durable Python runs"
 # How long `AgentRun.wait` keeps polling through an unreachable API: runs survive a server
@@ -391,6 +391,38 @@ class Agent:
         return f"{type(self).__name__}(name={self.name!r}, project={self._project!r})"
 
 
+def claude_agent_spec(
+    *,
+    system: str = "",
+    families: list[str] | None = None,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    max_tool_calls: int | None = None,
+    per_run_max_cost: Any = None,
+    api_key_secret: str | None = None,
+    image: str | None = None,
+) -> dict[str, Any]:
+    """The Agent spec of a Claude agent; shared by `ClaudeAgent` and ``nodus create agent``."""
+    model_spec: dict[str, Any] = {"access": "BYOK" if api_key_secret else "Nodus"}
+    if families:
+        model_spec["families"] = list(families)
+    if model is not None:
+        model_spec["name"] = model
+    if api_key_secret is not None:
+        model_spec["apiKeySecret"] = api_key_secret
+    spec: dict[str, Any] = {"system": system, "model": model_spec}
+    if max_tokens is not None:
+        spec["maxTokens"] = max_tokens
+    if max_tool_calls is not None:
+        spec["maxToolCalls"] = max_tool_calls
+    cost = _usd(per_run_max_cost, "per_run_max_cost")
+    if cost is not None:
+        spec["perRunMaxCostUSD"] = cost
+    if image is not None:
+        spec["image"] = image
+    return spec
+
+
 class ClaudeAgent(Agent):
     """An agent on Claude: a system prompt, the Claude access it runs on and a per-run cost cap.
 
@@ -414,23 +446,11 @@ class ClaudeAgent(Agent):
         project: str | None = None,
         client: Client | None = None,
     ) -> None:
-        model_spec: dict[str, Any] = {"access": "BYOK" if api_key_secret else "Nodus"}
-        if families is not None:
-            model_spec["families"] = list(families)
-        if model is not None:
-            model_spec["name"] = model
-        if api_key_secret is not None:
-            model_spec["apiKeySecret"] = api_key_secret
-        spec: dict[str, Any] = {"system": system, "model": model_spec}
-        if max_tokens is not None:
-            spec["maxTokens"] = max_tokens
-        if max_tool_calls is not None:
-            spec["maxToolCalls"] = max_tool_calls
-        cost = _usd(per_run_max_cost, "per_run_max_cost")
-        if cost is not None:
-            spec["perRunMaxCostUSD"] = cost
-        if image is not None:
-            spec["image"] = image
+        spec = claude_agent_spec(
+            system=system, families=families, model=model, max_tokens=max_tokens,
+            max_tool_calls=max_tool_calls, per_run_max_cost=per_run_max_cost,
+            api_key_secret=api_key_secret, image=image,
+        )
         self._setup(name, spec, project, client)
 
 

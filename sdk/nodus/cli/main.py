@@ -25,6 +25,7 @@ import yaml
 from typer.core import TyperGroup
 
 from .. import __version__
+from ..agent import claude_agent_spec
 from ..client import Client
 from ..config import ENV_API_URL, ENV_PROJECT, Settings, load_settings
 from ..errors import NodusError, NotFound, Unavailable
@@ -372,18 +373,8 @@ def create_agent(
     project: ProjectOption = None,
 ) -> None:
     """Create an agent (it must not exist yet; use apply to change one)."""
-    model_spec: dict[str, Any] = {"access": "BYOK" if api_key_secret else "Nodus"}
-    if family:
-        model_spec["families"] = family
-    if model:
-        model_spec["name"] = model
-    if api_key_secret:
-        model_spec["apiKeySecret"] = api_key_secret
-    spec: dict[str, Any] = {"system": system, "model": model_spec}
-    if max_cost is not None:
-        spec["perRunMaxCostUSD"] = max_cost
-    if max_tokens is not None:
-        spec["maxTokens"] = max_tokens
+    spec = claude_agent_spec(system=system, families=family, model=model or None, max_tokens=max_tokens,
+                             per_run_max_cost=max_cost, api_key_secret=api_key_secret or None)
     _create("Agent", "agents", name, spec, project)
 
 
