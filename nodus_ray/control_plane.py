@@ -81,6 +81,7 @@ class ControlPlane:
         self._runs: dict[Key, dict[str, Any]] = {}
         self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._supervisors: dict[Key, asyncio.Task[None]] = {}
+        self._actors: dict[Key, Any] = {}
         self._last_sandbox_uid: int | None = None
         self._started = False
         self._start_lock: asyncio.Lock | None = None
@@ -414,39 +415,66 @@ class ControlPlane:
             get_if_exists=True,
         ).remote(config)
 
+    def _is_over(self, key: Key) -> bool:
+        run = self._runs.get(key)
+        return run is None or run["status"]["phase"] in TERMINAL_PHASES
+
     async def _supervise_run(self, key: Key) -> None:
         """Keep one live actor on an unfinished run until it ends; replace actors that die."""
         project, name = key
-        while True:
-            run = self._runs.get(key)
-            if run is None or run["status"]["phase"] in TERMINAL_PHASES:
-                return
-            attempt = int(run["status"].get("attempts") or 0)
-            actor = self._find_actor(project, name, attempt) if attempt else None
-            if actor is None:
-                if attempt > self.settings.max_actor_restarts:
-                    await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
-                                             "message": f"the run's actor died {attempt} times"})
+        try:
+            while not self._is_over(key):
+                run = self._runs[key]
+                attempt = int(run["status"].get("attempts") or 0)
+                actor = self._find_actor(project, name, attempt) if attempt else None
+                if actor is None:
+                    if attempt > self.settings.max_actor_restarts:
+                        await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
+                                                 "message": f"the run's actor died {attempt} times"})
+                        return
+                    try:
+                        actor = await self._start_actor(key)
+                    except Exception:  # noqa: BLE001 - e.g. the run was deleted meanwhile
+                        if self._is_over(key):
+                            return
+                        logger.exception("could not start an actor for run %s/%s", project, name)
+                        await self._finish(key, {"phase": "Failed", "reason": "InternalError",
+                                                 "message": "the run's actor could not be started"})
+                        return
+                self._actors[key] = actor
+                if self._is_over(key):  # cancelled or deleted while the actor was starting
                     return
-                actor = await self._start_actor(key)
-            try:
-                outcome = await actor.run.remote()
-            except RayActorError:
-                logger.warning("actor of run %s/%s died; replaying its journal in a new actor", project, name)
-                continue
-            except Exception as error:  # noqa: BLE001 - a bug in a run must fail that run only
-                run = self._runs.get(key)
-                if run is None or run["status"]["phase"] in TERMINAL_PHASES:
+                try:
+                    outcome = await actor.run.remote()
+                except RayActorError:
+                    logger.warning("actor of run %s/%s died; replaying its journal in a new actor", project, name)
+                    continue
+                except Exception as error:  # noqa: BLE001 - a bug in a run must fail that run only
+                    if self._is_over(key):
+                        return
+                    cause = getattr(error, "cause", None) or error
+                    logger.exception("run %s/%s failed inside its actor", project, name)
+                    await self._finish(key, {"phase": "Failed", "reason": "InternalError",
+                                             "message": f"{type(cause).__name__}: "
+                                                        f"{str(cause).splitlines()[0][:400] if str(cause) else ''}"})
                     return
-                cause = getattr(error, "cause", None) or error
-                logger.exception("run %s/%s failed inside its actor", project, name)
-                await self._finish(key, {"phase": "Failed", "reason": "InternalError",
-                                         "message": f"{type(cause).__name__}: {str(cause).splitlines()[0][:400]}"})
-                ray.kill(actor, no_restart=True)
+                await self._finish(key, outcome)
                 return
-            await self._finish(key, outcome)
+        finally:
+            await self._release_actor(key)
+
+    async def _release_actor(self, key: Key) -> None:
+        """End the run's actor once the run no longer needs one; a cancelled run loses its sandbox.
+
+        This runs however supervision ends, so a cancel that raced an actor's start still
+        leaves no actor running and no workspace behind.
+        """
+        actor = self._actors.pop(key, None)
+        if actor is not None:
             ray.kill(actor, no_restart=True)
-            return
+        run = self._runs.get(key)
+        if run is not None and run["status"]["phase"] == "Cancelled":
+            await asyncio.to_thread(self._remove_workspace, *key)
 
     async def _finish(self, key: Key, outcome: dict[str, Any]) -> None:
         async with self._locks[key]:
@@ -463,7 +491,7 @@ class ControlPlane:
         """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""
         project, name = key
         attempt = int(run["status"].get("attempts") or 0)
-        actor = self._find_actor(project, name, attempt) if attempt else None
+        actor = self._actors.get(key) or (self._find_actor(project, name, attempt) if attempt else None)
         if actor is not None:
             try:
                 await asyncio.wait_for(actor.cancel.remote(), timeout=_CANCEL_GRACE_SECONDS)

@@ -89,3 +89,37 @@ def test_the_control_plane_reloads_everything_after_a_crash(server: Server, ray_
         assert http.get(f"{RUNS}/{run}/answer").json()["answer"].strip() == "3 * 3 = 9."
     assert json.loads((server.storage / "projects/default/agentruns" / run / "run.json").read_text())[
         "status"]["phase"] == "Succeeded"
+
+
+def _live_actors_of(run: str) -> list[Any]:
+    from ray.util.state import list_actors
+
+    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
+            if (a.name or "").startswith(f"run.default.{run}.")]
+
+
+def test_cancel_or_delete_right_after_create_leaves_no_actor_and_no_sandbox(
+    server: Server, ray_driver: Any
+) -> None:
+    agent = unique("racy")
+    cancelled, deleted = unique("cancel-now"), unique("delete-now")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{agent}", json=_agent(agent))
+        for name in (cancelled, deleted):
+            assert http.post(RUNS, json={
+                "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
+                "spec": {"agent": agent, "input": "Use the shell to run `sleep 60`"},
+            }).status_code == 201
+        assert http.post(f"{RUNS}/{cancelled}/cancel").json()["status"]["phase"] == "Cancelled"
+        assert http.delete(f"{RUNS}/{deleted}").status_code == 200
+
+        for name in (cancelled, deleted):
+            wait_for(lambda: not _live_actors_of(name), timeout=30, interval=0.2,
+                     message=f"no live actor for {name}")
+            wait_for(lambda: not (server.sandbox_root / "default" / name).exists(), timeout=30,
+                     message=f"no workspace for {name}")
+        assert http.get(f"{RUNS}/{cancelled}").json()["status"]["phase"] == "Cancelled"
+        assert http.get(f"{RUNS}/{deleted}").status_code == 404
+        # No command of the cancelled run ever finished: the sleep never ran to its end.
+        steps = http.get(f"{RUNS}/{cancelled}/steps").json()["items"]
+        assert not any(s["kind"] == "command" and s["state"] == "Completed" for s in steps)
