@@ -1,0 +1,645 @@
+"""Prices, the margin and the per-run cap: exact decimals, and a spend that never passes the cap.
+
+The plain tests pin the numbers a user sees (one call of each family, the margin, rounding, the
+override file). The property tests run random conversations through a simulated run loop and
+check the invariant the product promises: a run's spend never exceeds its cap, and a run that
+stops for the cap really could not afford its next call at its largest.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from datetime import date
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from nodus_ray.billing import (
+    NODUS_MARGIN,
+    PER_REQUEST_OVERHEAD_TOKENS,
+    CapExceeded,
+    RunBudget,
+    billed,
+    max_input_tokens,
+    worst_case_cost,
+)
+from nodus_ray.models.base import BASH_TOOL, ModelRequest, Usage
+from nodus_ray.models.offline import OFFLINE_MODELS, OfflineProvider
+from nodus_ray.prices import (
+    DEFAULT_PRICE_TABLE,
+    MILLION,
+    ROUTER_MAX_OUTPUT_TOKENS,
+    ROUTER_MODEL,
+    ModelPrice,
+    PriceTable,
+    UnpricedModel,
+)
+
+D = Decimal
+CLAUDE = ["claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5", "claude-fable-5-5"]
+
+# --------------------------------------------------------------------------------------------
+# Prices
+
+
+# input 1234, output 567, cache write 89, cache read 10; worked by hand from the list prices:
+#   haiku  1234*1  + 567*5   + 89*1.25  + 10*0.10 =   4181.25 -> 0.00418125 -> 0.004182
+#   sonnet 1234*3  + 567*15  + 89*3.75  + 10*0.30 =  12543.75 -> 0.01254375 -> 0.012544
+#   opus   1234*15 + 567*75  + 89*18.75 + 10*1.50 =  62718.75 -> 0.06271875 -> 0.062719
+#   fable  1234*30 + 567*150 + 89*37.50 + 10*3.00 = 125437.5  -> 0.1254375  -> 0.125438
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("claude-haiku-5-5", "0.004182"),
+        ("claude-sonnet-5-5", "0.012544"),
+        ("claude-opus-5-5", "0.062719"),
+        ("claude-fable-5-5", "0.125438"),
+    ],
+)
+def test_known_usage_costs_exactly_for_each_family(model: str, expected: str) -> None:
+    usage = Usage(
+        input_tokens=1234, output_tokens=567, cache_creation_input_tokens=89, cache_read_input_tokens=10
+    )
+    cost = DEFAULT_PRICE_TABLE.cost(model, usage)
+    assert isinstance(cost, Decimal)
+    assert cost == D(expected)
+    assert str(cost) == expected  # six places, as shown to users
+
+
+def test_cache_tokens_are_priced_at_their_own_rates() -> None:
+    table = DEFAULT_PRICE_TABLE
+    assert table.cost("claude-sonnet-5-5", Usage(cache_creation_input_tokens=1_000_000)) == D("3.75")
+    assert table.cost("claude-sonnet-5-5", Usage(cache_read_input_tokens=1_000_000)) == D("0.30")
+    assert table.cost("claude-sonnet-5-5", Usage(input_tokens=1_000_000)) == D("3")
+    assert table.cost("claude-sonnet-5-5", Usage(output_tokens=1_000_000)) == D("15")
+
+
+def test_cost_rounds_up_to_a_microdollar() -> None:
+    table = DEFAULT_PRICE_TABLE
+    assert table.cost(ROUTER_MODEL, Usage(input_tokens=1)) == D("0.000001")  # 0.0000001 rounds up
+    assert table.cost("claude-haiku-5-5", Usage(cache_read_input_tokens=1)) == D("0.000001")
+    assert table.cost("claude-haiku-5-5", Usage(input_tokens=3, cache_read_input_tokens=1)) == D("0.000004")
+    assert table.cost("claude-haiku-5-5", Usage()) == D("0")
+
+
+def test_defaults_are_dated_and_complete() -> None:
+    table = DEFAULT_PRICE_TABLE
+    assert table.effective == date(2026, 11, 1)
+    assert table.family_models == {
+        "haiku": "claude-haiku-5-5",
+        "sonnet": "claude-sonnet-5-5",
+        "opus": "claude-opus-5-5",
+        "fable": "claude-fable-5-5",
+    }
+    assert table.price("claude-opus-5-5") == ModelPrice(D("15"), D("75"), D("18.75"), D("1.50"))
+    assert table.price(ROUTER_MODEL) == ModelPrice(D("0.10"), D("0"), D("0"), D("0"))
+    assert 0 < ROUTER_MAX_OUTPUT_TOKENS <= 8
+
+
+@pytest.mark.parametrize("family", sorted(OFFLINE_MODELS))
+def test_offline_models_are_priced_at_a_tenth_of_claude(family: str) -> None:
+    table = DEFAULT_PRICE_TABLE
+    offline, claude = table.price(OFFLINE_MODELS[family]), table.price(table.family_models[family])
+    for name in ("input", "output", "cache_write", "cache_read"):
+        assert getattr(offline, name) == getattr(claude, name) / 10
+        assert getattr(offline, name) > 0  # small but never free
+    usage = Usage(
+        input_tokens=5000, output_tokens=700, cache_creation_input_tokens=300, cache_read_input_tokens=40
+    )
+    assert D(0) < table.cost(OFFLINE_MODELS[family], usage) < table.cost(table.family_models[family], usage)
+
+
+def test_unknown_model_is_refused_not_free() -> None:
+    with pytest.raises(UnpricedModel) as caught:
+        DEFAULT_PRICE_TABLE.cost("claude-mystery-9", Usage(input_tokens=10))
+    assert caught.value.model == "claude-mystery-9"
+    assert str(caught.value) == (
+        "model 'claude-mystery-9' has no price in the price table (effective 2026-11-01); "
+        "add it with NODUS_PRICES"
+    )
+    assert not DEFAULT_PRICE_TABLE.has("claude-mystery-9")
+    with pytest.raises(UnpricedModel):
+        worst_case_cost(DEFAULT_PRICE_TABLE, "claude-mystery-9", 10, 10)
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert again.model == "claude-mystery-9" and str(again) == str(caught.value)
+
+
+def test_negative_usage_is_refused() -> None:
+    with pytest.raises(ValueError):
+        DEFAULT_PRICE_TABLE.cost("claude-haiku-5-5", Usage(input_tokens=-1))
+
+
+def test_price_table_to_dict_is_json_and_round_trips(tmp_path: Path) -> None:
+    data = DEFAULT_PRICE_TABLE.to_dict()
+    text = json.dumps(data)
+    assert data["effective"] == "2026-11-01"
+    assert data["prices"]["claude-sonnet-5-5"] == {
+        "input": "3",
+        "output": "15",
+        "cacheWrite": "3.75",
+        "cacheRead": "0.30",
+    }
+    assert data["prices"]["offline-haiku"]["cacheRead"] == "0.01"
+    path = tmp_path / "prices.json"
+    path.write_text(text)
+    assert PriceTable.load(str(path)) == DEFAULT_PRICE_TABLE
+    assert pickle.loads(pickle.dumps(DEFAULT_PRICE_TABLE)) == DEFAULT_PRICE_TABLE
+
+
+# --------------------------------------------------------------------------------------------
+# The operator's override file
+
+
+def test_override_json_is_merged_over_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "prices.json"
+    path.write_text(
+        json.dumps(
+            {
+                "effective": "2026-12-01",
+                "prices": {
+                    "claude-sonnet-5-5": {"input": "2.5"},  # partial: the rest stays
+                    "claude-sonnet-6": {"input": "4", "output": "20", "cacheWrite": "5", "cacheRead": 0.4},
+                    "claude-fable-5-5": None,  # removed: its calls are refused
+                },
+                "familyModels": {"sonnet": "claude-sonnet-6", "fable": "claude-opus-5-5"},
+            }
+        )
+    )
+    table = PriceTable.load(str(path))
+    assert table.effective == date(2026, 12, 1)
+    assert table.price("claude-sonnet-5-5") == ModelPrice(D("2.5"), D("15"), D("3.75"), D("0.30"))
+    assert table.price("claude-sonnet-6").cache_read == D("0.4")  # a JSON number read from its digits
+    assert table.price("claude-haiku-5-5") == DEFAULT_PRICE_TABLE.price("claude-haiku-5-5")
+    assert table.family_models["sonnet"] == "claude-sonnet-6"
+    assert table.family_models["haiku"] == "claude-haiku-5-5"
+    assert not table.has("claude-fable-5-5")
+    with pytest.raises(UnpricedModel):
+        table.price("claude-fable-5-5")
+    assert DEFAULT_PRICE_TABLE.price("claude-sonnet-5-5").input == D("3")  # defaults untouched
+
+
+def test_override_yaml_reads_decimals_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "prices.yaml"
+    path.write_text(
+        "effective: 2027-01-15\n"
+        "prices:\n"
+        "  claude-haiku-5-5:\n"
+        "    input: 0.80\n"
+        "    output: 4\n"
+        "    cacheWrite: '1.00'\n"
+        "    cacheRead: 0.08\n"
+        "  my-local-model: {input: 0.1, output: 0.2, cacheWrite: 0.1, cacheRead: 0.01}\n"
+    )
+    table = PriceTable.load(str(path))
+    assert table.effective == date(2027, 1, 15)
+    assert table.price("claude-haiku-5-5") == ModelPrice(D("0.80"), D("4"), D("1.00"), D("0.08"))
+    assert table.price("my-local-model").input == D("0.1")  # not 0.1000000000000000055511151231257827
+    assert table.price("my-local-model").input.as_tuple() == D("0.1").as_tuple()
+    assert table.to_dict()["prices"]["claude-haiku-5-5"]["input"] == "0.80"
+
+
+def test_override_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "prices.yml"
+    path.write_text("prices:\n  claude-opus-5-5: {output: '70'}\n")
+    monkeypatch.setenv("NODUS_PRICES", str(path))
+    table = PriceTable.load()
+    assert table.price("claude-opus-5-5").output == D("70")
+    assert table.effective == DEFAULT_PRICE_TABLE.effective  # no date given: the default's stays
+    monkeypatch.setenv("NODUS_PRICES", "")
+    assert PriceTable.load() == DEFAULT_PRICE_TABLE
+    monkeypatch.delenv("NODUS_PRICES")
+    assert PriceTable.load() == DEFAULT_PRICE_TABLE
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "field"),
+    [
+        (
+            "bad.json",
+            '{"prices": {"claude-x": {"input": "1", "output": "2", "cacheWrite": "abc", "cacheRead": "0"}}}',
+            "prices.claude-x.cacheWrite",
+        ),
+        ("neg.json", '{"prices": {"claude-haiku-5-5": {"input": "-1"}}}', "prices.claude-haiku-5-5.input"),
+        ("nan.yaml", "prices:\n  claude-haiku-5-5: {input: .nan}\n", "prices.claude-haiku-5-5.input"),
+        ("bool.yaml", "prices:\n  claude-haiku-5-5: {output: true}\n", "prices.claude-haiku-5-5.output"),
+        (
+            "missing.json",
+            '{"prices": {"claude-new": {"input": "1", "output": "2"}}}',
+            "prices.claude-new.cacheWrite",
+        ),
+        ("extra.json", '{"prices": {"claude-haiku-5-5": {"inputs": "1"}}}', "prices.claude-haiku-5-5.inputs"),
+        ("top.json", '{"price": {}}', "price"),
+        ("date.json", '{"effective": "next tuesday"}', "effective"),
+        ("family.json", '{"familyModels": {"sonnet": "claude-unpriced"}}', "familyModels.sonnet"),
+        ("removed.json", '{"prices": {"claude-haiku-5-5": null}}', "familyModels.haiku"),
+        ("kind.json", '{"familyModels": {"gpt": "claude-haiku-5-5"}}', "familyModels.gpt"),
+        ("list.json", '{"prices": ["claude-haiku-5-5"]}', "prices"),
+    ],
+)
+def test_bad_override_names_the_file_and_the_field(
+    tmp_path: Path, name: str, content: str, field: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError) as caught:
+        PriceTable.load(str(path))
+    message = str(caught.value)
+    assert str(path) in message
+    assert field in message
+
+
+def test_unreadable_or_malformed_override_names_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ValueError, match="nope.json"):
+        PriceTable.load(str(missing))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match="broken.json"):
+        PriceTable.load(str(broken))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert PriceTable.load(str(empty)) == DEFAULT_PRICE_TABLE
+
+
+# --------------------------------------------------------------------------------------------
+# The margin, the worst case and the budget
+
+
+def test_nodus_margin_is_exact_and_rounds_up() -> None:
+    assert NODUS_MARGIN == D("0.875")
+    assert billed(D("0.000875"), "Nodus") == D("0.001000")
+    assert str(billed(D("0.000875"), "Nodus")) == "0.001000"
+    assert billed(D("0.007"), "Nodus") == D("0.008")
+    assert billed(D("0.000001"), "Nodus") == D("0.000002")  # 0.00000114... rounds up
+    assert billed(D("0.000007"), "Nodus") == D("0.000008")  # exactly 0.000008: no extra microdollar
+    assert billed(D("0"), "Nodus") == D("0")
+    assert billed(D("1.75"), "Nodus") == D("2")
+
+
+def test_byok_is_never_charged() -> None:
+    assert billed(D("12.345678"), "BYOK") == D("0")
+    budget = RunBudget(cap=None)
+    assert budget.remaining() is None
+    assert budget.fits(D("1000000"))
+    assert budget.charge(D("0"), D("0")) == D("0")
+    assert budget.spent == D("0")
+
+
+def test_billed_refuses_unknown_access_and_negative_costs() -> None:
+    with pytest.raises(ValueError):
+        billed(D("1"), "nodus")
+    with pytest.raises(ValueError):
+        billed(D("-0.000001"), "Nodus")
+
+
+def test_worst_case_prices_every_input_token_at_the_dearest_input_rate() -> None:
+    table = DEFAULT_PRICE_TABLE
+    # sonnet: cache write (3.75) is dearer than input (3): 1000 * 3.75 + 100 * 15 = 5250 -> 0.00525
+    assert worst_case_cost(table, "claude-sonnet-5-5", 1000, 100) == D("0.005250")
+    assert worst_case_cost(table, ROUTER_MODEL, 3, ROUTER_MAX_OUTPUT_TOKENS) == D("0.000001")
+    assert worst_case_cost(table, "claude-haiku-5-5", 0, 0) == D("0")
+
+
+def test_max_input_tokens_bounds_bytes_and_adds_overheads() -> None:
+    empty = max_input_tokens("", [], [])
+    assert empty >= PER_REQUEST_OVERHEAD_TOKENS
+    text = "héllo 中文 😀" * 50
+    bound = max_input_tokens("", [{"role": "user", "content": text}], [])
+    assert bound >= len(text.encode("utf-8")) + PER_REQUEST_OVERHEAD_TOKENS
+    # A character that NFKC expands (U+FDFA becomes 18 characters) is counted at its expanded size.
+    expanding = "\ufdfa" * 100
+    assert max_input_tokens("", [{"role": "user", "content": expanding}], []) > 100 * 33
+    assert max_input_tokens("s", [], [BASH_TOOL]) > len(json.dumps(BASH_TOOL)) + PER_REQUEST_OVERHEAD_TOKENS
+
+
+def test_budget_admits_only_what_fits_and_clamps_overreports() -> None:
+    budget = RunBudget(cap=D("0.010000"))
+    assert budget.remaining() == D("0.01")
+    assert budget.fits(D("0.01"))
+    assert not budget.fits(D("0.010001"))
+    assert budget.charge(D("0.004"), reserved=D("0.006")) == D("0.004")
+    assert budget.spent == D("0.004")
+    # A provider reporting more than the bound: charged only the reservation.
+    assert budget.charge(D("0.009"), reserved=D("0.005")) == D("0.005")
+    assert budget.spent == D("0.009")
+    # A caller that skipped the check still cannot push spend over the cap.
+    assert budget.charge(D("0.5"), reserved=D("0.5")) == D("0.001")
+    assert budget.spent == budget.cap
+    with pytest.raises(CapExceeded) as caught:
+        budget.require(D("0.000001"))
+    assert caught.value.reason == "MaxCostReached"
+    assert pickle.loads(pickle.dumps(caught.value)).needed == D("0.000001")
+    with pytest.raises(ValueError):
+        RunBudget(cap=D("-1"))
+    with pytest.raises(ValueError):
+        RunBudget(cap=D("1"), spent=D("2"))
+
+
+# --------------------------------------------------------------------------------------------
+# Property tests
+
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Any unicode (no lone surrogates: they are not text), with multi-byte, escaped and NFKC-expanding
+# characters mixed in on purpose.
+_chars = st.one_of(
+    st.characters(blacklist_categories=("Cs",)),
+    st.sampled_from(list('é中😀\ufdfa\u0301"\\\n\t\x00')),
+)
+texts = st.text(_chars, max_size=120)
+
+
+@st.composite
+def tool_use_blocks(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": f"toolu_{draw(st.integers(0, 10**6))}",
+        "name": "bash",
+        "input": {"command": draw(texts)},
+    }
+
+
+@st.composite
+def tool_result_blocks(draw: st.DrawFn) -> dict[str, Any]:
+    content: Any = draw(
+        st.one_of(texts, st.lists(texts.map(lambda t: {"type": "text", "text": t}), max_size=3))
+    )
+    return {"type": "tool_result", "tool_use_id": f"toolu_{draw(st.integers(0, 10**6))}", "content": content}
+
+
+text_blocks = texts.map(lambda t: {"type": "text", "text": t})
+
+
+@st.composite
+def conversations(draw: st.DrawFn, max_messages: int = 6) -> list[dict[str, Any]]:
+    """User and assistant messages in turn: prompts, tool calls and their results."""
+    messages: list[dict[str, Any]] = []
+    for index in range(draw(st.integers(1, max_messages))):
+        if index % 2 == 0:
+            content: Any = draw(
+                st.one_of(
+                    texts,
+                    st.lists(text_blocks, min_size=1, max_size=3),
+                    st.lists(tool_result_blocks(), min_size=1, max_size=3),
+                )
+            )
+            messages.append({"role": "user", "content": content})
+        else:
+            blocks = draw(st.lists(st.one_of(text_blocks, tool_use_blocks()), min_size=1, max_size=3))
+            messages.append({"role": "assistant", "content": blocks})
+    return messages
+
+
+tool_lists = st.one_of(
+    st.just([BASH_TOOL]),
+    st.just([]),
+    st.lists(
+        st.builds(
+            lambda name, description: {
+                "name": name,
+                "description": description,
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"x": {"type": "string", "description": description}},
+                },
+            },
+            st.text(st.characters(whitelist_categories=("Ll",)), min_size=1, max_size=10),
+            texts,
+        ),
+        max_size=3,
+    ),
+)
+
+_rates = st.decimals(min_value=0, max_value=50, places=4, allow_nan=False, allow_infinity=False)
+model_prices = st.builds(ModelPrice, _rates, _rates, _rates, _rates)
+MODELS = ["m-haiku", "m-sonnet", "m-opus", "m-fable"]
+
+
+@st.composite
+def price_tables(draw: st.DrawFn) -> PriceTable:
+    prices = {model: draw(model_prices) for model in MODELS}
+    prices[ROUTER_MODEL] = draw(model_prices)
+    return PriceTable(
+        effective=date(2026, 11, 1),
+        prices=prices,
+        family_models=dict(zip(("haiku", "sonnet", "opus", "fable"), MODELS, strict=True)),
+    )
+
+
+def _usage_within(draw: st.DrawFn, input_bound: int, output_bound: int) -> Usage:
+    """A usage an honest provider may report for a call whose input is at most ``input_bound``."""
+    total = draw(st.integers(0, input_bound))
+    cache_write = draw(st.integers(0, total))
+    cache_read = draw(st.integers(0, total - cache_write))
+    return Usage(
+        input_tokens=total - cache_write - cache_read,
+        output_tokens=draw(st.integers(0, output_bound)),
+        cache_creation_input_tokens=cache_write,
+        cache_read_input_tokens=cache_read,
+    )
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_run_never_spends_past_its_cap(data: st.DataObject) -> None:
+    """Simulate the run loop: check the worst case before each call, charge the billed actual."""
+    prices = data.draw(price_tables(), label="prices")
+    access = data.draw(st.sampled_from(["Nodus", "Nodus", "BYOK"]), label="access")
+    allowed = data.draw(
+        st.lists(st.sampled_from(MODELS), min_size=1, max_size=4, unique=True), label="allowed"
+    )
+    max_tokens = data.draw(st.integers(1, 8192), label="max_tokens")
+    system = data.draw(texts, label="system")
+    tools = data.draw(tool_lists, label="tools")
+    prompts = data.draw(st.lists(texts, min_size=1, max_size=4), label="prompts")
+    cap: Decimal | None = None
+    if access == "Nodus":
+        # Caps in units of the first call's reservation, so runs stop at every point: before the
+        # first call, mid-turn, at a later turn, or never; plus arbitrary small caps.
+        first_bound = max_input_tokens(system, [{"role": "user", "content": prompts[0]}], tools)
+        router_bound = max_input_tokens("", [{"role": "user", "content": prompts[0]}], [])
+        first = billed(
+            worst_case_cost(prices, ROUTER_MODEL, router_bound, ROUTER_MAX_OUTPUT_TOKENS), access
+        ) + max(billed(worst_case_cost(prices, m, first_bound, max_tokens), access) for m in allowed)
+        whole = data.draw(st.sampled_from([0, 1, 1, 2, 2, 3, 4, 6, 9, 12]), label="cap in first calls")
+        scale = whole + D(data.draw(st.integers(0, 999), label="and thousandths")) / 1000
+        cap = data.draw(
+            st.one_of(
+                st.just((first * scale).quantize(D("0.000001"))),
+                st.just((first * scale).quantize(D("0.000001"))),
+                st.decimals(min_value=0, max_value=D("0.01"), places=6),
+            ),
+            label="cap",
+        )
+    budget = RunBudget(cap=cap)
+
+    messages: list[dict[str, Any]] = []
+    calls = 0
+    for prompt in prompts:
+        messages.append({"role": "user", "content": prompt})
+        router_bound = max_input_tokens("", [{"role": "user", "content": prompt}], [])
+        router_reserved = billed(
+            worst_case_cost(prices, ROUTER_MODEL, router_bound, ROUTER_MAX_OUTPUT_TOKENS), access
+        )
+        model = None
+        for round_ in range(data.draw(st.integers(1, 3), label="rounds")):
+            bound = max_input_tokens(system, messages, tools)
+            worst = {m: billed(worst_case_cost(prices, m, bound, max_tokens), access) for m in allowed}
+            # At a turn start the router has not chosen yet: reserve it plus the dearest model.
+            needed = router_reserved + max(worst.values()) if round_ == 0 else worst[model]
+            if not budget.fits(needed):
+                # Stopped for the cap: the next call, at its largest, really did not fit.
+                assert cap is not None and budget.spent + needed > cap
+                assert access == "Nodus"
+                event(f"stopped for the cap after {calls} model calls")
+                return
+            if round_ == 0:
+                router_usage = _usage_within(data.draw, router_bound, ROUTER_MAX_OUTPUT_TOKENS)
+                router_bill = billed(prices.cost(ROUTER_MODEL, router_usage), access)
+                assert router_bill <= router_reserved
+                assert budget.charge(router_bill, router_reserved) == router_bill
+                model = data.draw(st.sampled_from(allowed), label="routed")
+                assert budget.fits(worst[model])  # the router's charge left room for the model
+            assert model is not None
+            usage = _usage_within(data.draw, bound, max_tokens)
+            bill = billed(prices.cost(model, usage), access)
+            assert bill <= worst[model]  # the bound held, so the reservation covered the call
+            assert budget.charge(bill, worst[model]) == bill  # an honest call is charged exactly
+            calls += 1
+            assert cap is None or budget.spent <= cap
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": f"t{calls}", "name": "bash", "input": {"command": prompt}}
+                    ],
+                }
+            )
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": f"t{calls}",
+                            "content": data.draw(texts, label="output"),
+                        }
+                    ],
+                }
+            )
+    event(f"finished ({access}) after {calls} model calls")
+    if access == "BYOK":
+        assert budget.spent == 0
+    assert cap is None or budget.spent <= cap
+
+
+@PROPERTY
+@given(
+    prices=price_tables(),
+    cap=st.decimals(min_value=0, max_value=1, places=6, allow_nan=False, allow_infinity=False),
+    calls=st.lists(
+        st.tuples(st.integers(0, 10**7), st.integers(0, 10**5), st.integers(0, 10**8), st.integers(0, 10**5)),
+        max_size=20,
+    ),
+)
+def test_overreporting_provider_still_cannot_pass_the_cap(
+    prices: PriceTable, cap: Decimal, calls: list[tuple[int, int, int, int]]
+) -> None:
+    """Reported usage is unbounded here (a buggy provider or a wrong bound): spend stays capped."""
+    budget = RunBudget(cap=cap)
+    for reserved_input, reserved_output, reported_input, reported_output in calls:
+        reserved = billed(worst_case_cost(prices, "m-sonnet", reserved_input, reserved_output), "Nodus")
+        if not budget.fits(reserved):
+            continue
+        actual = billed(
+            prices.cost("m-sonnet", Usage(input_tokens=reported_input, output_tokens=reported_output)),
+            "Nodus",
+        )
+        charged = budget.charge(actual, reserved)
+        assert charged == min(actual, reserved)
+        assert budget.spent <= cap
+
+
+@PROPERTY
+@given(
+    prices=price_tables(),
+    model=st.sampled_from(MODELS),
+    input_tokens=st.integers(0, 10**6),
+    max_output=st.integers(0, 10**5),
+)
+def test_the_worst_case_is_attainable(
+    prices: PriceTable, model: str, input_tokens: int, max_output: int
+) -> None:
+    """The reservation is the cost of a real usage within the bound, so a stop is never for a call that
+    could not have cost that much."""
+    price = prices.price(model)
+    dearest = max(
+        (price.input, "input_tokens"),
+        (price.cache_write, "cache_creation_input_tokens"),
+        (price.cache_read, "cache_read_input_tokens"),
+    )[1]
+    usage = Usage(**{dearest: input_tokens, "output_tokens": max_output})
+    assert prices.cost(model, usage) == worst_case_cost(prices, model, input_tokens, max_output)
+
+
+@PROPERTY
+@given(raw=st.decimals(min_value=0, max_value=1000, places=9, allow_nan=False, allow_infinity=False))
+def test_billed_is_the_least_microdollar_at_or_above_cost_over_margin(raw: Decimal) -> None:
+    amount = billed(raw, "Nodus")
+    assert amount == amount.quantize(D("0.000001"))
+    assert amount * NODUS_MARGIN >= raw
+    assert (amount - D("0.000001")) * NODUS_MARGIN < raw
+    assert billed(raw, "BYOK") == 0
+
+
+@PROPERTY
+@given(
+    prices=price_tables(),
+    model=st.sampled_from(MODELS),
+    counts=st.tuples(*(st.integers(0, 10**7) for _ in range(4))),
+    extra=st.tuples(*(st.integers(0, 10**5) for _ in range(4))),
+)
+def test_cost_is_exact_rounded_up_and_monotone(
+    prices: PriceTable, model: str, counts: tuple[int, int, int, int], extra: tuple[int, int, int, int]
+) -> None:
+    price = prices.price(model)
+    usage = Usage(*counts)
+    exact = (
+        counts[0] * price.input
+        + counts[1] * price.output
+        + counts[2] * price.cache_write
+        + counts[3] * price.cache_read
+    ) / MILLION
+    cost = prices.cost(model, usage)
+    assert cost >= exact > cost - D("0.000001")
+    bigger = Usage(*(a + b for a, b in zip(counts, extra, strict=True)))
+    assert prices.cost(model, bigger) >= cost
+
+
+@PROPERTY
+@given(
+    system=texts,
+    messages=conversations(),
+    tools=tool_lists,
+    max_tokens=st.integers(1, 4096),
+    family=st.sampled_from(sorted(OFFLINE_MODELS)),
+)
+def test_offline_usage_never_exceeds_the_bound(
+    system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int, family: str
+) -> None:
+    """The offline model reports ceil(chars / 4) of the same text the bound counts bytes of."""
+    model = OFFLINE_MODELS[family]
+    request = ModelRequest(model=model, system=system, messages=messages, max_tokens=max_tokens, tools=tools)
+    response = OfflineProvider().complete(request)
+    bound = max_input_tokens(system, messages, tools)
+    usage = response.usage
+    assert usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens <= bound
+    assert usage.output_tokens <= max_tokens
+    reserved = billed(worst_case_cost(DEFAULT_PRICE_TABLE, model, bound, max_tokens), "Nodus")
+    charged = billed(DEFAULT_PRICE_TABLE.cost(model, usage), "Nodus")
+    assert D(0) < charged <= reserved  # priced (never free) and inside its reservation
