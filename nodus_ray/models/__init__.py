@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .base import BASH_TOOL, ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
@@ -19,10 +20,16 @@ __all__ = [
 ]
 
 
-def provider_for(model_spec: dict[str, Any], *, latency_seconds: float = 0.0) -> ModelProvider:
-    """The provider for an agent's ``spec.model``.
+def provider_for(access: Mapping[str, Any], *, family_models: Mapping[str, str],
+                 latency_seconds: float = 0.0) -> ModelProvider:
+    """The provider the control plane's ``model_access`` answer names.
 
-    Until the Anthropic provider is wired in, every run is served by the deterministic offline
-    model, which needs no key and no network.
+    ``anthropic`` when there is a key (the user's own for BYOK, else the server's); otherwise the
+    deterministic offline model, which needs no key and no network.
     """
+    if access.get("provider") == "anthropic":
+        from .anthropic_provider import AnthropicProvider
+
+        return AnthropicProvider(api_key=str(access["apiKey"]), base_url=access.get("baseUrl"),
+                                 family_models=family_models)
     return OfflineProvider(latency_seconds=latency_seconds)

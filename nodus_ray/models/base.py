@@ -71,6 +71,9 @@ class ModelResponse:
     content: list[dict[str, Any]]
     stop_reason: str
     usage: Usage = field(default_factory=Usage)
+    # How many HTTP attempts the call took (the SDK's retries on 429/5xx included); the journal
+    # records the call once, with this count.
+    attempts: int = 1
 
     def text(self) -> str:
         return "".join(block.get("text", "") for block in self.content if block.get("type") == "text")
@@ -84,6 +87,7 @@ class ModelResponse:
             "content": self.content,
             "stop_reason": self.stop_reason,
             "usage": self.usage.to_dict(),
+            "attempts": self.attempts,
         }
 
     @classmethod
@@ -93,18 +97,30 @@ class ModelResponse:
             content=list(data["content"]),
             stop_reason=data["stop_reason"],
             usage=Usage.from_dict(data.get("usage") or {}),
+            attempts=int(data.get("attempts") or 1),
         )
 
 
 class ModelError(Exception):
-    """A model call failed in a way retries did not fix; the run fails with ``ModelError``."""
+    """A model call failed in a way retries did not fix.
 
-    def __init__(self, message: str, *, retryable: bool = False):
+    ``reason`` becomes the run's ``status.reason``: ``ModelAuthenticationFailed`` (the key was
+    refused), ``ModelRequestInvalid`` (the API refused the request), ``ModelUnavailable``
+    (429/5xx/overloaded or a cut stream, after the retries), ``ModelError`` otherwise. The
+    message never contains the API key.
+    """
+
+    def __init__(self, message: str, *, reason: str = "ModelError", retryable: bool = False):
         super().__init__(message)
+        self.reason = reason
         self.retryable = retryable
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ModelError, (str(self),), {"retryable": self.retryable})
+        return (_rebuild_model_error, (str(self), self.reason, self.retryable))
+
+
+def _rebuild_model_error(message: str, reason: str, retryable: bool) -> ModelError:
+    return ModelError(message, reason=reason, retryable=retryable)
 
 
 @runtime_checkable
