@@ -36,6 +36,8 @@ __all__ = [
     "SandboxStatus",
     "AgentRunStatus",
     "AgentRun",
+    "Secret",
+    "SecretStatus",
     "Resource",
     "KINDS",
     "SHORT_NAMES",
@@ -173,7 +175,7 @@ class Turn(_Open):
     prompt: str = ""
     family: str | None = None
     model: str | None = None
-    routing: Literal["jev", "fallback"] | None = None
+    routing: Literal["jev", "fallback", "pinned"] | None = None
     inputTokens: int = 0
     outputTokens: int = 0
     cacheCreationTokens: int = 0
@@ -229,9 +231,57 @@ class AgentRun(_Strict):
     status: AgentRunStatus | None = None
 
 
-Resource = Agent | AgentRun
+_SECRET_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,252}$")
+MAX_SECRET_VALUE_BYTES = 64 * 1024
 
-KINDS: dict[str, type[_Strict]] = {"Agent": Agent, "AgentRun": AgentRun}
+
+def _validate_secret_values(values: dict[str, str] | None) -> dict[str, str] | None:
+    # Messages name keys, never values: a refusal must not echo a secret back.
+    for key, value in (values or {}).items():
+        if not _SECRET_KEY.match(key):
+            raise ValueError(f"key {key[:40]!r} must look like an environment variable name")
+        if len(value.encode("utf-8")) > MAX_SECRET_VALUE_BYTES:
+            raise ValueError(f"the value of {key} is larger than {MAX_SECRET_VALUE_BYTES} bytes")
+    return values
+
+
+def _validate_base64_values(values: dict[str, str] | None) -> dict[str, str] | None:
+    import base64
+    import binascii
+
+    for key, value in (values or {}).items():
+        try:
+            base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            raise ValueError(f"the value of {key[:40]!r} is not base64 of UTF-8 text") from None
+    return values
+
+
+class SecretStatus(_Open):
+    keys: list[str] = Field(default_factory=list)
+    updatedAt: str | None = None
+
+
+class Secret(_Strict):
+    """Named values such as ``ANTHROPIC_API_KEY``: written with ``stringData`` (or base64
+    ``data``), never read back; the API shows only their keys."""
+
+    apiVersion: Literal["nodus.dev/v1"] = API_VERSION
+    kind: Literal["Secret"] = "Secret"
+    metadata: ObjectMeta
+    type: Literal["Opaque"] = "Opaque"
+    stringData: Annotated[dict[str, str] | None, AfterValidator(_validate_secret_values)] = Field(
+        default=None, repr=False
+    )
+    data: Annotated[
+        dict[str, str] | None, AfterValidator(_validate_base64_values), AfterValidator(_validate_secret_values)
+    ] = Field(default=None, repr=False)
+    status: SecretStatus | None = None
+
+
+Resource = Agent | AgentRun | Secret
+
+KINDS: dict[str, type[_Strict]] = {"Agent": Agent, "AgentRun": AgentRun, "Secret": Secret}
 
 # kubectl-style names the CLI accepts, mapped to the kind and the REST collection.
 SHORT_NAMES: dict[str, tuple[str, str]] = {
@@ -240,6 +290,8 @@ SHORT_NAMES: dict[str, tuple[str, str]] = {
     "agentrun": ("AgentRun", "agentruns"),
     "agentruns": ("AgentRun", "agentruns"),
     "ar": ("AgentRun", "agentruns"),
+    "secret": ("Secret", "secrets"),
+    "secrets": ("Secret", "secrets"),
 }
 
 
@@ -253,7 +305,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return path
 
 
-def parse_resource(document: Any, *, expected_kind: str | None = None) -> Agent | AgentRun:
+def parse_resource(document: Any, *, expected_kind: str | None = None) -> Agent | AgentRun | Secret:
     """Validate one decoded document into its resource model.
 
     Raises `Invalid` naming the offending field (``kind``, ``spec.model.families[0]``, ...), or
