@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -49,7 +50,10 @@ def _ray_executable() -> str:
 def _start_local_head() -> None:
     command = [_ray_executable(), "start", "--head", "--disable-usage-stats",
                "--include-dashboard=true", "--dashboard-host=127.0.0.1"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    # Ray's workers inherit this environment; the server's key reaches the control plane over
+    # RPC instead, so it is kept out of every worker process.
+    environment = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "NODUS_SECRET_KEY")}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise Unavailable(f"`ray start --head` failed: {tail[0]}")
@@ -73,7 +77,7 @@ def _connect(address: str | None) -> tuple[bool, Any]:
         return True, _init("auto")
 
 
-def _ensure_control_plane(settings: ServerSettings) -> dict[str, object]:
+def _ensure_control_plane(settings: ServerSettings) -> tuple[Any, dict[str, object]]:
     from .control_plane import RemoteControlPlane
 
     actor = RemoteControlPlane.options(
@@ -90,7 +94,26 @@ def _ensure_control_plane(settings: ServerSettings) -> dict[str, object]:
             "run `nodus down` first to change them",
             code="Conflict",
         )
-    return info
+    return actor, info
+
+
+def _ensure_router() -> None:
+    """The routing service every run asks before a turn; runs fall back to sonnet without it."""
+    from .router import ROUTER_ACTOR_NAME, JevRouter
+
+    router = ray.remote(num_cpus=0, max_restarts=-1)(JevRouter).options(
+        name=ROUTER_ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()
+    ray.get(router.route.remote("ping", ["haiku", "sonnet"]))
+
+
+def _configure_model_key(control_plane: Any) -> str:
+    """Hand the server's Anthropic key (if any) to the control plane, which seals it in storage.
+
+    The key goes over Ray's RPC, not into actor options or the environment of workers, so it
+    appears in no dashboard and no log.
+    """
+    return str(ray.get(control_plane.configure_model_key.remote(os.environ.get("ANTHROPIC_API_KEY") or None)))
 
 
 def _deploy_api(port: int) -> None:
@@ -130,7 +153,9 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         settings = replace(settings, storage_uri=storage)
     started, ray_context = _connect(address)
     try:
-        info = _ensure_control_plane(settings)
+        control_plane, info = _ensure_control_plane(settings)
+        backend = _configure_model_key(control_plane)
+        _ensure_router()
         _deploy_api(port)
         api_url = f"http://127.0.0.1:{port}"
         _wait_ready(api_url)
@@ -139,7 +164,7 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         result = UpInfo(
             api_url=api_url,
             storage=settings.storage_uri,
-            model_backend=str(info["modelBackend"]),
+            model_backend=backend,
             sandbox=str(info["sandbox"]),
             ray_address=context.gcs_address,
             dashboard_url=f"http://{dashboard}" if dashboard else None,

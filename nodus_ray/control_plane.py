@@ -16,6 +16,7 @@ import logging
 import shutil
 import uuid
 from collections import defaultdict
+from decimal import Decimal, InvalidOperation
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,18 @@ from nodus.resources import (
     AgentRunStatus,
     AgentStatus,
     ObjectMeta,
+    Secret,
     parse_duration,
     parse_resource,
     validate_dns_label,
 )
 
+from .credits import CreditLedger
 from .journal import Journal, step_views
 from .patch import merge_patch
+from .prices import PriceTable
+from .secret_box import SecretBox, load_or_create_key
+from .secret_store import SecretStore
 from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
 from .sandbox import bwrap_available
 from .settings import NAMESPACE, ServerSettings
@@ -77,6 +83,9 @@ class ControlPlane:
     def __init__(self, settings: ServerSettings):
         self.settings = settings
         self.storage = Storage(settings.storage_uri)
+        self.prices = PriceTable.load(settings.prices_file)
+        self.secrets = SecretStore(self.storage, SecretBox(load_or_create_key(settings.secret_key_file)))
+        self.credits = CreditLedger(self.storage, Decimal(settings.initial_credits_usd))
         self._agents: dict[Key, dict[str, Any]] = {}
         self._runs: dict[Key, dict[str, Any]] = {}
         self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -100,6 +109,9 @@ class ControlPlane:
             if self._started:
                 return
             await asyncio.to_thread(self._load)
+            await asyncio.to_thread(self.secrets.load)
+            for (project, name), run in self._runs.items():
+                self.credits.record_run_spend(project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
             for key, run in self._runs.items():
                 if run["status"]["phase"] not in TERMINAL_PHASES and run["status"]["phase"] != "Waiting":
                     self._supervise(key)
@@ -127,7 +139,8 @@ class ControlPlane:
         return {
             "version": _VERSION,
             "storage": redact_uri(self.settings.storage_uri),
-            "modelBackend": self.settings.model_backend,
+            "modelBackend": "anthropic" if await asyncio.to_thread(self.secrets.server_key) else "offline",
+            "prices": {"effective": self.prices.effective.isoformat()},
             "sandbox": "bubblewrap" if await asyncio.to_thread(bwrap_available) else "process",
             "sandboxRoot": self.settings.sandbox_root,
             "settingsDigest": self.settings.digest(),
@@ -160,6 +173,7 @@ class ControlPlane:
             if existing is not None and mode == "create":
                 raise Conflict(f"agent {agent.metadata.name!r} already exists", code="AlreadyExists",
                                details={"kind": "Agent", "name": agent.metadata.name})
+            self._check_model(agent)
             spec = agent.spec.model_dump(mode="json", exclude_none=True)
             labels = agent.metadata.labels
             if existing is not None and existing["spec"] == spec and existing["metadata"].get("labels", {}) == labels:
@@ -184,6 +198,20 @@ class ControlPlane:
             await asyncio.to_thread(self.storage.write_json, f"{base}/agent.json", resource)
             self._agents[key] = resource
             return {"resource": resource, "result": "created" if existing is None else "configured"}
+
+    def _check_model(self, agent: Agent) -> None:
+        """Refuse what could only fail later: an unpriced model, BYOK without a secret."""
+        model = agent.spec.model
+        if model.name is not None and not self.prices.has(model.name):
+            raise Invalid(f"spec.model.name: model {model.name!r} has no price in the price table "
+                          f"(effective {self.prices.effective}); the operator adds prices with NODUS_PRICES",
+                          code="UnpricedModel", details={"field": "spec.model.name"})
+        if model.access == "BYOK" and not model.apiKeySecret:
+            raise Invalid("spec.model.apiKeySecret: access BYOK needs the name of a Secret holding "
+                          "ANTHROPIC_API_KEY", details={"field": "spec.model.apiKeySecret"})
+        if model.access == "Nodus" and model.apiKeySecret:
+            raise Invalid("spec.model.apiKeySecret: only access BYOK uses a key of its own",
+                          details={"field": "spec.model.apiKeySecret"})
 
     async def patch_agent(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         current = await self.get_agent(project, name)
@@ -262,7 +290,9 @@ class ControlPlane:
                 agentRevision=agent["status"]["revision"],
                 createdAt=created,
             ).model_dump(mode="json")
-            status["cost"]["limitUSD"] = agent["spec"]["perRunMaxCostUSD"]
+            # The cap is copied now: changing the agent later does not change a started run.
+            byok = (agent["spec"].get("model") or {}).get("access") == "BYOK"
+            status["cost"]["limitUSD"] = None if byok else agent["spec"]["perRunMaxCostUSD"]
             status["sandbox"]["uid"] = sandbox_uid
             if run.spec.deadline:
                 deadline = datetime.now(UTC) + parse_duration(run.spec.deadline)
@@ -354,6 +384,7 @@ class ControlPlane:
         async with self._locks[key]:
             await asyncio.to_thread(self._remove_workspace, project, name)
             await asyncio.to_thread(self.storage.delete_tree, run_storage_prefix(project, name))
+            await asyncio.to_thread(self.credits.forget_run, project, name)
             self._runs.pop(key, None)
         return run
 
@@ -367,7 +398,102 @@ class ControlPlane:
             if run is None or run["status"]["phase"] in TERMINAL_PHASES:
                 return
             _merge_status(run["status"], patch)
+            total = (patch.get("cost") or {}).get("totalUSD")
+            if total is not None:
+                self.credits.record_run_spend(project, name, Decimal(total))
             await self._persist_run(key)
+
+    # -- secrets --------------------------------------------------------------------------
+
+    async def apply_secret(self, project: str, document: dict[str, Any], mode: str = "apply") -> dict[str, Any]:
+        await self._ensure_started()
+        _check_project(project)
+        secret = parse_resource(document, expected_kind="Secret")
+        assert isinstance(secret, Secret)
+        key = (project, f"secret/{secret.metadata.name}")
+        async with self._locks[key]:
+            if mode == "create" and self.secrets.exists(project, secret.metadata.name):
+                raise Conflict(f"secret {secret.metadata.name!r} already exists", code="AlreadyExists",
+                               details={"kind": "Secret", "name": secret.metadata.name})
+            if not (secret.stringData or secret.data):
+                raise Invalid("a Secret needs stringData (or data) with at least one value",
+                              details={"field": "stringData"})
+            view, result = await asyncio.to_thread(self.secrets.apply, project, secret,
+                                                   create_only=(mode == "create"))
+        return {"resource": view, "result": result}
+
+    async def get_secret(self, project: str, name: str) -> dict[str, Any]:
+        await self._ensure_started()
+        _check_project(project)
+        return self.secrets.get(project, name)
+
+    async def list_secrets(self, project: str) -> list[dict[str, Any]]:
+        await self._ensure_started()
+        _check_project(project)
+        return self.secrets.list(project)
+
+    async def delete_secret(self, project: str, name: str) -> dict[str, Any]:
+        await self._ensure_started()
+        _check_project(project)
+        return await asyncio.to_thread(self.secrets.delete, project, name)
+
+    async def configure_model_key(self, key: str | None) -> str:
+        """The server's own Anthropic key, from the environment of ``nodus up``; sealed in storage."""
+        await self._ensure_started()
+        await asyncio.to_thread(self.secrets.set_server_key, key)
+        return "anthropic" if key else "offline"
+
+    async def model_access(self, project: str, name: str) -> dict[str, Any]:
+        """What a run actor needs to call its model: which provider, and the key, in memory only."""
+        await self.get_run(project, name)
+        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
+        model = pinned["spec"].get("model") or {}
+        base = {"baseUrl": self.settings.anthropic_base_url, "access": model.get("access", "Nodus")}
+        if model.get("access") == "BYOK":
+            secret = model.get("apiKeySecret") or ""
+            if not self.secrets.exists(project, secret):
+                raise NotFound(f"the agent's apiKeySecret {secret!r} does not exist in project {project!r}",
+                               code="SecretNotFound", details={"kind": "Secret", "name": secret})
+            values = await asyncio.to_thread(self.secrets.values, project, secret)
+            if not values.get("ANTHROPIC_API_KEY"):
+                raise Invalid(f"secret {secret!r} has no ANTHROPIC_API_KEY", code="SecretKeyMissing",
+                              details={"kind": "Secret", "name": secret})
+            return {**base, "provider": "anthropic", "apiKey": values["ANTHROPIC_API_KEY"]}
+        server_key = await asyncio.to_thread(self.secrets.server_key)
+        if server_key:
+            return {**base, "provider": "anthropic", "apiKey": server_key}
+        return {**base, "provider": "offline", "apiKey": None}
+
+    async def price_table(self) -> dict[str, Any]:
+        """The prices in force (dated), per model id, in USD per million tokens."""
+        return self.prices.to_dict()
+
+    # -- credits --------------------------------------------------------------------------
+
+    async def get_credits(self, project: str) -> dict[str, Any]:
+        await self._ensure_started()
+        _check_project(project)
+        return await asyncio.to_thread(self.credits.view, project)
+
+    async def add_credits(self, project: str, amount: str) -> dict[str, Any]:
+        await self._ensure_started()
+        _check_project(project)
+        try:
+            value = Decimal(str(amount))
+            if not value.is_finite() or value <= 0 or value != value.quantize(Decimal("0.000001")):
+                raise InvalidOperation
+        except InvalidOperation:
+            raise Invalid(f"amountUSD: {str(amount)[:40]!r} is not a positive amount of dollars "
+                          "(at most 6 decimals)", details={"field": "amountUSD"}) from None
+        return await asyncio.to_thread(self.credits.add, project, value)
+
+    async def reserve_credits(self, project: str, name: str, amount: str) -> bool:
+        await self._ensure_started()
+        return self.credits.reserve(project, name, Decimal(amount))
+
+    async def wait_for_credits(self, project: str, timeout: float) -> None:
+        await self._ensure_started()
+        await self.credits.wait_for_grant(project, timeout)
 
     # -- supervision ----------------------------------------------------------------------
 
@@ -407,6 +533,8 @@ class ControlPlane:
             offline_latency_seconds=self.settings.offline_latency_seconds,
             sandbox_uid=run["status"].get("sandbox", {}).get("uid"),
             hidden_paths=self._hidden_paths(),
+            cap_usd=run["status"]["cost"].get("limitUSD"),
+            prices_file=self.settings.prices_file,
         )
         return RemoteRunActor.options(
             name=run_actor_name(project, name, attempt),

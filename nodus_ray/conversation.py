@@ -20,14 +20,17 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from nodus.resources import Turn
+from nodus.resources import FAMILIES, Turn
 
-from .durable import Steps, StepFailed
-from .models.base import ModelError, ModelProvider, ModelRequest, ModelResponse
-from .router import route
+from .billing import max_input_tokens
+from .durable import StepFailed, Steps
+from .models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
+from .prices import ROUTER_MODEL
+from .router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from .sandbox import CommandResult, Sandbox
+from .spend import RunSpend
 
-__all__ = ["ConversationSpec", "Conversation", "RunFailure"]
+__all__ = ["ConversationSpec", "Conversation", "RunFailure", "Router"]
 
 _PROMPT_PREVIEW = 200
 
@@ -55,6 +58,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+Router = Callable[[str, list[str]], Awaitable[dict[str, Any]]]
+"""Asks the router service for a family: ``(prompt, allowed) -> {"family", "inputTokens", ...}``."""
+
+
 @dataclass
 class Conversation:
     """Runs turns over `Steps`; reports progress through ``on_progress`` after each step."""
@@ -62,16 +69,19 @@ class Conversation:
     steps: Steps
     provider: ModelProvider
     spec: ConversationSpec
+    spend: RunSpend
+    router: Router
     open_sandbox: Callable[[], Sandbox]
     on_progress: Callable[[list[Turn]], Awaitable[None]]
     sandbox: Sandbox | None = None
     sandbox_info: dict[str, Any] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str | None = None
 
     @property
     def cost_usd(self) -> Decimal:
-        return sum((Decimal(turn.costUSD) for turn in self.turns), Decimal(0))
+        return self.spend.budget.spent
 
     async def run(self) -> str:
         """Open the sandbox, run the first turn and return its answer."""
@@ -98,25 +108,75 @@ class Conversation:
         await self.steps.record_message(len(self.messages), message)
         self.messages.append(message)
 
+    def _request(self, model: str) -> ModelRequest:
+        return ModelRequest(model=model, system=self.spec.system, messages=list(self.messages),
+                            max_tokens=self.spec.max_tokens)
+
+    def _call_bound(self, model: str) -> Decimal:
+        """The billed worst case of the next model call: the whole conversation in, maxTokens out."""
+        request = self._request(model)
+        return self.spend.worst(model, max_input_tokens(request.system, request.messages, request.tools),
+                                request.max_tokens)
+
+    def _allowed(self) -> list[str]:
+        allowed = self.spec.families or list(FAMILIES)
+        return [family for family in FAMILIES if family in allowed]
+
+    def _model_for(self, family: str) -> str:
+        # A pinned Claude model applies only where Claude serves; the offline provider always
+        # names its own model, so status never claims a model that did not answer.
+        if self.spec.model_name and self.provider.name != "offline":
+            return self.spec.model_name
+        return self.provider.model_for_family(family)
+
+    async def _route(self, step_id: str, prompt: str) -> dict[str, Any]:
+        """The routing step: one priced router call per turn, or none when there is no choice."""
+        allowed = self._allowed()
+        pinned = self.spec.model_name is not None
+        calls_router = len(allowed) > 1 and not pinned
+        route_bound = Decimal(0)
+        if self.steps.recorded(step_id) is None or self.steps.recorded(step_id).state != "Completed":
+            if calls_router:
+                route_bound = self.spend.worst(ROUTER_MODEL, router_input_tokens(prompt), ROUTER_MAX_OUTPUT_TOKENS)
+            first_call = max(self._call_bound(self._model_for(family)) for family in allowed)
+            await self.spend.before_call(route_bound + first_call, route_bound,
+                                         "routing call and first model call of this turn")
+
+        async def choose() -> dict[str, Any]:
+            usage, charged = Usage(), Decimal(0)
+            if pinned:
+                by_model = {model: family for family, model in self.spend.prices.family_models.items()}
+                family, routing = by_model.get(self.spec.model_name or "", "sonnet"), "pinned"
+            elif not calls_router:
+                family, routing = allowed[0], "jev"
+            else:
+                try:
+                    decision = await self.router(prompt, allowed)
+                    family, routing = str(decision["family"]), "jev"
+                    if family not in allowed:
+                        raise ValueError(f"the router chose {family!r}, which is not allowed")
+                    usage = Usage(input_tokens=int(decision.get("inputTokens") or 0))
+                    charged = self.spend.bill(ROUTER_MODEL, usage, route_bound)
+                except Exception:  # noqa: BLE001 - an unavailable router must not stop the turn
+                    family, routing = fallback_family(allowed), "fallback"
+            return {"family": family, "model": self._model_for(family), "routing": routing,
+                    "routerInputTokens": usage.input_tokens, "billedUSD": str(charged)}
+
+        routed = await self.steps.run(
+            step_id, "route", choose,
+            cost_of=lambda r: r["billedUSD"],
+            summary_of=lambda r: f"{r['family']} ({r['routing']}) -> {r['model']}, ${r['billedUSD']}",
+        )
+        self.spend.record(Decimal(routed["billedUSD"]))
+        return routed
+
     async def _turn(self, index: int, prompt: str) -> str:
         prefix = f"turn-{index}"
         await self._add_message({"role": "user", "content": prompt})
-
-        async def choose() -> dict[str, Any]:
-            decision = route(prompt, self.spec.families)
-            family = decision.family
-            # A pinned Claude model applies only where Claude serves; the offline provider
-            # always names its own model, so status never claims a model that did not answer.
-            pinned = self.spec.model_name if self.provider.name != "offline" else None
-            model = pinned or self.provider.model_for_family(family)
-            return {"family": family, "model": model, "routing": decision.routing, "score": decision.score}
-
-        routed = await self.steps.run(
-            f"{prefix}/route", "route", choose,
-            summary_of=lambda r: f"{r['family']} ({r['routing']}) -> {r['model']}",
-        )
+        routed = await self._route(f"{prefix}/route", prompt)
         turn = Turn(index=index, prompt=prompt[:_PROMPT_PREVIEW], family=routed["family"],
-                    model=routed["model"], routing=routed["routing"], startedAt=_now())
+                    model=routed["model"], routing=routed["routing"], costUSD=routed["billedUSD"],
+                    startedAt=_now())
         self.turns.append(turn)
         await self.on_progress(self.turns)
 
@@ -125,16 +185,26 @@ class Conversation:
         call = 0
         while True:
             call += 1
-            response = await self._model_call(f"{prefix}/model-{call}", routed["model"])
+            response, charged = await self._model_call(f"{prefix}/model-{call}", routed["model"])
             turn.inputTokens += response.usage.input_tokens
             turn.outputTokens += response.usage.output_tokens
             turn.cacheCreationTokens += response.usage.cache_creation_input_tokens
             turn.cacheReadTokens += response.usage.cache_read_input_tokens
+            turn.costUSD = str(Decimal(turn.costUSD) + charged)
             turn.stopReason = response.stop_reason
             await self._add_message({"role": "assistant", "content": response.content})
+            if response.stop_reason == "pause_turn":
+                # The API paused a long turn; sending the conversation back lets it continue.
+                await self.on_progress(self.turns)
+                continue
+            if response.stop_reason == "refusal":
+                turn.finishedAt = _now()
+                await self.on_progress(self.turns)
+                raise RunFailure("ModelRefused", "the model declined to answer (stop_reason: refusal)")
             uses = response.tool_uses()
             if response.stop_reason != "tool_use" or not uses:
                 turn.finishedAt = _now()
+                self.stop_reason = response.stop_reason
                 await self.on_progress(self.turns)
                 return response.text()
             if limit_warned:
@@ -156,27 +226,36 @@ class Conversation:
             await self._add_message({"role": "user", "content": results})
             await self.on_progress(self.turns)
 
-    async def _model_call(self, step_id: str, model: str) -> ModelResponse:
-        request = ModelRequest(model=model, system=self.spec.system, messages=list(self.messages),
-                               max_tokens=self.spec.max_tokens)
+    async def _model_call(self, step_id: str, model: str) -> tuple[ModelResponse, Decimal]:
+        request = self._request(model)
+        bound = self._call_bound(model)
+        recorded_step = self.steps.recorded(step_id)
+        if recorded_step is None or recorded_step.state != "Completed":
+            await self.spend.before_call(bound, bound, "next model call")
 
         async def call() -> dict[str, Any]:
             try:
                 response = await asyncio.to_thread(self.provider.complete, request)
             except ModelError as error:
-                raise StepFailed(step_id, {"reason": "ModelError", "message": str(error)}) from error
-            return response.to_dict()
+                raise StepFailed(step_id, {"reason": error.reason, "message": str(error)}) from error
+            charged = self.spend.bill(model, response.usage, bound)
+            return {**response.to_dict(), "billedUSD": str(charged)}
 
         try:
             recorded = await self.steps.run(
                 step_id, "model", call,
-                started={"model": model, "messages": len(request.messages)},
+                started={"model": model, "messages": len(request.messages), "boundUSD": str(bound)},
+                cost_of=lambda r: r["billedUSD"],
                 summary_of=lambda r: f"{r['model']}: {r['stop_reason']}, "
-                                     f"{r['usage']['input_tokens']} in / {r['usage']['output_tokens']} out",
+                                     f"{r['usage']['input_tokens']} in / {r['usage']['output_tokens']} out, "
+                                     f"${r['billedUSD']}",
             )
         except StepFailed as failure:
-            raise RunFailure("ModelError", failure.error.get("message", "the model call failed")) from None
-        return ModelResponse.from_dict(recorded)
+            raise RunFailure(failure.error.get("reason", "ModelError"),
+                             failure.error.get("message", "the model call failed")) from None
+        charged = Decimal(recorded["billedUSD"])
+        self.spend.record(charged)
+        return ModelResponse.from_dict(recorded), charged
 
     async def _command(self, step_id: str, use: dict[str, Any]) -> dict[str, Any]:
         command = use.get("input", {}).get("command") if isinstance(use.get("input"), dict) else None

@@ -14,7 +14,20 @@ from dataclasses import dataclass
 
 from nodus.resources import FAMILIES
 
-__all__ = ["RouteDecision", "route", "fallback_family"]
+from .prices import ROUTER_MAX_OUTPUT_TOKENS
+
+__all__ = [
+    "RouteDecision",
+    "route",
+    "fallback_family",
+    "router_input_tokens",
+    "ROUTER_MAX_OUTPUT_TOKENS",
+    "JevRouter",
+    "ROUTER_ACTOR_NAME",
+]
+
+ROUTER_ACTOR_NAME = "nodus-router"
+_ROUTER_FRAMING_TOKENS = 64
 
 _ORDER = {family: index for index, family in enumerate(FAMILIES)}  # haiku < sonnet < opus < fable
 _DEMANDING = re.compile(
@@ -66,3 +79,27 @@ def route(prompt: str, allowed: list[str] | None) -> RouteDecision:
     stronger = [family for family in families if _ORDER[family] >= _ORDER[wanted]]
     family = stronger[0] if stronger else families[-1]
     return RouteDecision(family=family, routing="jev", score=score)
+
+
+def router_input_tokens(prompt: str) -> int:
+    """An upper bound of the router call's input tokens: every token covers at least one byte."""
+    return len(prompt.encode("utf-8")) + _ROUTER_FRAMING_TOKENS
+
+
+class JevRouter:
+    """The router service: one named actor the runs ask before each turn.
+
+    It is a service rather than a function so that it can be unavailable, upgraded or moved
+    without touching runs; a run that cannot reach it falls back to sonnet.
+    """
+
+    def __repr__(self) -> str:
+        return "JevRouter(families=haiku|sonnet|opus|fable)"
+
+    async def route(self, prompt: str, allowed: list[str]) -> dict[str, object]:
+        decision = route(prompt, allowed)
+        if decision.routing != "jev":
+            raise RuntimeError("the router could not score this prompt")
+        # Billed on the prompt's tokens (estimated at 4 characters each, within the bound).
+        tokens = min(router_input_tokens(prompt), -(-len(prompt) // 4) + _ROUTER_FRAMING_TOKENS)
+        return {"family": decision.family, "score": decision.score, "inputTokens": tokens}

@@ -13,6 +13,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,24 @@ import ray
 
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 
+from nodus.errors import NodusError
+
+from .billing import RunBudget
 from .conversation import Conversation, ConversationSpec, RunFailure
 from .durable import NeedsResolution, Steps
 from .journal import Journal
-from .models import provider_for
+from .models import ModelProvider, provider_for
+from .prices import PriceTable
+from .router import ROUTER_ACTOR_NAME
 from .sandbox import Sandbox, create_sandbox
 from .settings import CONTROL_PLANE_NAME, NAMESPACE
+from .spend import CapReached, RunSpend
 from .storage import Storage
 
 __all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
+
+_ROUTER_TIMEOUT_SECONDS = 5.0
+_CREDIT_RECHECK_SECONDS = 30.0
 
 
 def run_actor_name(project: str, name: str, attempt: int) -> str:
@@ -56,6 +66,8 @@ class RunConfig:
     offline_latency_seconds: float = 0.0
     sandbox_uid: int | None = None
     hidden_paths: tuple[str, ...] = ()
+    cap_usd: str | None = None
+    prices_file: str | None = None
 
 
 def _now() -> str:
@@ -86,10 +98,13 @@ class RunActor:
     async def cancel(self) -> None:
         """Stop the running command and delete the sandbox; the control plane records why."""
         self._cancelled = True
-        if self._sandbox is not None:
-            await asyncio.to_thread(self._sandbox.cancel)
+        # The program first, so that the killed command is not journaled as a finished step;
+        # then the command itself, whose thread the task's cancellation cannot stop.
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        if self._sandbox is not None:
+            await asyncio.to_thread(self._sandbox.cancel)
+        if self._task is not None:
             try:
                 await self._task
             except BaseException:  # noqa: BLE001 - the task's end is the cancel we asked for
@@ -104,7 +119,7 @@ class RunActor:
             shutil.rmtree(self.config.workspace, ignore_errors=True)
 
     async def _report(self, patch: dict[str, Any]) -> None:
-        control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
+        control_plane = await self._control_plane()
         await control_plane.report.remote(self.config.project, self.config.name, patch)
 
     def _open_sandbox(self) -> Sandbox:
@@ -116,6 +131,38 @@ class RunActor:
         )
         return self._sandbox
 
+    async def _control_plane(self) -> Any:
+        return ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
+
+    async def _provider(self, prices: PriceTable) -> tuple[ModelProvider, str]:
+        """The provider and access of this run; the key stays in this actor's memory only."""
+        access = await (await self._control_plane()).model_access.remote(self.config.project, self.config.name)
+        provider = provider_for(access, family_models=prices.family_models,
+                                latency_seconds=self.config.offline_latency_seconds)
+        return provider, str(access.get("access") or "Nodus")
+
+    async def _route(self, prompt: str, allowed: list[str]) -> dict[str, Any]:
+        router = ray.get_actor(ROUTER_ACTOR_NAME, namespace=NAMESPACE)
+        return await asyncio.wait_for(router.route.remote(prompt, allowed), timeout=_ROUTER_TIMEOUT_SECONDS)
+
+    async def _reserve_credits(self, amount: Decimal) -> None:
+        """Hold the call's worst case from the project's credits; wait while there are too few."""
+        waiting = False
+        while True:
+            control_plane = await self._control_plane()
+            if await control_plane.reserve_credits.remote(self.config.project, self.config.name, str(amount)):
+                if waiting:
+                    self.phase = "Running"
+                    await self._report({"phase": "Running", "reason": None, "message": None})
+                return
+            if not waiting:
+                waiting = True
+                self.phase = "Waiting"
+                await self._report({"phase": "Waiting", "reason": "InsufficientCredits",
+                                    "message": f"the next call may cost up to ${amount}, more than the "
+                                               f"project's credits; it continues when credits are added"})
+            await control_plane.wait_for_credits.remote(self.config.project, _CREDIT_RECHECK_SECONDS)
+
     async def _execute(self) -> dict[str, Any]:
         config = self.config
         journal = Journal(self._storage, f"{run_storage_prefix(config.project, config.name)}/journal")
@@ -123,9 +170,16 @@ class RunActor:
         steps = Steps(journal)
         agent = config.agent_spec
         model = agent.get("model") or {}
+        prices = PriceTable.load(config.prices_file)
+        try:
+            provider, access = await self._provider(prices)
+        except NodusError as refused:
+            self.phase = "Failed"
+            return {"phase": "Failed", "reason": refused.code, "message": refused.message, "finishedAt": _now()}
+        budget = RunBudget(cap=Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None)
         conversation = Conversation(
             steps=steps,
-            provider=provider_for(model, latency_seconds=config.offline_latency_seconds),
+            provider=provider,
             spec=ConversationSpec(
                 system=agent.get("system", ""),
                 families=model.get("families"),
@@ -134,6 +188,8 @@ class RunActor:
                 max_tool_calls=int(agent.get("maxToolCalls", 50)),
                 prompt=config.run_spec.get("input", ""),
             ),
+            spend=RunSpend(prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits),
+            router=self._route,
             open_sandbox=self._open_sandbox,
             on_progress=self._on_progress,
         )
@@ -146,6 +202,8 @@ class RunActor:
             answer = await self._with_deadline(conversation.run())
         except RunFailure as failure:
             return self._outcome("Failed", failure.reason, failure.message, conversation)
+        except CapReached as reached:
+            return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
         except NeedsResolution as parked:
             return self._outcome("Waiting", "NeedsResolution", f"{parked} ; resolve step {parked.step_id}",
                                  conversation, step=parked.step_id)
@@ -159,7 +217,9 @@ class RunActor:
             self._storage.write_bytes, f"{run_storage_prefix(config.project, config.name)}/answer.txt",
             answer.encode("utf-8"),
         )
-        return self._outcome("Succeeded", "Completed", None, conversation, answer=answer)
+        reason = "MaxTokensReached" if conversation.stop_reason == "max_tokens" else "Completed"
+        message = ("the answer was cut at maxTokens" if reason == "MaxTokensReached" else None)
+        return self._outcome("Succeeded", reason, message, conversation, answer=answer)
 
     async def _with_deadline(self, program: Any) -> str:
         if not self.config.deadline_at:

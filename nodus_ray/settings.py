@@ -10,8 +10,10 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from .prices import PriceTable
 from .storage import default_storage_uri, redact_uri
 
 __all__ = ["NAMESPACE", "CONTROL_PLANE_NAME", "SERVE_APP_NAME", "ServerSettings"]
@@ -35,6 +37,14 @@ class ServerSettings:
     sandbox_root: str
     offline_latency_seconds: float = 0.0
     max_actor_restarts: int = 5
+    # Where the key that seals Secrets lives: beside the server, never in storage.
+    secret_key_file: str = str(Path.home() / ".nodus" / "secret.key")
+    # ANTHROPIC_BASE_URL of `nodus up`; None is the SDK's default endpoint.
+    anthropic_base_url: str | None = None
+    # The operator's price overrides (NODUS_PRICES): a JSON or YAML file.
+    prices_file: str | None = None
+    # What a project's credit balance starts at (NODUS_INITIAL_CREDITS).
+    initial_credits_usd: str = "5.00"
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -49,7 +59,26 @@ class ServerSettings:
         sandbox_root = os.environ.get("NODUS_SANDBOX_ROOT") or _default_sandbox_root()
         if not os.path.isabs(sandbox_root):
             raise ValueError(f"NODUS_SANDBOX_ROOT={sandbox_root!r} must be an absolute path")
-        return cls(storage_uri=default_storage_uri(), sandbox_root=sandbox_root, offline_latency_seconds=latency)
+        initial_credits = os.environ.get("NODUS_INITIAL_CREDITS", "5.00")
+        try:
+            if Decimal(initial_credits) < 0:
+                raise InvalidOperation
+        except InvalidOperation:
+            raise ValueError(f"NODUS_INITIAL_CREDITS={initial_credits!r} must be a decimal amount of dollars") from None
+        prices_file = os.environ.get("NODUS_PRICES") or None
+        if prices_file is not None:
+            prices_file = os.path.abspath(prices_file)
+            PriceTable.load(prices_file)  # a bad override is refused here, naming the field
+        return cls(
+            storage_uri=default_storage_uri(),
+            sandbox_root=sandbox_root,
+            offline_latency_seconds=latency,
+            secret_key_file=os.path.abspath(os.path.expanduser(
+                os.environ.get("NODUS_SECRET_KEY_FILE") or str(Path.home() / ".nodus" / "secret.key"))),
+            anthropic_base_url=os.environ.get("ANTHROPIC_BASE_URL") or None,
+            prices_file=prices_file,
+            initial_credits_usd=initial_credits,
+        )
 
     def digest(self) -> str:
         """Identifies these settings without showing them (the storage URI may hold credentials)."""
@@ -59,7 +88,3 @@ class ServerSettings:
         """The settings as they may be shown: credentials in the storage URI redacted."""
         return {**asdict(self), "storage_uri": redact_uri(self.storage_uri)}
 
-    @property
-    def model_backend(self) -> str:
-        """The provider runs use: ``offline`` until the Anthropic provider is configured."""
-        return "offline"

@@ -22,7 +22,7 @@ from .resources import validate_dns_label
 __all__ = ["COLLECTIONS", "Applied", "Client"]
 
 # The REST collections this server serves; the CLI maps kinds onto these.
-COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns"})
+COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns", "secrets", "credits"})
 
 # Only connection failures of idempotent GETs are retried: the request never reached the server,
 # so a retry cannot double an effect. Writes are left to the caller, who knows whether the
@@ -36,6 +36,8 @@ class Applied(NamedTuple):
 
     resource: dict[str, Any]
     created: bool
+    # "created", "configured" or "unchanged" as the server decided it (X-Nodus-Result), if said.
+    result: str | None = None
 
 
 def _display_url(url: str) -> str:
@@ -244,7 +246,8 @@ class Client:
         """PUT to ``metadata.name``: create or update; ``created`` tells which (201 or 200)."""
         name = self._resource_name(resource)
         response = self._request("PUT", self._path(collection, project, name), json=dict(resource))
-        return Applied(self._json(response), response.status_code == 201)
+        return Applied(self._json(response), response.status_code == 201,
+                       response.headers.get("X-Nodus-Result"))
 
     def patch(
         self, collection: str, name: str, patch: Mapping[str, Any], *, project: str | None = None
@@ -260,6 +263,15 @@ class Client:
 
     def delete(self, collection: str, name: str, *, project: str | None = None) -> dict[str, Any] | None:
         return self._json(self._request("DELETE", self._path(collection, project, name)))
+
+    # -- credits ----------------------------------------------------------------------------
+
+    def credits(self, *, project: str | None = None) -> dict[str, Any]:
+        """The project's balance, grants, spend and outstanding reservations (USD)."""
+        return self._json(self._request("GET", self._path("credits", project)))
+
+    def add_credits(self, amount_usd: str, *, project: str | None = None) -> dict[str, Any]:
+        return self._json(self._request("POST", self._path("credits", project), json={"amountUSD": amount_usd}))
 
     # -- agent runs -------------------------------------------------------------------------
 

@@ -213,4 +213,44 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     async def run_answer(project: str, name: str) -> dict[str, Any]:
         return await cp.call("run_answer", _project(project), name)
 
+    # -- secrets: values go in, only keys come out ---------------------------------------
+
+    @app.get("/v1/projects/{project}/secrets")
+    async def list_secrets(project: str) -> dict[str, Any]:
+        return _listing("SecretList", await cp.call("list_secrets", _project(project)))
+
+    @app.post("/v1/projects/{project}/secrets", status_code=201)
+    async def create_secret(project: str, request: Request) -> JSONResponse:
+        return _applied(await cp.call("apply_secret", _project(project), await _body(request), "create"))
+
+    @app.get("/v1/projects/{project}/secrets/{name}")
+    async def get_secret(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("get_secret", _project(project), name)
+
+    @app.put("/v1/projects/{project}/secrets/{name}")
+    async def apply_secret(project: str, name: str, request: Request) -> JSONResponse:
+        body = _name_matches(await _body(request), name)
+        return _applied(await cp.call("apply_secret", _project(project), body, "apply"))
+
+    @app.delete("/v1/projects/{project}/secrets/{name}")
+    async def delete_secret(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("delete_secret", _project(project), name)
+
+    # -- credits --------------------------------------------------------------------------
+
+    @app.get("/v1/projects/{project}/credits")
+    async def get_credits(project: str) -> dict[str, Any]:
+        return await cp.call("get_credits", _project(project))
+
+    @app.post("/v1/projects/{project}/credits")
+    async def add_credits(project: str, request: Request) -> dict[str, Any]:
+        body = await _body(request)
+        if "amountUSD" not in body:
+            raise Invalid("amountUSD: required, e.g. {\"amountUSD\": \"10.00\"}", details={"field": "amountUSD"})
+        return await cp.call("add_credits", _project(project), str(body["amountUSD"]))
+
+    @app.get("/v1/prices")
+    async def prices() -> dict[str, Any]:
+        return await cp.call("price_table")
+
     return app

@@ -41,6 +41,12 @@ class Server:
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.api_url, timeout=30.0)
 
+    def up(self, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        """`nodus up` again on the running service, e.g. with ANTHROPIC_API_KEY set or cleared."""
+        env = {**self.env, **extra_env}
+        return subprocess.run([NODUS, "up", "--port", str(PORT)], env={k: v for k, v in env.items() if v},
+                              capture_output=True, text=True, timeout=180, check=False)
+
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.05,
              message: str = "condition") -> Any:
@@ -60,7 +66,20 @@ def unique(prefix: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
+def fake_anthropic() -> Iterator[Any]:
+    """A local fake of the Anthropic Messages API that every Claude call of the session reaches
+    (the server's ANTHROPIC_BASE_URL points at it); runs without a key stay on the offline model."""
+    from tests.fakes.anthropic_api import FakeMessagesAPI
+
+    fake = FakeMessagesAPI().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture(scope="session")
+def server(fake_anthropic: Any) -> Iterator[Server]:
     base = Path(tempfile.mkdtemp(prefix="nodus-it-"))
     # The sandbox runs as an unprivileged uid that must traverse down to its workspace.
     base.chmod(0o711)
@@ -73,6 +92,8 @@ def server() -> Iterator[Server]:
         "NODUS_STORAGE": str(storage),
         "NODUS_SANDBOX_ROOT": str(sandboxes),
         "NODUS_OFFLINE_LATENCY": "0.3",
+        "NODUS_INITIAL_CREDITS": "1.00",
+        "ANTHROPIC_BASE_URL": fake_anthropic.base_url,
         "NODUS_API_URL": f"http://127.0.0.1:{PORT}",
         "NODUS_PROJECT": "default",
         "RAY_USAGE_STATS_ENABLED": "0",

@@ -142,6 +142,9 @@ create_app = typer.Typer(help="Create a resource from flags instead of a file.",
 agentrun_app = typer.Typer(help="Read a run's answer and steps.", no_args_is_help=True)
 app.add_typer(create_app, name="create")
 app.add_typer(agentrun_app, name="agentrun")
+credits_app = typer.Typer(help="The project's credits: what runs on the server's key may spend.",
+                          invoke_without_command=True)
+app.add_typer(credits_app, name="credits")
 
 ProjectOption = Annotated[
     Optional[str], typer.Option("--project", "-p", help=f"Project (default: ${ENV_PROJECT} or 'default').")
@@ -316,7 +319,9 @@ def apply(
         except NotFound:
             before = None
         applied = client.apply(manifest.collection, manifest.body(), project=target_project)
-        if applied.created:
+        if applied.result in ("created", "configured", "unchanged"):
+            verb = applied.result
+        elif applied.created:
             verb = "created"
         elif before is not None and _revision_marks(before) == _revision_marks(applied.resource):
             verb = "unchanged"
@@ -350,6 +355,27 @@ def create_agentrun(
     if keep_alive:
         spec["keepAlive"] = True
     _create("AgentRun", "agentruns", name, spec, project)
+
+
+@create_app.command("secret")
+def create_secret(
+    name: Annotated[str, typer.Argument(help="Name of the secret.")],
+    from_literal: Annotated[
+        list[str], typer.Option("--from-literal", help="KEY=VALUE (repeatable), e.g. ANTHROPIC_API_KEY=sk-...")
+    ],
+    project: ProjectOption = None,
+) -> None:
+    """Create a secret; its values are sealed on the server and never shown again."""
+    values: dict[str, str] = {}
+    for item in from_literal:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--from-literal takes KEY=VALUE, got {key[:40]!r} without '='")
+        values[key] = value
+    manifest = {"apiVersion": API_VERSION, "kind": "Secret", "metadata": {"name": name}, "stringData": values}
+    parse_resource(manifest)
+    _client(project).create("secrets", manifest)
+    typer.echo(f"{_ref('Secret', name)} created")
 
 
 @create_app.command("agent")
@@ -446,7 +472,14 @@ def _run_row(run: dict[str, Any], wide: bool) -> list[str]:
     return row
 
 
+def _secret_row(secret: dict[str, Any], wide: bool) -> list[str]:
+    metadata, status = secret.get("metadata") or {}, secret.get("status") or {}
+    return [metadata.get("name", ""), secret.get("type") or "Opaque", ",".join(status.get("keys") or []),
+            format_age(metadata.get("creationTimestamp"))]
+
+
 _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], list[str]]]] = {
+    "Secret": (["NAME", "TYPE", "KEYS", "AGE"], [], _secret_row),
     "Agent": (
         ["NAME", "REVISION", "FAMILIES", "MAX-COST", "STATE", "AGE"],
         ["ACCESS", "MODEL", "IMAGE"],
@@ -705,6 +738,40 @@ def delete(
                 raise
             continue
         typer.echo(f"{_ref(kind, name)} deleted")
+
+
+# -- credits ----------------------------------------------------------------------------------
+
+
+def _print_credits(view: dict[str, Any]) -> None:
+    typer.echo(f"project   {view.get('project')}")
+    typer.echo(f"balance   ${view.get('balanceUSD')}")
+    typer.echo(f"granted   ${view.get('grantedUSD')}")
+    typer.echo(f"spent     ${view.get('spentUSD')}")
+    typer.echo(f"reserved  ${view.get('reservedUSD')}  (held for calls in flight)")
+
+
+@credits_app.callback()
+def credits(ctx: typer.Context, output: OutputOption = None, project: ProjectOption = None) -> None:
+    """Show the project's balance (runs on access Nodus are billed from it)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    view = _client(project).credits()
+    if output == "json":
+        typer.echo(dump_json(view))
+    elif output == "yaml":
+        typer.echo(dump_yaml(view), nl=False)
+    else:
+        _print_credits(view)
+
+
+@credits_app.command("add")
+def credits_add(
+    amount: Annotated[str, typer.Argument(help="Dollars to add, e.g. 10 or 2.50.")],
+    project: ProjectOption = None,
+) -> None:
+    """Add credits (the operator's verb); runs waiting for credits continue."""
+    _print_credits(_client(project).add_credits(amount))
 
 
 # -- agentrun answer / steps ------------------------------------------------------------------
