@@ -113,7 +113,7 @@ class ControlPlane:
             for (project, name), run in self._runs.items():
                 self.credits.record_run_spend(project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
             for key, run in self._runs.items():
-                if run["status"]["phase"] not in TERMINAL_PHASES and run["status"]["phase"] != "Waiting":
+                if run["status"]["phase"] not in TERMINAL_PHASES and not _parked(run):
                     self._supervise(key)
             self._started = True
 
@@ -628,6 +628,15 @@ class ControlPlane:
             ray.kill(actor, no_restart=True)
         if run["status"]["phase"] == "Cancelled":
             await asyncio.to_thread(self._remove_workspace, project, name)
+
+
+# Waiting runs that hold no actor: nothing can move them but a person (a resolution, a cancel).
+# A run waiting for credits keeps its actor and stays supervised.
+_PARKED_REASONS = frozenset({"NeedsResolution", "MaxCostReached"})
+
+
+def _parked(run: dict[str, Any]) -> bool:
+    return run["status"]["phase"] == "Waiting" and run["status"].get("reason") in _PARKED_REASONS
 
 
 def _merge_status(status: dict[str, Any], patch: dict[str, Any]) -> None:

@@ -167,7 +167,7 @@ class Conversation:
             cost_of=lambda r: r["billedUSD"],
             summary_of=lambda r: f"{r['family']} ({r['routing']}) -> {r['model']}, ${r['billedUSD']}",
         )
-        self.spend.record(Decimal(routed["billedUSD"]))
+        self.spend.record(Decimal(routed.get("billedUSD", "0")))
         return routed
 
     async def _turn(self, index: int, prompt: str) -> str:
@@ -175,7 +175,7 @@ class Conversation:
         await self._add_message({"role": "user", "content": prompt})
         routed = await self._route(f"{prefix}/route", prompt)
         turn = Turn(index=index, prompt=prompt[:_PROMPT_PREVIEW], family=routed["family"],
-                    model=routed["model"], routing=routed["routing"], costUSD=routed["billedUSD"],
+                    model=routed["model"], routing=routed["routing"], costUSD=routed.get("billedUSD", "0"),
                     startedAt=_now())
         self.turns.append(turn)
         await self.on_progress(self.turns)
@@ -253,7 +253,7 @@ class Conversation:
         except StepFailed as failure:
             raise RunFailure(failure.error.get("reason", "ModelError"),
                              failure.error.get("message", "the model call failed")) from None
-        charged = Decimal(recorded["billedUSD"])
+        charged = Decimal(recorded.get("billedUSD", "0"))
         self.spend.record(charged)
         return ModelResponse.from_dict(recorded), charged
 

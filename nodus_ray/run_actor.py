@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 
@@ -38,6 +39,7 @@ from .storage import Storage
 __all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
 
 _ROUTER_TIMEOUT_SECONDS = 5.0
+_CONTROL_PLANE_PATIENCE_SECONDS = 120.0
 _CREDIT_RECHECK_SECONDS = 30.0
 
 
@@ -119,8 +121,7 @@ class RunActor:
             shutil.rmtree(self.config.workspace, ignore_errors=True)
 
     async def _report(self, patch: dict[str, Any]) -> None:
-        control_plane = await self._control_plane()
-        await control_plane.report.remote(self.config.project, self.config.name, patch)
+        await self._ask("report", self.config.project, self.config.name, patch)
 
     def _open_sandbox(self) -> Sandbox:
         # Other runs' workspaces and the storage are mounted away, not merely unreadable.
@@ -134,9 +135,23 @@ class RunActor:
     async def _control_plane(self) -> Any:
         return ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
 
+    async def _ask(self, method: str, *args: Any) -> Any:
+        """Call the control plane, riding out its restart (Ray restarts it; it reloads storage)."""
+        delay = 0.2
+        deadline = asyncio.get_running_loop().time() + _CONTROL_PLANE_PATIENCE_SECONDS
+        while True:
+            try:
+                control_plane = await self._control_plane()
+                return await getattr(control_plane, method).remote(*args)
+            except (RayActorError, ValueError):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
     async def _provider(self, prices: PriceTable) -> tuple[ModelProvider, str]:
         """The provider and access of this run; the key stays in this actor's memory only."""
-        access = await (await self._control_plane()).model_access.remote(self.config.project, self.config.name)
+        access = await self._ask("model_access", self.config.project, self.config.name)
         provider = provider_for(access, family_models=prices.family_models,
                                 latency_seconds=self.config.offline_latency_seconds)
         return provider, str(access.get("access") or "Nodus")
@@ -149,8 +164,7 @@ class RunActor:
         """Hold the call's worst case from the project's credits; wait while there are too few."""
         waiting = False
         while True:
-            control_plane = await self._control_plane()
-            if await control_plane.reserve_credits.remote(self.config.project, self.config.name, str(amount)):
+            if await self._ask("reserve_credits", self.config.project, self.config.name, str(amount)):
                 if waiting:
                     self.phase = "Running"
                     await self._report({"phase": "Running", "reason": None, "message": None})
@@ -161,7 +175,7 @@ class RunActor:
                 await self._report({"phase": "Waiting", "reason": "InsufficientCredits",
                                     "message": f"the next call may cost up to ${amount}, more than the "
                                                f"project's credits; it continues when credits are added"})
-            await control_plane.wait_for_credits.remote(self.config.project, _CREDIT_RECHECK_SECONDS)
+            await self._ask("wait_for_credits", self.config.project, _CREDIT_RECHECK_SECONDS)
 
     async def _execute(self) -> dict[str, Any]:
         config = self.config

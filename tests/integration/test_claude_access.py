@@ -7,6 +7,8 @@ Messages API, what the run recorded and what it cost, to the millionth of a doll
 from __future__ import annotations
 
 import json
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from decimal import ROUND_CEILING, Decimal
@@ -18,6 +20,7 @@ import pytest
 from tests.fakes.anthropic_api import error_reply, text_reply, tool_use_reply
 
 from .conftest import Server, unique, wait_for
+from .test_durability import _actor_pid
 
 AGENTS = "/v1/projects/default/agents"
 RUNS = "/v1/projects/default/agentruns"
@@ -243,7 +246,7 @@ def test_offline_runs_show_every_cost_rule(server: Server) -> None:
     assert "offline-haiku" in prices["prices"] and prices["effective"]
 
 
-def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: Server) -> None:
+def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: Server, ray_driver: Any) -> None:
     project = unique("credits")
     with server.http() as http:
         http.put(f"/v1/projects/{project}/agents/big", json={
@@ -258,6 +261,11 @@ def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: S
 
     parked = wait_for(waiting, timeout=60, message="the run to wait for credits")
     assert parked["status"]["phase"] == "Waiting"
+    # The control plane crashes while the run waits: Ray restarts it, it reloads the run from
+    # storage and keeps supervising it; the waiting actor rides the restart out.
+    os.kill(_actor_pid(ray_driver, "nodus-control-plane"), signal.SIGKILL)
+    wait_for(lambda: server.cli("credits", "-p", project).returncode == 0, timeout=120, interval=0.5,
+             message="the restarted control plane")
     shown = server.cli("credits", "-p", project)
     assert shown.returncode == 0 and "$1.00" in shown.stdout
     added = server.cli("credits", "add", "5", "-p", project)
