@@ -115,12 +115,16 @@ class CreditLedger:
     def release(self, project: str, run: str) -> None:
         self.project(project).reservations.pop(run, None)
 
-    async def wait_for_grant(self, project: str, timeout: float) -> None:
-        """Return when credits are next added (or after ``timeout``, so callers re-check)."""
+    def next_grant(self, project: str) -> asyncio.Event:
+        """An event set when credits are next added to the project."""
         account = self.project(project)
         if account.added is None:
             account.added = asyncio.Event()
+        return account.added
+
+    async def wait_for_grant(self, project: str, timeout: float) -> None:
+        """Return when credits are next added (or after ``timeout``, so callers re-check)."""
         try:
-            await asyncio.wait_for(account.added.wait(), timeout=timeout)
+            await asyncio.wait_for(self.next_grant(project).wait(), timeout=timeout)
         except TimeoutError:
             pass
