@@ -314,3 +314,20 @@ def test_bad_model_settings_are_refused(server: Server) -> None:
         bad_secret = http.post(SECRETS, json={"apiVersion": "nodus.dev/v1", "kind": "Secret",
                                               "metadata": {"name": "bad"}, "stringData": {"not a key": secret_value}})
         assert bad_secret.status_code == 422 and secret_value not in bad_secret.text
+
+
+def test_the_claude_examples_apply_and_run_within_their_cap(server: Server) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples" / "claude"
+    applied = server.cli("apply", "-f", str(examples / "agent.yaml"), "-f", str(examples / "byok.yaml"),
+                         "-f", str(examples / "run.yaml"))
+    assert applied.returncode == 0, applied.stderr
+    assert "secret/anthropic-key created" in applied.stdout and "agent/byok-helper created" in applied.stdout
+    secret_yaml = server.cli("get", "secret/anthropic-key", "-o", "yaml").stdout
+    assert "ANTHROPIC_API_KEY" in secret_yaml and "REPLACE-ME" not in secret_yaml
+    waited = server.cli("wait", "agentrun/claude-helper-run", "--for=jsonpath={.status.phase}=Succeeded",
+                        "--timeout=2m")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    run = json.loads(server.cli("get", "agentrun/claude-helper-run", "-o", "json").stdout)
+    assert Decimal(0) < Decimal(run["status"]["cost"]["totalUSD"]) <= Decimal("0.10")
+    assert run["status"]["cost"]["limitUSD"] == "0.10"
+    assert "0 files" in run["status"]["answer"]["preview"]
