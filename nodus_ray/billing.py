@@ -176,7 +176,8 @@ class CapExceeded(Exception):
 
     def __init__(self, needed: Decimal, remaining: Decimal, cap: Decimal):
         super().__init__(
-            f"the next call may cost up to ${needed} but only ${remaining} of the run's ${cap} cap is left"
+            f"the next call may cost up to ${needed} but only ${remaining} of the run's ${cap} cap "
+            "(perRunMaxCostUSD) is left, so the run makes no more calls"
         )
         self.needed = needed
         self.remaining = remaining

@@ -112,11 +112,10 @@ class Conversation:
         return ModelRequest(model=model, system=self.spec.system, messages=list(self.messages),
                             max_tokens=self.spec.max_tokens)
 
-    def _call_bound(self, model: str) -> Decimal:
-        """The billed worst case of the next model call: the whole conversation in, maxTokens out."""
-        request = self._request(model)
-        return self.spend.worst(model, max_input_tokens(request.system, request.messages, request.tools),
-                                request.max_tokens)
+    def _input_bound(self) -> int:
+        """An upper bound of the next call's input tokens: the whole conversation, by its bytes."""
+        request = self._request("")
+        return max_input_tokens(request.system, request.messages, request.tools)
 
     def _allowed(self) -> list[str]:
         allowed = self.spec.families or list(FAMILIES)
@@ -138,9 +137,10 @@ class Conversation:
         if self.steps.recorded(step_id) is None or self.steps.recorded(step_id).state != "Completed":
             if calls_router:
                 route_bound = self.spend.worst(ROUTER_MODEL, router_input_tokens(prompt), ROUTER_MAX_OUTPUT_TOKENS)
-            first_call = max(self._call_bound(self._model_for(family)) for family in allowed)
-            await self.spend.before_call(route_bound + first_call, route_bound,
-                                         "routing call and first model call of this turn")
+            tokens = self._input_bound()
+            first_call = max(self.spend.worst(self._model_for(family), tokens, self.spec.max_tokens)
+                             for family in allowed)
+            await self.spend.before_call(route_bound + first_call, route_bound)
 
         async def choose() -> dict[str, Any]:
             usage, charged = Usage(), Decimal(0)
@@ -156,7 +156,7 @@ class Conversation:
                     if family not in allowed:
                         raise ValueError(f"the router chose {family!r}, which is not allowed")
                     usage = Usage(input_tokens=int(decision.get("inputTokens") or 0))
-                    charged = self.spend.bill(ROUTER_MODEL, usage, route_bound)
+                    charged = self.spend.price(ROUTER_MODEL, usage, route_bound)
                 except Exception:  # noqa: BLE001 - an unavailable router must not stop the turn
                     family, routing = fallback_family(allowed), "fallback"
             return {"family": family, "model": self._model_for(family), "routing": routing,
@@ -228,17 +228,18 @@ class Conversation:
 
     async def _model_call(self, step_id: str, model: str) -> tuple[ModelResponse, Decimal]:
         request = self._request(model)
-        bound = self._call_bound(model)
         recorded_step = self.steps.recorded(step_id)
+        bound = Decimal(0)
         if recorded_step is None or recorded_step.state != "Completed":
-            await self.spend.before_call(bound, bound, "next model call")
+            bound = self.spend.worst(model, self._input_bound(), request.max_tokens)
+            await self.spend.before_call(bound, bound)
 
         async def call() -> dict[str, Any]:
             try:
                 response = await asyncio.to_thread(self.provider.complete, request)
             except ModelError as error:
                 raise StepFailed(step_id, {"reason": error.reason, "message": str(error)}) from error
-            charged = self.spend.bill(model, response.usage, bound)
+            charged = self.spend.price(model, response.usage, bound)
             return {**response.to_dict(), "billedUSD": str(charged)}
 
         try:

@@ -33,7 +33,7 @@ from .prices import PriceTable
 from .router import ROUTER_ACTOR_NAME
 from .sandbox import Sandbox, create_sandbox
 from .settings import CONTROL_PLANE_NAME, NAMESPACE
-from .spend import CapReached, RunSpend
+from .spend import CapExceeded, RunSpend
 from .storage import Storage
 
 __all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
@@ -216,7 +216,7 @@ class RunActor:
             answer = await self._with_deadline(conversation.run())
         except RunFailure as failure:
             return self._outcome("Failed", failure.reason, failure.message, conversation)
-        except CapReached as reached:
+        except CapExceeded as reached:
             return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
         except NeedsResolution as parked:
             return self._outcome("Waiting", "NeedsResolution", f"{parked} ; resolve step {parked.step_id}",

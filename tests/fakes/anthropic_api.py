@@ -274,6 +274,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    # Small SSE writes must not wait for the client's delayed ACK (Nagle): about 40 ms a reply.
+    disable_nagle_algorithm = True
     protocol_version = "HTTP/1.1"  # keep-alive and chunked bodies, as the SDK's client expects
     timeout = 60  # an idle keep-alive connection's thread ends after this
     server: _Server
