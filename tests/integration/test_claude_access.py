@@ -331,3 +331,32 @@ def test_the_claude_examples_apply_and_run_within_their_cap(server: Server) -> N
     assert Decimal(0) < Decimal(run["status"]["cost"]["totalUSD"]) <= Decimal("0.10")
     assert run["status"]["cost"]["limitUSD"] == "0.10"
     assert "0 files" in run["status"]["answer"]["preview"]
+
+
+def test_every_stop_reason_has_a_defined_outcome(server: Server, fake_anthropic: Any) -> None:
+    secret, agent = unique("stops-key"), unique("stops")
+    key = f"sk-ant-stops-{uuid.uuid4().hex}"
+    assert server.cli("create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY={key}").returncode == 0
+    _agent(server, agent, maxTokens=64, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret})
+
+    fake_anthropic.script(text_reply("Thinking about it...", stop_reason="pause_turn"), text_reply("Done."))
+    paused = _settled(server, _run(server, agent, "long task"))
+    assert (paused["status"]["phase"], paused["status"]["reason"]) == ("Succeeded", "Completed")
+    assert paused["status"]["answer"]["preview"] == "Done."
+    with server.http() as http:
+        steps = http.get(f"{RUNS}/{paused['metadata']['name']}/steps").json()["items"]
+    assert [s["kind"] for s in steps].count("model") == 2  # the paused turn was sent back and went on
+
+    fake_anthropic.script(text_reply("A partial answ", stop_reason="max_tokens"))
+    cut = _settled(server, _run(server, agent, "write an essay"))
+    assert (cut["status"]["phase"], cut["status"]["reason"]) == ("Succeeded", "MaxTokensReached")
+    assert cut["status"]["answer"]["preview"] == "A partial answ"
+    assert cut["status"]["turns"][0]["stopReason"] == "max_tokens"
+
+    fake_anthropic.script(text_reply("", stop_reason="refusal"))
+    refused = _settled(server, _run(server, agent, "something refused"))
+    assert (refused["status"]["phase"], refused["status"]["reason"]) == ("Failed", "ModelRefused")
+
+    fake_anthropic.script(text_reply("The end", stop_reason="stop_sequence"))
+    stopped = _settled(server, _run(server, agent, "until the marker"))
+    assert (stopped["status"]["phase"], stopped["status"]["answer"]["preview"]) == ("Succeeded", "The end")
