@@ -105,6 +105,34 @@ def _applied(outcome: dict[str, Any]) -> JSONResponse:
                         headers={"X-Nodus-Result": outcome["result"]})
 
 
+def _resource_routes(app: FastAPI, cp: ControlPlaneGateway, plural: str, *, apply: str, get: str,
+                     delete: str) -> None:
+    """POST (create), GET, PUT (apply) and DELETE of one kind of resource, all alike.
+
+    ``apply`` names the control-plane method taking ``(project, document, mode)`` with mode
+    ``create`` (refuses a taken name) or ``apply`` (creates or updates).
+    """
+    collection = f"/v1/projects/{{project}}/{plural}"
+
+    async def create(project: str, request: Request) -> JSONResponse:
+        return _applied(await cp.call(apply, _project(project), await _body(request), "create"))
+
+    async def read(project: str, name: str) -> dict[str, Any]:
+        return await cp.call(get, _project(project), name)
+
+    async def put(project: str, name: str, request: Request) -> JSONResponse:
+        body = _name_matches(await _body(request), name)
+        return _applied(await cp.call(apply, _project(project), body, "apply"))
+
+    async def remove(project: str, name: str) -> dict[str, Any]:
+        return await cp.call(delete, _project(project), name)
+
+    app.add_api_route(collection, create, methods=["POST"], status_code=201, name=f"create_{plural}")
+    app.add_api_route(f"{collection}/{{name}}", read, methods=["GET"], name=f"get_{plural}")
+    app.add_api_route(f"{collection}/{{name}}", put, methods=["PUT"], name=f"apply_{plural}")
+    app.add_api_route(f"{collection}/{{name}}", remove, methods=["DELETE"], name=f"delete_{plural}")
+
+
 def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     """The FastAPI app; Serve's ingress wraps it, tests may call it directly."""
     cp = gateway or ControlPlaneGateway()
@@ -151,55 +179,25 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     async def info() -> dict[str, Any]:
         return await cp.call("ready")
 
-    # -- agents ---------------------------------------------------------------------------
+    # -- agents -----------------------------------------------------------------------------
 
     @app.get("/v1/projects/{project}/agents")
     async def list_agents(project: str) -> dict[str, Any]:
         return _listing("AgentList", await cp.call("list_agents", _project(project)))
 
-    @app.post("/v1/projects/{project}/agents", status_code=201)
-    async def create_agent(project: str, request: Request) -> JSONResponse:
-        return _applied(await cp.call("apply_agent", _project(project), await _body(request), "create"))
-
-    @app.get("/v1/projects/{project}/agents/{name}")
-    async def get_agent(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("get_agent", _project(project), name)
-
-    @app.put("/v1/projects/{project}/agents/{name}")
-    async def apply_agent(project: str, name: str, request: Request) -> JSONResponse:
-        body = _name_matches(await _body(request), name)
-        return _applied(await cp.call("apply_agent", _project(project), body, "apply"))
+    _resource_routes(app, cp, "agents", apply="apply_agent", get="get_agent", delete="delete_agent")
 
     @app.patch("/v1/projects/{project}/agents/{name}")
     async def patch_agent(project: str, name: str, request: Request) -> JSONResponse:
         return _applied(await cp.call("patch_agent", _project(project), name, await _body(request)))
 
-    @app.delete("/v1/projects/{project}/agents/{name}")
-    async def delete_agent(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("delete_agent", _project(project), name)
-
-    # -- runs -----------------------------------------------------------------------------
+    # -- runs: the generic routes, plus a filtered list and the run's own verbs ---------------
 
     @app.get("/v1/projects/{project}/agentruns")
     async def list_runs(project: str, agent: str | None = None) -> dict[str, Any]:
         return _listing("AgentRunList", await cp.call("list_runs", _project(project), agent))
 
-    @app.post("/v1/projects/{project}/agentruns", status_code=201)
-    async def create_run(project: str, request: Request) -> JSONResponse:
-        return _applied(await cp.call("create_run", _project(project), await _body(request), "create"))
-
-    @app.get("/v1/projects/{project}/agentruns/{name}")
-    async def get_run(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("get_run", _project(project), name)
-
-    @app.put("/v1/projects/{project}/agentruns/{name}")
-    async def apply_run(project: str, name: str, request: Request) -> JSONResponse:
-        body = _name_matches(await _body(request), name)
-        return _applied(await cp.call("create_run", _project(project), body, "apply"))
-
-    @app.delete("/v1/projects/{project}/agentruns/{name}")
-    async def delete_run(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("delete_run", _project(project), name)
+    _resource_routes(app, cp, "agentruns", apply="create_run", get="get_run", delete="delete_run")
 
     @app.post("/v1/projects/{project}/agentruns/{name}/cancel")
     async def cancel_run(project: str, name: str) -> dict[str, Any]:
@@ -213,28 +211,13 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     async def run_answer(project: str, name: str) -> dict[str, Any]:
         return await cp.call("run_answer", _project(project), name)
 
-    # -- secrets: values go in, only keys come out ---------------------------------------
+    # -- secrets: values go in, only keys come out -----------------------------------------
 
     @app.get("/v1/projects/{project}/secrets")
     async def list_secrets(project: str) -> dict[str, Any]:
         return _listing("SecretList", await cp.call("list_secrets", _project(project)))
 
-    @app.post("/v1/projects/{project}/secrets", status_code=201)
-    async def create_secret(project: str, request: Request) -> JSONResponse:
-        return _applied(await cp.call("apply_secret", _project(project), await _body(request), "create"))
-
-    @app.get("/v1/projects/{project}/secrets/{name}")
-    async def get_secret(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("get_secret", _project(project), name)
-
-    @app.put("/v1/projects/{project}/secrets/{name}")
-    async def apply_secret(project: str, name: str, request: Request) -> JSONResponse:
-        body = _name_matches(await _body(request), name)
-        return _applied(await cp.call("apply_secret", _project(project), body, "apply"))
-
-    @app.delete("/v1/projects/{project}/secrets/{name}")
-    async def delete_secret(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("delete_secret", _project(project), name)
+    _resource_routes(app, cp, "secrets", apply="apply_secret", get="get_secret", delete="delete_secret")
 
     # -- credits --------------------------------------------------------------------------
 
