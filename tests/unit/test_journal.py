@@ -14,13 +14,16 @@ from nodus_ray.journal import JOURNAL_SCHEMA, Journal, step_views
 from nodus_ray.storage import Storage
 
 
-def journal_at(tmp_path: Path) -> Journal:
-    journal = Journal(Storage(str(tmp_path / "store")), "projects/p/agentruns/r/journal")
+def journal_at(root: Path | str) -> Journal:
+    """A journal on a directory (``tmp_path``) or on any storage URI (the ``storage_uri`` fixture)."""
+    uri = root if isinstance(root, str) else str(root / "store")
+    journal = Journal(Storage(uri), "projects/p/agentruns/r/journal")
     journal.load()
     return journal
 
 
-def test_records_survive_a_reload_in_order(tmp_path: Path) -> None:
+def test_records_survive_a_reload_in_order(storage_uri: str) -> None:
+    tmp_path = storage_uri
     journal = journal_at(tmp_path)
     journal.append("a", "route", "Started", {"x": 1})
     journal.append("a", "route", "Completed", {"result": {"family": "haiku"}}, cost_usd="0.01")
@@ -64,7 +67,8 @@ class Counter:
         return {"n": self.calls}
 
 
-def test_a_completed_step_is_not_executed_again(tmp_path: Path) -> None:
+def test_a_completed_step_is_not_executed_again(storage_uri: str) -> None:
+    tmp_path = storage_uri
     counter = Counter()
     first = asyncio.run(Steps(journal_at(tmp_path)).run("s", "command", counter, effect="external"))
     replayed = asyncio.run(Steps(journal_at(tmp_path)).run("s", "command", counter, effect="external"))
@@ -97,7 +101,8 @@ def test_an_interrupted_idempotent_step_runs_again_as_a_new_attempt(tmp_path: Pa
     assert states == [("Started", 1), ("Started", 2), ("Completed", 2)]
 
 
-def test_an_interrupted_external_step_needs_resolution_and_is_not_run(tmp_path: Path) -> None:
+def test_an_interrupted_external_step_needs_resolution_and_is_not_run(storage_uri: str) -> None:
+    tmp_path = storage_uri
     journal = journal_at(tmp_path)
     journal.append("c", "command", "Started", {"command": "rm -rf data"})
     counter = Counter()

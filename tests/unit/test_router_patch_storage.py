@@ -41,8 +41,8 @@ def test_merge_patch_follows_rfc_7386() -> None:
     assert merge_patch({"a": [1, 2]}, {"a": [3]}) == {"a": [3]}
 
 
-def test_storage_round_trips_and_lists(tmp_path: Path) -> None:
-    storage = Storage(str(tmp_path))
+def test_storage_round_trips_and_lists(storage_uri: str) -> None:
+    storage = Storage(storage_uri)
     storage.write_json("projects/p/agents/a/agent.json", {"x": 1})
     storage.write_json("projects/p/agents/b/agent.json", {"x": 2})
     assert storage.read_json("projects/p/agents/a/agent.json") == {"x": 1}
@@ -53,7 +53,18 @@ def test_storage_round_trips_and_lists(tmp_path: Path) -> None:
     storage.delete_tree("projects/p/agents/a")
     assert storage.list_dir("projects/p/agents") == ["b"]
     # No temporary files are left behind by atomic writes.
-    assert [p.name for p in (tmp_path / "projects/p/agents/b").iterdir()] == ["agent.json"]
+    assert storage.list_dir("projects/p/agents/b") == ["agent.json"]
+    storage.delete("projects/p/agents/b/agent.json")
+    assert not storage.exists("projects/p/agents/b/agent.json")
+
+
+def test_storage_uris_are_shown_without_credentials() -> None:
+    from nodus_ray.storage import redact_uri
+
+    shown = redact_uri("s3://AKIAEXAMPLE:wJalrSECRET@bucket/prefix?region=us-east-1&secret_key=wJalrSECRET")
+    assert "wJalrSECRET" not in shown and "AKIAEXAMPLE" not in shown
+    assert shown.startswith("s3://***@bucket/prefix") and "region=us-east-1" in shown
+
 
 
 def test_storage_refuses_keys_that_escape_the_root(tmp_path: Path) -> None:
