@@ -74,7 +74,6 @@ import anthropic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fakes, when run as a script
 
 from nodus.resources import FAMILIES  # noqa: E402
-
 from nodus_ray.billing import RunBudget, billed, max_input_tokens  # noqa: E402
 from nodus_ray.conversation import Conversation, ConversationSpec, RunFailure  # noqa: E402
 from nodus_ray.durable import Steps  # noqa: E402
@@ -91,7 +90,6 @@ from nodus_ray.router import JevRouter, router_input_tokens  # noqa: E402
 from nodus_ray.sandbox import create_sandbox  # noqa: E402
 from nodus_ray.spend import CapExceeded, RunSpend  # noqa: E402
 from nodus_ray.storage import Storage  # noqa: E402
-from tests.fakes import anthropic_api as fake_api  # noqa: E402
 from tests.fakes.anthropic_api import FakeMessagesAPI, Reply, text_reply, tool_use_reply  # noqa: E402
 
 API_KEY = "sk-bench"

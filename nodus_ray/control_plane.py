@@ -1,7 +1,7 @@
 """The control plane: one detached async actor that owns every resource.
 
 It validates each change, writes it to storage before answering (storage is the only durable
-state), and starts and supervises one run actor per unfinished run. On start it reloads
+state), and supervises one run actor per unfinished run (`run_supervision`). On start it reloads
 everything from storage and re-attaches to, or replaces, the actors of unfinished runs, which
 is what makes ``ray stop --force`` followed by ``nodus up`` lose nothing.
 
@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import uuid
 from collections import defaultdict
-from decimal import Decimal, InvalidOperation
 from datetime import UTC, datetime
-from pathlib import Path
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
 
 from nodus.errors import Conflict, Invalid, NotFound, Unsupported
 from nodus.resources import (
@@ -42,11 +39,12 @@ from .credits import CreditLedger
 from .journal import Journal, step_views
 from .patch import merge_patch
 from .prices import PriceTable
+from .run_actor import run_storage_prefix
+from .run_supervision import RunSupervision, merge_status, parked
+from .sandbox import bwrap_available
 from .secret_box import SecretBox, load_or_create_key
 from .secret_store import SecretStore
-from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
-from .sandbox import bwrap_available
-from .settings import NAMESPACE, ServerSettings
+from .settings import ServerSettings
 from .storage import Storage, redact_uri
 
 __all__ = ["ControlPlane", "RemoteControlPlane"]
@@ -54,7 +52,6 @@ __all__ = ["ControlPlane", "RemoteControlPlane"]
 logger = logging.getLogger(__name__)
 
 _VERSION = "0.1.0"
-_CANCEL_GRACE_SECONDS = 15.0
 # Sandbox uids are handed out one per run, above the range the sandbox's own hash fallback
 # uses (200000-249999), so no two runs ever share a process budget or kill each other's work.
 _FIRST_SANDBOX_UID = 300_000
@@ -77,7 +74,7 @@ def _agent_key(project: str, name: str) -> str:
     return f"projects/{project}/agents/{name}"
 
 
-class ControlPlane:
+class ControlPlane(RunSupervision):
     """Resources in memory, mirrored to storage; supervisors for unfinished runs."""
 
     def __init__(self, settings: ServerSettings):
@@ -113,7 +110,7 @@ class ControlPlane:
             for (project, name), run in self._runs.items():
                 self.credits.record_run_spend(project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
             for key, run in self._runs.items():
-                if run["status"]["phase"] not in TERMINAL_PHASES and not _parked(run):
+                if run["status"]["phase"] not in TERMINAL_PHASES and not parked(run):
                     self._supervise(key)
             self._started = True
 
@@ -322,13 +319,6 @@ class ControlPlane:
         self._last_sandbox_uid += 1
         return self._last_sandbox_uid
 
-    def _hidden_paths(self) -> tuple[str, ...]:
-        """Host paths a sandbox must not see: every workspace, and the storage if it is local."""
-        hidden = [self.settings.sandbox_root]
-        if self.storage.is_local:
-            hidden.append(self.storage.local_root)
-        return tuple(hidden)
-
     async def get_run(self, project: str, name: str) -> dict[str, Any]:
         await self._ensure_started()
         _check_project(project)
@@ -397,7 +387,7 @@ class ControlPlane:
             run = self._runs.get(key)
             if run is None or run["status"]["phase"] in TERMINAL_PHASES:
                 return
-            _merge_status(run["status"], patch)
+            merge_status(run["status"], patch)
             total = (patch.get("cost") or {}).get("totalUSD")
             if total is not None:
                 self.credits.record_run_spend(project, name, Decimal(total))
@@ -494,157 +484,6 @@ class ControlPlane:
     async def wait_for_credits(self, project: str, timeout: float) -> None:
         await self._ensure_started()
         await self.credits.wait_for_grant(project, timeout)
-
-    # -- supervision ----------------------------------------------------------------------
-
-    def _supervise(self, key: Key) -> None:
-        task = self._supervisors.get(key)
-        if task is None or task.done():
-            self._supervisors[key] = asyncio.get_running_loop().create_task(self._supervise_run(key))
-
-    def _workspace(self, project: str, name: str) -> str:
-        return str(Path(self.settings.sandbox_root) / project / name)
-
-    def _remove_workspace(self, project: str, name: str) -> None:
-        shutil.rmtree(self._workspace(project, name), ignore_errors=True)
-
-    def _find_actor(self, project: str, name: str, attempt: int) -> Any | None:
-        try:
-            return ray.get_actor(run_actor_name(project, name, attempt), namespace=NAMESPACE)
-        except ValueError:
-            return None
-
-    async def _start_actor(self, key: Key) -> Any:
-        run = self._runs[key]
-        project, name = key
-        attempt = int(run["status"].get("attempts") or 0) + 1
-        await self.report(project, name, {"attempts": attempt})
-        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
-        config = RunConfig(
-            project=project,
-            name=name,
-            agent=run["spec"]["agent"],
-            agent_revision=int(run["status"]["agentRevision"]),
-            agent_spec=pinned["spec"],
-            run_spec=run["spec"],
-            storage_uri=self.settings.storage_uri,
-            workspace=self._workspace(project, name),
-            deadline_at=run["status"].get("deadlineAt"),
-            offline_latency_seconds=self.settings.offline_latency_seconds,
-            sandbox_uid=run["status"].get("sandbox", {}).get("uid"),
-            hidden_paths=self._hidden_paths(),
-            cap_usd=run["status"]["cost"].get("limitUSD"),
-            prices_file=self.settings.prices_file,
-        )
-        return RemoteRunActor.options(
-            name=run_actor_name(project, name, attempt),
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-        ).remote(config)
-
-    def _is_over(self, key: Key) -> bool:
-        run = self._runs.get(key)
-        return run is None or run["status"]["phase"] in TERMINAL_PHASES
-
-    async def _supervise_run(self, key: Key) -> None:
-        """Keep one live actor on an unfinished run until it ends; replace actors that die."""
-        project, name = key
-        try:
-            while not self._is_over(key):
-                run = self._runs[key]
-                attempt = int(run["status"].get("attempts") or 0)
-                actor = self._find_actor(project, name, attempt) if attempt else None
-                if actor is None:
-                    if attempt > self.settings.max_actor_restarts:
-                        await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
-                                                 "message": f"the run's actor died {attempt} times"})
-                        return
-                    try:
-                        actor = await self._start_actor(key)
-                    except Exception:  # noqa: BLE001 - e.g. the run was deleted meanwhile
-                        if self._is_over(key):
-                            return
-                        logger.exception("could not start an actor for run %s/%s", project, name)
-                        await self._finish(key, {"phase": "Failed", "reason": "InternalError",
-                                                 "message": "the run's actor could not be started"})
-                        return
-                self._actors[key] = actor
-                if self._is_over(key):  # cancelled or deleted while the actor was starting
-                    return
-                try:
-                    outcome = await actor.run.remote()
-                except RayActorError:
-                    logger.warning("actor of run %s/%s died; replaying its journal in a new actor", project, name)
-                    continue
-                except Exception as error:  # noqa: BLE001 - a bug in a run must fail that run only
-                    if self._is_over(key):
-                        return
-                    cause = getattr(error, "cause", None) or error
-                    logger.exception("run %s/%s failed inside its actor", project, name)
-                    await self._finish(key, {"phase": "Failed", "reason": "InternalError",
-                                             "message": f"{type(cause).__name__}: "
-                                                        f"{str(cause).splitlines()[0][:400] if str(cause) else ''}"})
-                    return
-                await self._finish(key, outcome)
-                return
-        finally:
-            await self._release_actor(key)
-
-    async def _release_actor(self, key: Key) -> None:
-        """End the run's actor once the run no longer needs one; a cancelled run loses its sandbox.
-
-        This runs however supervision ends, so a cancel that raced an actor's start still
-        leaves no actor running and no workspace behind.
-        """
-        actor = self._actors.pop(key, None)
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
-        run = self._runs.get(key)
-        if run is not None and run["status"]["phase"] == "Cancelled":
-            await asyncio.to_thread(self._remove_workspace, *key)
-
-    async def _finish(self, key: Key, outcome: dict[str, Any]) -> None:
-        async with self._locks[key]:
-            run = self._runs.get(key)
-            if run is None or run["status"]["phase"] in TERMINAL_PHASES:
-                return
-            outcome = dict(outcome)
-            if outcome.get("phase") in TERMINAL_PHASES:
-                outcome.setdefault("finishedAt", _now())
-            _merge_status(run["status"], outcome)
-            await self._persist_run(key)
-
-    async def _stop_actor(self, key: Key, run: dict[str, Any]) -> None:
-        """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""
-        project, name = key
-        attempt = int(run["status"].get("attempts") or 0)
-        actor = self._actors.get(key) or (self._find_actor(project, name, attempt) if attempt else None)
-        if actor is not None:
-            try:
-                await asyncio.wait_for(actor.cancel.remote(), timeout=_CANCEL_GRACE_SECONDS)
-            except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
-                logger.warning("actor of run %s/%s did not cancel cleanly", project, name)
-            ray.kill(actor, no_restart=True)
-        if run["status"]["phase"] == "Cancelled":
-            await asyncio.to_thread(self._remove_workspace, project, name)
-
-
-# Waiting runs that hold no actor: nothing can move them but a person (a resolution, a cancel).
-# A run waiting for credits keeps its actor and stays supervised.
-_PARKED_REASONS = frozenset({"NeedsResolution", "MaxCostReached"})
-
-
-def _parked(run: dict[str, Any]) -> bool:
-    return run["status"]["phase"] == "Waiting" and run["status"].get("reason") in _PARKED_REASONS
-
-
-def _merge_status(status: dict[str, Any], patch: dict[str, Any]) -> None:
-    for field, value in patch.items():
-        if isinstance(value, dict) and isinstance(status.get(field), dict):
-            status[field].update(value)
-        else:
-            status[field] = value
 
 
 RemoteControlPlane = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=1000)(ControlPlane)

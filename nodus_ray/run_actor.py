@@ -20,9 +20,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
-
 from nodus.errors import NodusError
+from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 
 from .billing import RunBudget
 from .conversation import Conversation, ConversationSpec, RunFailure

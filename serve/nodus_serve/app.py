@@ -15,8 +15,8 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException
 from ray.exceptions import RayActorError, RayTaskError
+from starlette.exceptions import HTTPException
 
 from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge, Unavailable
 from nodus.resources import API_VERSION, validate_dns_label

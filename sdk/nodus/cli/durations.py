@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 __all__ = ["parse_timeout", "format_age"]
 
@@ -41,8 +41,8 @@ def format_age(timestamp: str | None, now: datetime | None = None) -> str:
     except ValueError:
         return "<unknown>"
     if then.tzinfo is None:
-        then = then.replace(tzinfo=timezone.utc)
-    seconds = max(0, int(((now or datetime.now(timezone.utc)) - then).total_seconds()))
+        then = then.replace(tzinfo=UTC)
+    seconds = max(0, int(((now or datetime.now(UTC)) - then).total_seconds()))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= 2 * size:  # kubectl keeps the smaller unit below two of the larger
             return f"{seconds // size}{unit}"

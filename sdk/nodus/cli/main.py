@@ -17,7 +17,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
@@ -147,13 +147,13 @@ credits_app = typer.Typer(help="The project's credits: what runs on the server's
 app.add_typer(credits_app, name="credits")
 
 ProjectOption = Annotated[
-    Optional[str], typer.Option("--project", "-p", help=f"Project (default: ${ENV_PROJECT} or 'default').")
+    str | None, typer.Option("--project", "-p", help=f"Project (default: ${ENV_PROJECT} or 'default').")
 ]
 TargetsArgument = Annotated[
     list[str], typer.Argument(help="KIND/NAME, or KIND NAME.", metavar="KIND/NAME", show_default=False)
 ]
 OutputOption = Annotated[
-    Optional[str], typer.Option("--output", "-o", help="yaml, json, wide, name or jsonpath={.a.b}.")
+    str | None, typer.Option("--output", "-o", help="yaml, json, wide, name or jsonpath={.a.b}.")
 ]
 
 
@@ -161,10 +161,10 @@ OutputOption = Annotated[
 def _root(
     ctx: typer.Context,
     api_url: Annotated[
-        Optional[str], typer.Option("--api-url", envvar=ENV_API_URL, help="The nodus API base URL.")
+        str | None, typer.Option("--api-url", envvar=ENV_API_URL, help="The nodus API base URL.")
     ] = None,
     project: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--project", "-p", envvar=ENV_PROJECT, help="Project of every resource named."),
     ] = None,
 ) -> None:
@@ -238,10 +238,10 @@ def _cluster() -> Any:
 @app.command()
 def up(
     address: Annotated[
-        Optional[str], typer.Option(help="Ray address to join (default: start a local Ray).")
+        str | None, typer.Option(help="Ray address to join (default: start a local Ray).")
     ] = None,
     port: Annotated[int, typer.Option(help="Port of the HTTP API.")] = 8000,
-    storage: Annotated[Optional[str], typer.Option(help="Storage URI for resources and journals.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Storage URI for resources and journals.")] = None,
 ) -> None:
     """Start (or join) Ray and the nodus API on this machine."""
     started = _cluster().up(address=address, port=port, storage=storage)
@@ -342,7 +342,7 @@ def create_agentrun(
     name: Annotated[str, typer.Argument(help="Name of the run.")],
     agent: Annotated[str, typer.Option("--agent", help="The Agent to run.")],
     prompt: Annotated[str, typer.Option("--prompt", help="The run's input text.")],
-    deadline: Annotated[Optional[str], typer.Option(help="Lifetime bound, e.g. 30m or 2h.")] = None,
+    deadline: Annotated[str | None, typer.Option(help="Lifetime bound, e.g. 30m or 2h.")] = None,
     keep_alive: Annotated[
         bool, typer.Option("--keep-alive", help="Wait for messages after each turn (not served yet).")
     ] = False,
@@ -383,18 +383,18 @@ def create_agent(
     name: Annotated[str, typer.Argument(help="Name of the agent.")],
     system: Annotated[str, typer.Option("--system", help="The system prompt.")] = "",
     family: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option("--family", help="Allowed Claude family (repeatable): haiku, sonnet, opus, fable."),
     ] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="A Claude model id to pin.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="A Claude model id to pin.")] = None,
     max_cost: Annotated[
-        Optional[str], typer.Option("--max-cost", help="Per-run model cost cap in USD, e.g. 0.50.")
+        str | None, typer.Option("--max-cost", help="Per-run model cost cap in USD, e.g. 0.50.")
     ] = None,
     max_tokens: Annotated[
-        Optional[int], typer.Option("--max-tokens", help="Output tokens per model call.")
+        int | None, typer.Option("--max-tokens", help="Output tokens per model call.")
     ] = None,
     api_key_secret: Annotated[
-        Optional[str], typer.Option("--api-key-secret", help="Secret with ANTHROPIC_API_KEY (BYOK).")
+        str | None, typer.Option("--api-key-secret", help="Secret with ANTHROPIC_API_KEY (BYOK).")
     ] = None,
     project: ProjectOption = None,
 ) -> None:
@@ -542,7 +542,7 @@ def get(
     ],
     output: OutputOption = None,
     field_selector: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--field-selector", help="Keep items whose PATH=VALUE, e.g. spec.agent=hello."),
     ] = None,
     project: ProjectOption = None,
@@ -709,11 +709,11 @@ def cancel(
 @app.command()
 def delete(
     target: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Argument(help="KIND/NAME, or KIND NAME.", metavar="KIND/NAME", show_default=False),
     ] = None,
     filenames: Annotated[
-        Optional[list[str]], typer.Option("--filename", "-f", help="Delete the resources of these files.")
+        list[str] | None, typer.Option("--filename", "-f", help="Delete the resources of these files.")
     ] = None,
     ignore_not_found: Annotated[
         bool, typer.Option("--ignore-not-found", help="Treat a missing resource as deleted.")

@@ -1,0 +1,213 @@
+"""Run supervision: one live actor per unfinished run, replaced when it dies.
+
+The control plane mixes this in. It awaits each run actor's outcome; when the actor dies it
+starts a replacement (named with the next attempt) that replays the run's journal, and
+however supervision ends it ends the actor, so a cancel that races an actor's start leaves
+nothing running. The state it works on (runs, locks, settings, storage) belongs to the
+control plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from nodus.resources import TERMINAL_PHASES
+
+from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
+from .settings import NAMESPACE, ServerSettings
+from .storage import Storage
+
+__all__ = ["RunSupervision", "merge_status", "parked"]
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+_CANCEL_GRACE_SECONDS = 15.0
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+class RunSupervision:
+    """Actor lifecycle of runs; the control plane provides the attributes declared here."""
+
+    settings: ServerSettings
+    storage: Storage
+    _runs: dict[Key, dict[str, Any]]
+    _locks: Any
+    _actors: dict[Key, Any]
+    _supervisors: dict[Key, asyncio.Task[None]]
+
+    async def _persist_run(self, key: Key) -> None:  # provided by the control plane
+        raise NotImplementedError
+
+    async def report(self, project: str, name: str, patch: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _hidden_paths(self) -> tuple[str, ...]:
+        """Host paths a sandbox must not see: every workspace, and the storage if it is local."""
+        hidden = [self.settings.sandbox_root]
+        if self.storage.is_local:
+            hidden.append(self.storage.local_root)
+        return tuple(hidden)
+
+    def _supervise(self, key: Key) -> None:
+        task = self._supervisors.get(key)
+        if task is None or task.done():
+            self._supervisors[key] = asyncio.get_running_loop().create_task(self._supervise_run(key))
+
+    def _workspace(self, project: str, name: str) -> str:
+        return str(Path(self.settings.sandbox_root) / project / name)
+
+    def _remove_workspace(self, project: str, name: str) -> None:
+        shutil.rmtree(self._workspace(project, name), ignore_errors=True)
+
+    def _find_actor(self, project: str, name: str, attempt: int) -> Any | None:
+        try:
+            return ray.get_actor(run_actor_name(project, name, attempt), namespace=NAMESPACE)
+        except ValueError:
+            return None
+
+    async def _start_actor(self, key: Key) -> Any:
+        run = self._runs[key]
+        project, name = key
+        attempt = int(run["status"].get("attempts") or 0) + 1
+        await self.report(project, name, {"attempts": attempt})
+        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
+        config = RunConfig(
+            project=project,
+            name=name,
+            agent=run["spec"]["agent"],
+            agent_revision=int(run["status"]["agentRevision"]),
+            agent_spec=pinned["spec"],
+            run_spec=run["spec"],
+            storage_uri=self.settings.storage_uri,
+            workspace=self._workspace(project, name),
+            deadline_at=run["status"].get("deadlineAt"),
+            offline_latency_seconds=self.settings.offline_latency_seconds,
+            sandbox_uid=run["status"].get("sandbox", {}).get("uid"),
+            hidden_paths=self._hidden_paths(),
+            cap_usd=run["status"]["cost"].get("limitUSD"),
+            prices_file=self.settings.prices_file,
+        )
+        return RemoteRunActor.options(
+            name=run_actor_name(project, name, attempt),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+        ).remote(config)
+
+    def _is_over(self, key: Key) -> bool:
+        run = self._runs.get(key)
+        return run is None or run["status"]["phase"] in TERMINAL_PHASES
+
+    async def _supervise_run(self, key: Key) -> None:
+        """Keep one live actor on an unfinished run until it ends; replace actors that die."""
+        project, name = key
+        try:
+            while not self._is_over(key):
+                run = self._runs[key]
+                attempt = int(run["status"].get("attempts") or 0)
+                actor = self._find_actor(project, name, attempt) if attempt else None
+                if actor is None:
+                    if attempt > self.settings.max_actor_restarts:
+                        await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
+                                                 "message": f"the run's actor died {attempt} times"})
+                        return
+                    try:
+                        actor = await self._start_actor(key)
+                    except Exception:  # noqa: BLE001 - e.g. the run was deleted meanwhile
+                        if self._is_over(key):
+                            return
+                        logger.exception("could not start an actor for run %s/%s", project, name)
+                        await self._finish(key, {"phase": "Failed", "reason": "InternalError",
+                                                 "message": "the run's actor could not be started"})
+                        return
+                self._actors[key] = actor
+                if self._is_over(key):  # cancelled or deleted while the actor was starting
+                    return
+                try:
+                    outcome = await actor.run.remote()
+                except RayActorError:
+                    logger.warning("actor of run %s/%s died; replaying its journal in a new actor", project, name)
+                    continue
+                except Exception as error:  # noqa: BLE001 - a bug in a run must fail that run only
+                    if self._is_over(key):
+                        return
+                    cause = getattr(error, "cause", None) or error
+                    logger.exception("run %s/%s failed inside its actor", project, name)
+                    await self._finish(key, {"phase": "Failed", "reason": "InternalError",
+                                             "message": f"{type(cause).__name__}: "
+                                                        f"{str(cause).splitlines()[0][:400] if str(cause) else ''}"})
+                    return
+                await self._finish(key, outcome)
+                return
+        finally:
+            await self._release_actor(key)
+
+    async def _release_actor(self, key: Key) -> None:
+        """End the run's actor once the run no longer needs one; a cancelled run loses its sandbox.
+
+        This runs however supervision ends, so a cancel that raced an actor's start still
+        leaves no actor running and no workspace behind.
+        """
+        actor = self._actors.pop(key, None)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+        run = self._runs.get(key)
+        if run is not None and run["status"]["phase"] == "Cancelled":
+            await asyncio.to_thread(self._remove_workspace, *key)
+
+    async def _finish(self, key: Key, outcome: dict[str, Any]) -> None:
+        async with self._locks[key]:
+            run = self._runs.get(key)
+            if run is None or run["status"]["phase"] in TERMINAL_PHASES:
+                return
+            outcome = dict(outcome)
+            if outcome.get("phase") in TERMINAL_PHASES:
+                outcome.setdefault("finishedAt", _now())
+            merge_status(run["status"], outcome)
+            await self._persist_run(key)
+
+    async def _stop_actor(self, key: Key, run: dict[str, Any]) -> None:
+        """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""
+        project, name = key
+        attempt = int(run["status"].get("attempts") or 0)
+        actor = self._actors.get(key) or (self._find_actor(project, name, attempt) if attempt else None)
+        if actor is not None:
+            try:
+                await asyncio.wait_for(actor.cancel.remote(), timeout=_CANCEL_GRACE_SECONDS)
+            except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
+                logger.warning("actor of run %s/%s did not cancel cleanly", project, name)
+            ray.kill(actor, no_restart=True)
+        if run["status"]["phase"] == "Cancelled":
+            await asyncio.to_thread(self._remove_workspace, project, name)
+
+
+# Waiting runs that hold no actor: nothing can move them but a person (a resolution, a cancel).
+# A run waiting for credits keeps its actor and stays supervised.
+_PARKED_REASONS = frozenset({"NeedsResolution", "MaxCostReached"})
+
+
+def parked(run: dict[str, Any]) -> bool:
+    return run["status"]["phase"] == "Waiting" and run["status"].get("reason") in _PARKED_REASONS
+
+
+def merge_status(status: dict[str, Any], patch: dict[str, Any]) -> None:
+    for field, value in patch.items():
+        if isinstance(value, dict) and isinstance(status.get(field), dict):
+            status[field].update(value)
+        else:
+            status[field] = value
+
