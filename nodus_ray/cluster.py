@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nodus.errors import NodusError, Unavailable
 
@@ -80,8 +81,11 @@ def _connect(address: str | None) -> tuple[bool, Any]:
 def _ensure_control_plane(settings: ServerSettings) -> tuple[Any, dict[str, object]]:
     from .control_plane import RemoteControlPlane
 
+    # Pinned to the node `nodus up` runs on: the key that seals Secrets is a file there.
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     actor = RemoteControlPlane.options(
-        name=CONTROL_PLANE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+        name=CONTROL_PLANE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        scheduling_strategy=here,
     ).remote(settings)
     info = ray.get(actor.ready.remote())
     if info.get("settingsDigest") != settings.digest():
