@@ -112,6 +112,8 @@ class ControlPlane(RunSupervision):
             for key, run in self._runs.items():
                 if run["status"]["phase"] not in TERMINAL_PHASES and not parked(run):
                     self._supervise(key)
+                elif parked(run):
+                    self._arm_deadline(key)
             self._started = True
 
     def _load(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,6 @@ _CANCEL_GRACE_SECONDS = 15.0
 
 
 def _now() -> str:
-    from datetime import UTC, datetime
-
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -179,6 +178,26 @@ class RunSupervision:
                 outcome.setdefault("finishedAt", _now())
             merge_status(run["status"], outcome)
             await self._persist_run(key)
+        if parked(run):
+            self._arm_deadline(key)
+
+    def _arm_deadline(self, key: Key) -> None:
+        """A parked run has no actor to watch its deadline; a timer does, without polling."""
+        run = self._runs.get(key)
+        deadline_at = run["status"].get("deadlineAt") if run else None
+        if deadline_at:
+            asyncio.get_running_loop().create_task(self._expire_when_due(key, deadline_at))
+
+    async def _expire_when_due(self, key: Key, deadline_at: str) -> None:
+        due = datetime.fromisoformat(deadline_at.replace("Z", "+00:00"))
+        await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
+        run = self._runs.get(key)
+        if run is None or not parked(run):
+            return
+        await self._finish(key, {"phase": "Failed", "reason": "DeadlineExceeded",
+                                 "message": f"the run passed its deadline ({run['spec'].get('deadline')}) "
+                                            f"while waiting ({run['status'].get('reason')})"})
+        await asyncio.to_thread(self._remove_workspace, *key)
 
     async def _stop_actor(self, key: Key, run: dict[str, Any]) -> None:
         """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""

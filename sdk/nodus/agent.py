@@ -21,7 +21,7 @@ from typing import Any, NoReturn, Protocol, Self
 
 from .client import Client
 from .errors import AgentRunFailed, Conflict, Invalid, Unavailable, Unsupported, WaitTimeout
-from .resources import API_VERSION, TERMINAL_PHASES, parse_resource
+from .resources import API_VERSION, TERMINAL_PHASES, at_cost_cap, parse_resource
 
 __all__ = ["View", "Agent", "ClaudeAgent", "AgentRun", "AgentGroup", "RunContext", "claude_agent_spec"]
 
@@ -500,8 +500,9 @@ class AgentRun:
     def wait(self, timeout: float | None = None) -> View:
         """Block until the run is terminal and return its status; raises unless it succeeded.
 
-        Raises `errors.AgentRunFailed` for Failed or Cancelled and `errors.WaitTimeout` after
-        ``timeout`` seconds. A briefly unreachable API (a server restart) is waited out.
+        Raises `errors.AgentRunFailed` for Failed or Cancelled, and for a run parked at its cost
+        cap (``Waiting``, ``MaxCostReached``), which only a cancel or its deadline can end; and
+        `errors.WaitTimeout` after ``timeout`` seconds. A briefly unreachable API (a server restart) is waited out.
         """
         start = time.monotonic()
         delay = 0.1
@@ -512,7 +513,7 @@ class AgentRun:
                 status = self._refresh().get("status") or {}
                 unreachable_since = None
                 phase = status.get("phase") or "Pending"
-                if phase in TERMINAL_PHASES:
+                if phase in TERMINAL_PHASES or at_cost_cap(status):
                     break
             except Unavailable:
                 now = time.monotonic()

@@ -24,6 +24,7 @@ __all__ = [
     "ANSWER_PREVIEW_BYTES",
     "RunPhase",
     "TERMINAL_PHASES",
+    "at_cost_cap",
     "ObjectMeta",
     "ModelSpec",
     "AgentSpec",
@@ -53,6 +54,11 @@ ANSWER_PREVIEW_BYTES = 4 * 1024
 
 RunPhase = Literal["Pending", "Running", "Waiting", "Succeeded", "Failed", "Cancelled"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+
+def at_cost_cap(status: dict[str, Any]) -> bool:
+    """A run parked at its cost cap: only a cancel or its deadline can end it, so waiters stop."""
+    return status.get("phase") == "Waiting" and status.get("reason") == "MaxCostReached"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DECIMAL = re.compile(r"^\d{1,7}(\.\d{1,6})?$")

@@ -360,3 +360,33 @@ def test_every_stop_reason_has_a_defined_outcome(server: Server, fake_anthropic:
     fake_anthropic.script(text_reply("The end", stop_reason="stop_sequence"))
     stopped = _settled(server, _run(server, agent, "until the marker"))
     assert (stopped["status"]["phase"], stopped["status"]["answer"]["preview"]) == ("Succeeded", "The end")
+
+
+def test_a_run_parked_at_its_cap_stops_waiters_and_still_meets_its_deadline(
+    server: Server, sdk_env: Server
+) -> None:
+    import nodus
+    from nodus.errors import AgentRunFailed
+
+    agent = unique("capped-deadline")
+    _agent(server, agent, perRunMaxCostUSD="0.000010", model={"families": ["sonnet"]})
+    with pytest.raises(AgentRunFailed) as caught:
+        nodus.ClaudeAgent.from_name(agent).remote("What is 1 + 1?")
+    assert caught.value.details["reason"] == "MaxCostReached"
+
+    name = unique("parked")
+    created = server.cli("create", "agentrun", name, "--agent", agent, "--prompt", "What is 2 + 2?",
+                         "--deadline", "4s")
+    assert created.returncode == 0, created.stderr
+    waited = server.cli("wait", f"agentrun/{name}", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=60s")
+    assert waited.returncode != 0 and "MaxCostReached" in waited.stderr
+    assert "timed out" not in waited.stderr  # it gave up because the run is parked, not by timing out
+
+    def expired() -> dict[str, Any] | None:
+        with server.http() as http:
+            run = http.get(f"{RUNS}/{name}").json()
+        return run if run["status"]["phase"] == "Failed" else None
+
+    run = wait_for(expired, timeout=60, message="the parked run to pass its deadline")
+    assert run["status"]["reason"] == "DeadlineExceeded"
+    assert not (server.sandbox_root / "default" / name).exists()

@@ -29,7 +29,7 @@ from ..agent import claude_agent_spec
 from ..client import Client
 from ..config import ENV_API_URL, ENV_PROJECT, Settings, load_settings
 from ..errors import NodusError, NotFound, Unavailable
-from ..resources import API_VERSION, SHORT_NAMES, TERMINAL_PHASES, parse_resource
+from ..resources import API_VERSION, SHORT_NAMES, TERMINAL_PHASES, at_cost_cap, parse_resource
 from . import jsonpath
 from .durations import format_age, parse_timeout
 from .manifests import load_manifests
@@ -669,11 +669,13 @@ def _wait_one(
             last = f"{_path_text(path)} is {jsonpath.format_value(actual) or '<missing>'}"
             status = resource.get("status") or {}
             phase = status.get("phase")
-            if kind == "AgentRun" and path == ("status", "phase") and phase in TERMINAL_PHASES:
+            if kind == "AgentRun" and path == ("status", "phase") and (phase in TERMINAL_PHASES
+                                                                        or at_cost_cap(status)):
                 reason = f" ({status['reason']})" if status.get("reason") else ""
                 message = f": {status['message']}" if status.get("message") else ""
+                verb = "ended" if phase in TERMINAL_PHASES else "is parked"
                 raise CliError(
-                    f"{_ref(kind, name)} ended {phase}{reason}{message}; it will not become {expected}"
+                    f"{_ref(kind, name)} {verb} {phase}{reason}{message}; it will not become {expected}"
                 )
         elif resource is not None:
             last = "it still exists"
