@@ -82,6 +82,15 @@ def server_key(server: Server) -> Iterator[str]:
     finally:
         down = server.up(ANTHROPIC_API_KEY="")
         assert down.returncode == 0 and "offline" in down.stdout, down.stderr
+    assert _files_containing(key, server) == [], "the server's key leaked into a file"
+
+
+def _files_containing(secret: str, server: Server) -> list[str]:
+    """Every file the server writes (storage, sandboxes, Ray's session logs) holding ``secret``."""
+    needle = secret.encode()
+    roots = [server.storage, server.sandbox_root, Path("/tmp/ray/session_latest/logs")]
+    return [str(path) for root in roots if root.exists() for path in root.rglob("*")
+            if path.is_file() and needle in path.read_bytes()]
 
 
 def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(
@@ -124,11 +133,7 @@ def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(
         shown = http.get(f"{SECRETS}/{secret}").text + http.get(SECRETS).text + http.get(f"{RUNS}/{run['metadata']['name']}/steps").text
     assert key not in shown
     assert "ANTHROPIC_API_KEY" in shown  # the key's name is shown, never its value
-    needle = key.encode()
-    roots = [server.storage, server.sandbox_root, Path("/tmp/ray/session_latest/logs")]
-    leaks = [str(path) for root in roots if root.exists() for path in root.rglob("*")
-             if path.is_file() and needle in path.read_bytes()]
-    assert leaks == []
+    assert _files_containing(key, server) == []
 
 
 def test_byok_without_a_usable_secret_fails_with_a_clear_reason(server: Server) -> None:
