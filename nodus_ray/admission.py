@@ -313,15 +313,7 @@ class Admission:
                         f"spec.dependsOn[{position}]",
                         index,
                     )
-        cycle = _find_cycle(copies)
-        if cycle is not None:
-            index, position, path = cycle
-            raise _invalid(
-                "DependencyCycle",
-                f"dependency cycle: {' -> '.join(path)}",
-                f"spec.dependsOn[{position}]",
-                index,
-            )
+        _refuse_cycles(copies)
         for member in _stable_topological(copies):
             admission._insert(member)
         admission._cascade()
@@ -592,15 +584,7 @@ class Admission:
                 )
             keys_in_batch[member.key] = index
             runs_in_batch.add(member.run)
-        cycle = _find_cycle(batch)
-        if cycle is not None:
-            index, position, path = cycle
-            raise _invalid(
-                "DependencyCycle",
-                f"dependency cycle: {' -> '.join(path)}",
-                f"spec.dependsOn[{position}]",
-                index,
-            )
+        _refuse_cycles(batch)
         for index, member in enumerate(batch):
             for position, dependency in enumerate(member.depends_on):
                 if dependency in self._by_key:
@@ -799,6 +783,19 @@ class Admission:
 
 def _s(count: int) -> str:
     return "" if count == 1 else "s"
+
+
+def _refuse_cycles(members: list[Member]) -> None:
+    """Raise `AdmissionError` naming the first dependency cycle among ``members``, if any."""
+    cycle = _find_cycle(members)
+    if cycle is not None:
+        index, position, path = cycle
+        raise _invalid(
+            "DependencyCycle",
+            f"dependency cycle: {' -> '.join(path)}",
+            f"spec.dependsOn[{position}]",
+            index,
+        )
 
 
 def _find_cycle(members: list[Member]) -> tuple[int, int, list[str]] | None:

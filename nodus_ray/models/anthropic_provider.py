@@ -48,16 +48,13 @@ from urllib.parse import urlsplit, urlunsplit
 import anthropic
 from anthropic.lib.streaming import MessageStream
 
+from ..prices import DEFAULT_PRICE_TABLE
 from .base import ModelError, ModelRequest, ModelResponse, Usage
 
 __all__ = ["AnthropicProvider", "DEFAULT_FAMILY_MODELS"]
 
-DEFAULT_FAMILY_MODELS: dict[str, str] = {
-    "haiku": "claude-haiku-5-5",
-    "sonnet": "claude-sonnet-5-5",
-    "opus": "claude-opus-5-5",
-    "fable": "claude-fable-5-5",
-}
+# The price table decides which Claude model serves each family; this is its default.
+DEFAULT_FAMILY_MODELS: dict[str, str] = dict(DEFAULT_PRICE_TABLE.family_models)
 
 _EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 _MAX_CACHE_BREAKPOINTS = 4  # the API refuses a request with more blocks carrying cache_control
