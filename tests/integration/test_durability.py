@@ -48,6 +48,8 @@ def test_a_killed_run_actor_is_replaced_and_completed_steps_are_not_repeated(
     wait_for(command_done, timeout=60, interval=0.02, message="the counted command to complete")
     # The second model call is in flight (the test server's offline model takes 0.3 s): crash
     # the actor's process the hard way, as a node failure would.
+    # The dashboard's Actors view tells what the actor is: its name and its __repr__.
+    assert any(f"run=default/{run}, agent={agent}@1" in (a.repr_name or "") for a in _live_actors_of(run))
     os.kill(_actor_pid(ray_driver, f"run.default.{run}.1"), signal.SIGKILL)
 
     def finished() -> dict[str, Any] | None:
@@ -92,10 +94,11 @@ def test_the_control_plane_reloads_everything_after_a_crash(server: Server, ray_
 
 
 def _live_actors_of(run: str) -> list[Any]:
+    """Live actors that serve ``run``: their ``__repr__`` (shown by the dashboard) names it."""
     from ray.util.state import list_actors
 
-    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
-            if (a.name or "").startswith(f"run.default.{run}.")]
+    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
+            if f"run=default/{run}," in (getattr(a, "repr_name", "") or "")]
 
 
 def test_cancel_or_delete_right_after_create_leaves_no_actor_and_no_sandbox(
