@@ -561,9 +561,14 @@ class _Responder:
 
     # -- streaming ---------------------------------------------------------------------------
 
-    def _start_stream(self) -> None:
-        self._status(200, {"content-type": "text/event-stream", "cache-control": "no-cache",
-                           "transfer-encoding": "chunked"})
+    def _start_stream(self, *, closing: bool = False) -> None:
+        headers = {"content-type": "text/event-stream", "cache-control": "no-cache",
+                   "transfer-encoding": "chunked"}
+        if closing:
+            # Say so up front: a client must not pool a connection the server is about to close,
+            # or its next request fails on the dead socket and counts as one more attempt.
+            headers["connection"] = "close"
+        self._status(200, headers)
 
     def _chunk(self, data: bytes) -> None:
         if data:
@@ -590,7 +595,7 @@ class _Responder:
             self._status(200, {"content-type": "application/json", "content-length": str(len(data))})
             self.handler.wfile.write(data[: len(data) // 2])
             return self._drop_connection()
-        self._start_stream()
+        self._start_stream(closing=answer.clean_eof)
         events = _message_events(message)
         # message_start, ping, content_block_start, then the text deltas; never content_block_stop,
         # message_delta or message_stop.
