@@ -15,7 +15,6 @@ import asyncio
 import logging
 import uuid
 from collections import defaultdict
-from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -46,6 +45,7 @@ from .secret_box import SecretBox, load_or_create_key
 from .secret_store import SecretStore
 from .settings import ServerSettings
 from .storage import Storage, redact_uri
+from .timestamps import format_timestamp, parse_timestamp, utc_now
 
 __all__ = ["ControlPlane", "RemoteControlPlane"]
 
@@ -58,9 +58,6 @@ _FIRST_SANDBOX_UID = 300_000
 
 Key = tuple[str, str]
 
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _check_project(project: str) -> str:
@@ -184,11 +181,11 @@ class ControlPlane(RunSupervision):
                     project=project,
                     uid=existing["metadata"]["uid"] if existing else uuid.uuid4().hex,
                     generation=revision,
-                    creationTimestamp=existing["metadata"]["creationTimestamp"] if existing else _now(),
+                    creationTimestamp=existing["metadata"]["creationTimestamp"] if existing else utc_now(),
                     labels=labels,
                 ),
                 spec=agent.spec,
-                status=AgentStatus(revision=revision, updatedAt=_now()),
+                status=AgentStatus(revision=revision, updatedAt=utc_now()),
             ).model_dump(mode="json")
             resource["spec"] = spec  # the same normal form the next apply compares against
             base = _agent_key(project, agent.metadata.name)
@@ -282,7 +279,7 @@ class ControlPlane(RunSupervision):
             if run.spec.keepAlive:
                 raise Unsupported("spec.keepAlive is not supported yet: runs end after their first turn",
                                   details={"field": "spec.keepAlive"})
-            created = _now()
+            created = utc_now()
             sandbox_uid = self._next_sandbox_uid()
             status = AgentRunStatus(
                 phase="Pending",
@@ -294,8 +291,8 @@ class ControlPlane(RunSupervision):
             status["cost"]["limitUSD"] = None if byok else agent["spec"]["perRunMaxCostUSD"]
             status["sandbox"]["uid"] = sandbox_uid
             if run.spec.deadline:
-                deadline = datetime.now(UTC) + parse_duration(run.spec.deadline)
-                status["deadlineAt"] = deadline.isoformat().replace("+00:00", "Z")
+                deadline = parse_timestamp(created) + parse_duration(run.spec.deadline)
+                status["deadlineAt"] = format_timestamp(deadline)
             resource = {
                 "apiVersion": run.apiVersion,
                 "kind": "AgentRun",
@@ -361,7 +358,7 @@ class ControlPlane(RunSupervision):
                 return run
             # Terminal first, so neither the supervisor nor a late report revives the run.
             run["status"].update({"phase": "Cancelled", "reason": "Cancelled",
-                                  "message": "cancelled on request", "finishedAt": _now()})
+                                  "message": "cancelled on request", "finishedAt": utc_now()})
             await self._persist_run(key)
         await self._stop_actor(key, run)
         return run

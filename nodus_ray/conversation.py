@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -29,6 +28,7 @@ from .prices import ROUTER_MODEL
 from .router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from .sandbox import CommandResult, Sandbox
 from .spend import RunSpend
+from .timestamps import utc_now
 
 __all__ = ["ConversationSpec", "Conversation", "RunFailure", "Router"]
 
@@ -53,9 +53,6 @@ class ConversationSpec:
     max_tool_calls: int
     prompt: str
 
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 Router = Callable[[str, list[str]], Awaitable[dict[str, Any]]]
@@ -134,7 +131,7 @@ class Conversation:
         pinned = self.spec.model_name is not None
         calls_router = len(allowed) > 1 and not pinned
         route_bound = Decimal(0)
-        if self.steps.recorded(step_id) is None or self.steps.recorded(step_id).state != "Completed":
+        if not self.steps.is_done(step_id):
             if calls_router:
                 route_bound = self.spend.worst(ROUTER_MODEL, router_input_tokens(prompt), ROUTER_MAX_OUTPUT_TOKENS)
             tokens = self._input_bound()
@@ -176,7 +173,7 @@ class Conversation:
         routed = await self._route(f"{prefix}/route", prompt)
         turn = Turn(index=index, prompt=prompt[:_PROMPT_PREVIEW], family=routed["family"],
                     model=routed["model"], routing=routed["routing"], costUSD=routed.get("billedUSD", "0"),
-                    startedAt=_now())
+                    startedAt=utc_now())
         self.turns.append(turn)
         await self.on_progress(self.turns)
 
@@ -198,12 +195,12 @@ class Conversation:
                 await self.on_progress(self.turns)
                 continue
             if response.stop_reason == "refusal":
-                turn.finishedAt = _now()
+                turn.finishedAt = utc_now()
                 await self.on_progress(self.turns)
                 raise RunFailure("ModelRefused", "the model declined to answer (stop_reason: refusal)")
             uses = response.tool_uses()
             if response.stop_reason != "tool_use" or not uses:
-                turn.finishedAt = _now()
+                turn.finishedAt = utc_now()
                 self.stop_reason = response.stop_reason
                 await self.on_progress(self.turns)
                 return response.text()
@@ -228,9 +225,8 @@ class Conversation:
 
     async def _model_call(self, step_id: str, model: str) -> tuple[ModelResponse, Decimal]:
         request = self._request(model)
-        recorded_step = self.steps.recorded(step_id)
         bound = Decimal(0)
-        if recorded_step is None or recorded_step.state != "Completed":
+        if not self.steps.is_done(step_id):
             bound = self.spend.worst(model, self._input_bound(), request.max_tokens)
             await self.spend.before_call(bound, bound)
 

@@ -64,6 +64,11 @@ class Steps:
     def recorded(self, step_id: str) -> JournalRecord | None:
         return self._last.get(step_id)
 
+    def is_done(self, step_id: str) -> bool:
+        """Whether replay returns this step's recorded result (so it needs no checks again)."""
+        last = self._last.get(step_id)
+        return last is not None and last.state in ("Completed", "Resolved")
+
     def messages(self) -> list[dict[str, Any]]:
         """The conversation so far, from the journal's message records, in order."""
         return [r.payload for r in self.journal.records if r.kind == "message"]

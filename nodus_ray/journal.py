@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from .storage import Storage
+from .timestamps import format_timestamp
 
 __all__ = ["StepState", "JournalRecord", "Journal", "JOURNAL_SCHEMA", "step_views"]
 
@@ -152,7 +153,7 @@ def _decode_segment(data: bytes) -> list[JournalRecord]:
 
 
 def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat().replace("+00:00", "Z") if moment else None
+    return format_timestamp(moment) if moment else None
 
 
 def step_views(records: list[JournalRecord]) -> list[dict[str, Any]]:

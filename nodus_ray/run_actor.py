@@ -34,6 +34,7 @@ from .sandbox import Sandbox, create_sandbox
 from .settings import CONTROL_PLANE_NAME, NAMESPACE
 from .spend import CapExceeded, RunSpend
 from .storage import Storage
+from .timestamps import parse_timestamp, utc_now
 
 __all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
 
@@ -71,9 +72,6 @@ class RunConfig:
     prices_file: str | None = None
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
 
 class RunActor:
     """Runs the program once per actor; `run` can be awaited any number of times."""
@@ -85,6 +83,7 @@ class RunActor:
         self._sandbox: Sandbox | None = None
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
+        self._control_plane: Any = None
 
     def __repr__(self) -> str:
         c = self.config
@@ -131,18 +130,21 @@ class RunActor:
         )
         return self._sandbox
 
-    async def _control_plane(self) -> Any:
-        return ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
-
     async def _ask(self, method: str, *args: Any) -> Any:
-        """Call the control plane, riding out its restart (Ray restarts it; it reloads storage)."""
+        """Call the control plane, riding out its restart (Ray restarts it; it reloads storage).
+
+        The handle is looked up once, not per report: every step reports, and a lookup is a
+        round trip to Ray's GCS.
+        """
         delay = 0.2
         deadline = asyncio.get_running_loop().time() + _CONTROL_PLANE_PATIENCE_SECONDS
         while True:
             try:
-                control_plane = await self._control_plane()
-                return await getattr(control_plane, method).remote(*args)
+                if self._control_plane is None:
+                    self._control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
+                return await getattr(self._control_plane, method).remote(*args)
             except (RayActorError, ValueError):
+                self._control_plane = None
                 if asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(delay)
@@ -188,7 +190,7 @@ class RunActor:
             provider, access = await self._provider(prices)
         except NodusError as refused:
             self.phase = "Failed"
-            return {"phase": "Failed", "reason": refused.code, "message": refused.message, "finishedAt": _now()}
+            return {"phase": "Failed", "reason": refused.code, "message": refused.message, "finishedAt": utc_now()}
         budget = RunBudget(cap=Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None)
         conversation = Conversation(
             steps=steps,
@@ -209,7 +211,7 @@ class RunActor:
         self._conversation = conversation
         self.phase = "Running"
         await self._report({"phase": "Running", "reason": None, "message": None,
-                            "startedAt": _now(), "sandbox": {"node": socket.gethostname(),
+                            "startedAt": utc_now(), "sandbox": {"node": socket.gethostname(),
                                                              "workspace": config.workspace}})
         try:
             answer = await self._with_deadline(conversation.run())
@@ -237,7 +239,7 @@ class RunActor:
     async def _with_deadline(self, program: Any) -> str:
         if not self.config.deadline_at:
             return await program
-        deadline = datetime.fromisoformat(self.config.deadline_at.replace("Z", "+00:00"))
+        deadline = parse_timestamp(self.config.deadline_at)
         remaining = (deadline - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             program.close()
@@ -264,7 +266,7 @@ class RunActor:
             "cost": {"totalUSD": str(conversation.cost_usd)},
         }
         if phase != "Waiting":
-            status["finishedAt"] = _now()
+            status["finishedAt"] = utc_now()
         if step is not None:
             status["step"] = step
         if answer is not None:

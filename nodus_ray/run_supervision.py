@@ -24,6 +24,7 @@ from nodus.resources import TERMINAL_PHASES
 from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
 from .settings import NAMESPACE, ServerSettings
 from .storage import Storage
+from .timestamps import parse_timestamp, utc_now
 
 __all__ = ["RunSupervision", "merge_status", "parked"]
 
@@ -33,9 +34,6 @@ Key = tuple[str, str]
 
 _CANCEL_GRACE_SECONDS = 15.0
 
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 class RunSupervision:
@@ -175,7 +173,7 @@ class RunSupervision:
                 return
             outcome = dict(outcome)
             if outcome.get("phase") in TERMINAL_PHASES:
-                outcome.setdefault("finishedAt", _now())
+                outcome.setdefault("finishedAt", utc_now())
             merge_status(run["status"], outcome)
             await self._persist_run(key)
         if parked(run):
@@ -189,7 +187,7 @@ class RunSupervision:
             asyncio.get_running_loop().create_task(self._expire_when_due(key, deadline_at))
 
     async def _expire_when_due(self, key: Key, deadline_at: str) -> None:
-        due = datetime.fromisoformat(deadline_at.replace("Z", "+00:00"))
+        due = parse_timestamp(deadline_at)
         await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
         run = self._runs.get(key)
         if run is None or not parked(run):

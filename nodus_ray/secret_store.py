@@ -9,7 +9,6 @@ never into a journal, a status or a log.
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
 from typing import Any
 
 from nodus.errors import NotFound
@@ -17,15 +16,13 @@ from nodus.resources import API_VERSION, Secret
 
 from .secret_box import SecretBox
 from .storage import Storage
+from .timestamps import utc_now
 
 __all__ = ["SecretStore", "SERVER_MODEL_KEY"]
 
 # The server's own Anthropic key (access: Nodus) is kept sealed like any other secret.
 SERVER_MODEL_KEY = "system/anthropic-key.json"
 
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _key(project: str, name: str) -> str:
@@ -37,6 +34,7 @@ class SecretStore:
         self._storage = storage
         self._box = box
         self._views: dict[tuple[str, str], dict[str, Any]] = {}
+        self._server_key: tuple[str | None] | None = None  # (key,) once known; None: not read yet
 
     def load(self) -> None:
         for project in self._storage.list_dir("projects"):
@@ -63,11 +61,11 @@ class SecretStore:
                 "name": name,
                 "project": project,
                 "uid": existing["metadata"]["uid"] if existing else _uid(),
-                "creationTimestamp": existing["metadata"]["creationTimestamp"] if existing else _now(),
+                "creationTimestamp": existing["metadata"]["creationTimestamp"] if existing else utc_now(),
                 "labels": secret.metadata.labels,
             },
             "type": secret.type,
-            "status": {"keys": sorted(values), "updatedAt": _now()},
+            "status": {"keys": sorted(values), "updatedAt": utc_now()},
         }
         envelope = self._box.seal(values, context=f"{project}/{name}")
         self._storage.write_json(_key(project, name), {"resource": view, "sealed": envelope})
@@ -104,13 +102,17 @@ class SecretStore:
             self._storage.write_json(SERVER_MODEL_KEY, self._box.seal({"ANTHROPIC_API_KEY": key}, context="system"))
         else:
             self._storage.delete(SERVER_MODEL_KEY)
+        self._server_key = (key or None,)
 
     def server_key(self) -> str | None:
-        try:
-            envelope = self._storage.read_json(SERVER_MODEL_KEY)
-        except FileNotFoundError:
-            return None
-        return self._box.open(envelope, context="system").get("ANTHROPIC_API_KEY")
+        """Read and opened once; this store is the key's only writer, so the copy stays true."""
+        if self._server_key is None:
+            try:
+                envelope = self._storage.read_json(SERVER_MODEL_KEY)
+                self._server_key = (self._box.open(envelope, context="system").get("ANTHROPIC_API_KEY"),)
+            except FileNotFoundError:
+                self._server_key = (None,)
+        return self._server_key[0]
 
 
 def _uid() -> str:
