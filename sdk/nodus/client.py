@@ -17,12 +17,12 @@ import httpx
 
 from .config import Settings, load_settings
 from .errors import Invalid, NodusError, Unavailable, error_from_response
-from .resources import validate_dns_label
+from .resources import API_VERSION, validate_dns_label
 
 __all__ = ["COLLECTIONS", "Applied", "Client"]
 
 # The REST collections this server serves; the CLI maps kinds onto these.
-COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns", "secrets", "credits"})
+COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns", "agentgroups", "secrets", "credits"})
 
 # Only connection failures of idempotent GETs are retried: the request never reached the server,
 # so a retry cannot double an effect. Writes are left to the caller, who knows whether the
@@ -288,3 +288,38 @@ class Client:
     def run_answer(self, name: str, *, project: str | None = None) -> dict[str, Any]:
         """``{name, phase, answer, bytes}``; raises `Conflict` (``AnswerNotReady``) before there is one."""
         return self._json(self._request("GET", self._path("agentruns", project, name, "answer")))
+
+    def create_runs(
+        self, runs: Iterable[Mapping[str, Any]], *, idempotency_key: str, project: str | None = None
+    ) -> list[dict[str, Any]]:
+        """POST an AgentRunList: every run is created, in list order, or none is (at most 100).
+
+        The same ``idempotency_key`` again returns the first answer and creates nothing, so a
+        batch whose answer was lost can be sent again safely; that is also why this one write
+        is retried on a connection failure.
+        """
+        body = {"apiVersion": API_VERSION, "kind": "AgentRunList", "items": [dict(run) for run in runs]}
+        headers = {"Idempotency-Key": idempotency_key}
+        delays = iter(_GET_RETRY_DELAYS)
+        while True:
+            try:
+                response = self._request("POST", self._path("agentruns", project), json=body, headers=headers)
+                break
+            except Unavailable:
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+        listed = self._json(response)
+        items = listed.get("items") if isinstance(listed, dict) else None
+        return list(items or [])
+
+    # -- agent groups -----------------------------------------------------------------------
+
+    def cancel_group(self, name: str, *, project: str | None = None) -> dict[str, Any]:
+        """Cancel the group's unfinished runs; finished runs keep their answers."""
+        return self._json(self._request("POST", self._path("agentgroups", project, name, "cancel")))
+
+    def group_runs(self, name: str, *, project: str | None = None) -> list[dict[str, Any]]:
+        """The group's member runs, in creation order."""
+        return self.list("agentruns", project=project, params={"group": name})

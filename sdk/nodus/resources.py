@@ -37,6 +37,18 @@ __all__ = [
     "SandboxStatus",
     "AgentRunStatus",
     "AgentRun",
+    "AgentRunList",
+    "member_run_name",
+    "parse_run_list",
+    "GroupPhase",
+    "GROUP_TERMINAL_PHASES",
+    "MAX_BATCH_RUNS",
+    "GroupLimitsSpec",
+    "AgentGroupSpec",
+    "GroupCounts",
+    "GroupCost",
+    "AgentGroupStatus",
+    "AgentGroup",
     "Secret",
     "SecretStatus",
     "Resource",
@@ -54,6 +66,11 @@ ANSWER_PREVIEW_BYTES = 4 * 1024
 
 RunPhase = Literal["Pending", "Running", "Waiting", "Succeeded", "Failed", "Cancelled"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+GroupPhase = Literal["Running", "Cancelling", "Succeeded", "Failed", "Cancelled"]
+GROUP_TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+MAX_BATCH_RUNS = 100
+MAX_PENDING_LIMIT = 10000
+MAX_DEPENDS_ON = 100
 
 
 def at_cost_cap(status: dict[str, Any]) -> bool:
@@ -172,6 +189,11 @@ class AgentRunSpec(_Strict):
     input: Annotated[str, AfterValidator(_validate_input)] = ""
     deadline: Duration | None = None
     keepAlive: bool = False
+    # Group membership: the run is task ``taskKey`` of AgentGroup ``group`` and is named
+    # ``<group>-<taskKey>``; it starts only once every task in ``dependsOn`` has succeeded.
+    group: DnsLabel | None = None
+    taskKey: DnsLabel | None = None
+    dependsOn: list[DnsLabel] | None = Field(default=None, max_length=MAX_DEPENDS_ON)
 
 
 class Turn(_Open):
@@ -237,6 +259,78 @@ class AgentRun(_Strict):
     status: AgentRunStatus | None = None
 
 
+def member_run_name(group: str, task_key: str) -> str:
+    """The name of task ``task_key`` of ``group``: ``<group>-<taskKey>``."""
+    return f"{group}-{task_key}"
+
+
+class AgentRunList(_Strict):
+    """A batch of runs created together (``POST .../agentruns``): all or none, in list order."""
+
+    apiVersion: Literal["nodus.dev/v1"] = API_VERSION
+    kind: Literal["AgentRunList"] = "AgentRunList"
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_RUNS)
+
+
+# -- AgentGroup ----------------------------------------------------------------------------------
+
+
+class GroupLimitsSpec(_Strict):
+    maxActive: int = Field(default=10, ge=1, le=1000)
+    maxPending: int = Field(default=10000, ge=1, le=MAX_PENDING_LIMIT)
+
+
+class AgentGroupSpec(_Strict):
+    """Runs of one agent under one concurrency limit and one cost cap.
+
+    ``sealed`` and ``state: Cancelled`` are one-way: once set they cannot be unset, and
+    ``maxCostUSD`` can only grow; the control plane enforces both on every update.
+    """
+
+    agent: DnsLabel
+    limits: GroupLimitsSpec = Field(default_factory=GroupLimitsSpec)
+    maxCostUSD: UsdAmount | None = None
+    sealed: bool = False
+    state: Literal["Running", "Cancelled"] = "Running"
+
+
+class GroupCounts(_Open):
+    queued: int = 0
+    active: int = 0
+    waiting: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    total: int = 0
+
+
+class GroupCost(_Open):
+    totalUSD: str = "0"
+    limitUSD: str | None = None
+    reservedUSD: str = "0"
+
+
+class AgentGroupStatus(_Open):
+    phase: GroupPhase = "Running"
+    reason: str | None = None
+    message: str | None = None
+    counts: GroupCounts = Field(default_factory=GroupCounts)
+    blockedReasons: dict[str, int] = Field(
+        default_factory=lambda: {"DependencyWait": 0, "MaxActiveReached": 0, "MaxCostReached": 0}
+    )
+    cost: GroupCost = Field(default_factory=GroupCost)
+    agentRevision: int | None = None
+    finishedAt: str | None = None
+
+
+class AgentGroup(_Strict):
+    apiVersion: Literal["nodus.dev/v1"] = API_VERSION
+    kind: Literal["AgentGroup"] = "AgentGroup"
+    metadata: ObjectMeta
+    spec: AgentGroupSpec
+    status: AgentGroupStatus | None = None
+
+
 _SECRET_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,252}$")
 MAX_SECRET_VALUE_BYTES = 64 * 1024
 
@@ -285,9 +379,11 @@ class Secret(_Strict):
     status: SecretStatus | None = None
 
 
-Resource = Agent | AgentRun | Secret
+Resource = Agent | AgentRun | AgentGroup | Secret
 
-KINDS: dict[str, type[_Strict]] = {"Agent": Agent, "AgentRun": AgentRun, "Secret": Secret}
+KINDS: dict[str, type[_Strict]] = {
+    "Agent": Agent, "AgentRun": AgentRun, "AgentGroup": AgentGroup, "Secret": Secret,
+}
 
 # kubectl-style names the CLI accepts, mapped to the kind and the REST collection.
 SHORT_NAMES: dict[str, tuple[str, str]] = {
@@ -296,6 +392,9 @@ SHORT_NAMES: dict[str, tuple[str, str]] = {
     "agentrun": ("AgentRun", "agentruns"),
     "agentruns": ("AgentRun", "agentruns"),
     "ar": ("AgentRun", "agentruns"),
+    "agentgroup": ("AgentGroup", "agentgroups"),
+    "agentgroups": ("AgentGroup", "agentgroups"),
+    "ag": ("AgentGroup", "agentgroups"),
     "secret": ("Secret", "secrets"),
     "secrets": ("Secret", "secrets"),
 }
@@ -311,7 +410,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return path
 
 
-def parse_resource(document: Any, *, expected_kind: str | None = None) -> Agent | AgentRun | Secret:
+def parse_resource(document: Any, *, expected_kind: str | None = None) -> Resource:
     """Validate one decoded document into its resource model.
 
     Raises `Invalid` naming the offending field (``kind``, ``spec.model.families[0]``, ...), or
@@ -332,8 +431,10 @@ def parse_resource(document: Any, *, expected_kind: str | None = None) -> Agent 
     if expected_kind is not None and kind != expected_kind:
         raise Invalid(f"kind {kind!r} was sent where {expected_kind!r} is expected",
                       details={"field": "kind"})
+    if kind == "AgentRun":
+        document = _name_member(document)
     try:
-        return model.model_validate(document)  # type: ignore[return-value]
+        resource = model.model_validate(document)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = _field_path(tuple(first["loc"]))
@@ -345,3 +446,82 @@ def parse_resource(document: Any, *, expected_kind: str | None = None) -> Agent 
         more = len(exc.errors()) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
         raise cls(f"{kind} {field}: {message}{suffix}", details={"field": field, "kind": kind}) from None
+    if isinstance(resource, AgentRun):
+        _check_membership(resource.spec)
+    return resource  # type: ignore[return-value]
+
+
+def _name_member(document: dict[str, Any]) -> dict[str, Any]:
+    """A group member is named ``<group>-<taskKey>``: filled in when left out, refused when different."""
+    spec = document.get("spec")
+    if not isinstance(spec, dict):
+        return document
+    group, task_key = spec.get("group"), spec.get("taskKey")
+    if not (isinstance(group, str) and isinstance(task_key, str)):
+        return document
+    for field, value in (("group", group), ("taskKey", task_key)):
+        if not _DNS_LABEL.match(value):
+            raise Invalid(f"AgentRun spec.{field}: {value[:70]!r} is not a DNS label (lower-case letters, digits "
+                          "and '-', starting and ending with a letter or digit, at most 63 characters)",
+                          details={"field": f"spec.{field}", "kind": "AgentRun"})
+    expected = member_run_name(group, task_key)
+    metadata = document.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        return document
+    name = metadata.get("name")
+    if name is None:
+        if len(expected) > 63:
+            raise Invalid(f"AgentRun spec.taskKey: the run's name {expected[:70]!r}... (<group>-<taskKey>) is "
+                          "longer than 63 characters; use a shorter taskKey",
+                          details={"field": "spec.taskKey", "kind": "AgentRun"})
+        return {**document, "metadata": {**metadata, "name": expected}}
+    if name != expected:
+        raise Invalid(f"AgentRun metadata.name: a run of group {group!r} with taskKey {task_key!r} is named "
+                      f"{expected!r}; leave metadata.name out or set exactly that, not {name!r}",
+                      details={"field": "metadata.name", "kind": "AgentRun"})
+    return document
+
+
+def _check_membership(spec: AgentRunSpec) -> None:
+    """Group fields come together; refused here so every entry point names the same field."""
+    def refuse(field: str, message: str) -> None:
+        raise Invalid(f"AgentRun spec.{field}: {message}", details={"field": f"spec.{field}", "kind": "AgentRun"})
+
+    if spec.group is None:
+        if spec.taskKey is not None:
+            refuse("taskKey", "only a run in a group has a taskKey; set spec.group too")
+        if spec.dependsOn:
+            refuse("dependsOn", "only a run in a group has dependencies; set spec.group too")
+        return
+    if spec.taskKey is None:
+        refuse("taskKey", "a run in a group needs a taskKey (a DNS label unique in the group)")
+    if spec.keepAlive:
+        refuse("keepAlive", "a run in a group cannot be keepAlive: a group finishes when its runs do")
+
+
+def parse_run_list(document: Any) -> list[AgentRun]:
+    """Validate an AgentRunList; a refusal names the item (``items[3].spec.taskKey``)."""
+    if not isinstance(document, dict):
+        raise Invalid("an AgentRunList must be a mapping with apiVersion, kind and items", details={"field": ""})
+    try:
+        batch = AgentRunList.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = _field_path(tuple(first["loc"]))
+        message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+        if field == "items" and first["type"] == "too_long":
+            message = f"a batch holds at most {MAX_BATCH_RUNS} runs"
+        raise Invalid(f"AgentRunList {field}: {message}", details={"field": field, "kind": "AgentRunList"}) from None
+    runs: list[AgentRun] = []
+    for index, item in enumerate(batch.items):
+        try:
+            parsed = parse_resource(item, expected_kind="AgentRun")
+        except Invalid as exc:
+            field = f"items[{index}]" + (f".{exc.details['field']}" if exc.details.get("field") else "")
+            raise type(exc)(f"items[{index}]: {exc.message}", code=exc.code,
+                            details={**exc.details, "field": field, "index": index}) from None
+        assert isinstance(parsed, AgentRun)
+        runs.append(parsed)
+    return runs
