@@ -329,6 +329,9 @@ class Admission:
         """Copies of the members in creation order (changing them changes nothing here)."""
         return [replace(member) for member in self._members.values()]
 
+    def has_run(self, run: str) -> bool:
+        return run in self._members
+
     @property
     def limits(self) -> GroupLimits:
         return self._limits
@@ -368,6 +371,20 @@ class Admission:
         cycle is still named as one because it is the likelier mistake). On refusal it raises
         `AdmissionError` and the group is unchanged.
         """
+        batch = self._checked(members)
+        for member in batch:
+            self._insert(member)
+        return self._settle()
+
+    def check(self, members: Sequence[Member]) -> None:
+        """Raise the `AdmissionError` that `add` would raise for ``members``; change nothing.
+
+        The supervisor answers this before the control plane writes a batch to storage, so a
+        refused batch leaves no trace anywhere.
+        """
+        self._checked(members)
+
+    def _checked(self, members: Sequence[Member]) -> list[Member]:
         if self._cancelled:
             raise _conflict("GroupCancelled", "the group is cancelled and takes no new runs", "spec.group")
         if self._sealed:
@@ -382,9 +399,7 @@ class Admission:
                 "spec.limits.maxPending",
             )
         self._validate_batch(batch)
-        for member in batch:
-            self._insert(member)
-        return self._settle()
+        return batch
 
     def started(self, run: str) -> None:
         """Acknowledge that a run handed out in ``Decision.start`` has been started.

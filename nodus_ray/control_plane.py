@@ -12,6 +12,7 @@ themselves, so there is exactly one writer per resource file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import defaultdict
@@ -22,6 +23,7 @@ import ray
 
 from nodus.errors import Conflict, Invalid, NotFound, Unsupported
 from nodus.resources import (
+    GROUP_TERMINAL_PHASES,
     TERMINAL_PHASES,
     Agent,
     AgentRun,
@@ -31,14 +33,18 @@ from nodus.resources import (
     Secret,
     parse_duration,
     parse_resource,
+    parse_run_list,
     validate_dns_label,
 )
 
+from .admission import AdmissionError
 from .credits import CreditLedger
+from .group_control import GroupControl, admission_refusal
 from .journal import Journal, step_views
 from .patch import merge_patch
 from .prices import PriceTable
 from .run_actor import run_storage_prefix
+from .run_batches import BatchRecords, request_digest
 from .run_supervision import RunSupervision, merge_status, parked
 from .sandbox import bwrap_available
 from .secret_box import SecretBox, load_or_create_key
@@ -71,8 +77,8 @@ def _agent_key(project: str, name: str) -> str:
     return f"projects/{project}/agents/{name}"
 
 
-class ControlPlane(RunSupervision):
-    """Resources in memory, mirrored to storage; supervisors for unfinished runs."""
+class ControlPlane(RunSupervision, GroupControl):
+    """Resources in memory, mirrored to storage; supervisors for unfinished runs and live groups."""
 
     def __init__(self, settings: ServerSettings):
         self.settings = settings
@@ -82,6 +88,11 @@ class ControlPlane(RunSupervision):
         self.credits = CreditLedger(self.storage, Decimal(settings.initial_credits_usd))
         self._agents: dict[Key, dict[str, Any]] = {}
         self._runs: dict[Key, dict[str, Any]] = {}
+        self._groups: dict[Key, dict[str, Any]] = {}
+        self._group_members: defaultdict[Key, list[str]] = defaultdict(list)
+        self._group_handles: dict[Key, Any] = {}
+        self._creating: set[Key] = set()  # run names taken by a batch that is being written
+        self.batches = BatchRecords(self.storage)
         self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._supervisors: dict[Key, asyncio.Task[None]] = {}
         self._actors: dict[Key, Any] = {}
@@ -107,10 +118,11 @@ class ControlPlane(RunSupervision):
             for (project, name), run in self._runs.items():
                 self.credits.record_run_spend(project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
             for key, run in self._runs.items():
-                if run["status"]["phase"] not in TERMINAL_PHASES and not parked(run):
-                    self._supervise(key)
-                elif parked(run):
+                if parked(run):
                     self._arm_deadline(key)
+                elif run["status"]["phase"] not in TERMINAL_PHASES and not self._awaits_admission(run):
+                    self._supervise(key)
+            await self._start_groups()
             self._started = True
 
     def _load(self) -> None:
@@ -118,8 +130,15 @@ class ControlPlane(RunSupervision):
         for project in self.storage.list_dir("projects"):
             for name in self.storage.list_dir(f"projects/{project}/agents"):
                 self._load_one(self._agents, (project, name), f"{_agent_key(project, name)}/agent.json")
+            # An unanswered batch is rolled back before its runs are read: all or nothing.
+            for batch in self.batches.pending(project):
+                for name in batch.names:
+                    self.storage.delete_tree(run_storage_prefix(project, name))
+                self.batches.abandon(project, batch.record_id)
             for name in self.storage.list_dir(f"projects/{project}/agentruns"):
                 self._load_one(self._runs, (project, name), f"{run_storage_prefix(project, name)}/run.json")
+            self._load_groups(project)
+        self._index_members()
 
     def _load_one(self, into: dict[Key, dict[str, Any]], key: Key, path: str) -> None:
         try:
@@ -244,6 +263,12 @@ class ControlPlane(RunSupervision):
             if users:
                 raise Conflict(f"agent {name!r} has unfinished runs ({', '.join(sorted(users)[:5])}); "
                                "cancel or delete them first", details={"kind": "Agent", "name": name})
+            groups = [group_name for (p, group_name), group in self._groups.items()
+                      if p == project and group["spec"]["agent"] == name
+                      and group["status"]["phase"] not in GROUP_TERMINAL_PHASES]
+            if groups:
+                raise Conflict(f"agent {name!r} is the agent of unfinished groups ({', '.join(sorted(groups)[:5])}); "
+                               "cancel or delete them first", details={"kind": "Agent", "name": name})
             await asyncio.to_thread(self.storage.delete_tree, _agent_key(project, name))
             self._agents.pop(key, None)
         return agent
@@ -251,64 +276,228 @@ class ControlPlane(RunSupervision):
     # -- runs -----------------------------------------------------------------------------
 
     async def create_run(self, project: str, document: dict[str, Any], mode: str = "create") -> dict[str, Any]:
-        """Accept a run: persist it Pending, pinned to the agent's current revision, then start it."""
+        """Accept one run: a batch of one (``mode="apply"`` answers an identical run as unchanged)."""
         await self._ensure_started()
         _check_project(project)
         run = parse_resource(document, expected_kind="AgentRun")
         assert isinstance(run, AgentRun)
-        name = run.metadata.name
-        key = (project, name)
-        async with self._locks[key]:
+        return (await self._create_runs(project, [run], mode=mode))[0]
+
+    async def create_runs(
+        self, project: str, document: dict[str, Any], idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Accept an AgentRunList: every run, in list order, or none.
+
+        With an ``idempotency_key`` the answer is kept, and the same key again returns it and
+        creates nothing; the same key with other runs is refused. ``replayed`` says which.
+        """
+        await self._ensure_started()
+        _check_project(project)
+        runs = parse_run_list(document)
+        digest = request_digest([run.model_dump(mode="json", exclude_none=True) for run in runs])
+        lock_key = ("batch", project, idempotency_key or "")
+        async with self._locks[lock_key] if idempotency_key else contextlib.nullcontext():
+            if idempotency_key:
+                record = await asyncio.to_thread(self.batches.find, project, idempotency_key)
+                if record is not None:
+                    if record["digest"] != digest:
+                        raise Conflict("the Idempotency-Key was used for a different batch of runs; "
+                                       "use a new key for new runs", code="IdempotencyKeyReused",
+                                       details={"field": "Idempotency-Key"})
+                    return {"items": record["items"], "replayed": True}
+            results = await self._create_runs(project, runs, mode="create", idempotency_key=idempotency_key,
+                                              digest=digest)
+        return {"items": [result["resource"] for result in results], "replayed": False}
+
+    async def _create_runs(
+        self,
+        project: str,
+        runs: list[AgentRun],
+        *,
+        mode: str,
+        idempotency_key: str | None = None,
+        digest: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Check every run, then write them all (behind a batch record when there are several).
+
+        Names are taken synchronously (no await between the check and the taking), so two
+        concurrent batches can never both create one name. Group members are checked by their
+        group's supervisor first and handed to it after they are stored; other runs get their
+        actor at once.
+        """
+        results: list[dict[str, Any] | None] = [None] * len(runs)
+        fresh: list[tuple[int, AgentRun, dict[str, Any]]] = []
+        taken: set[Key] = set()
+        for index, run in enumerate(runs):
+            name = run.metadata.name
+            key = (project, name)
+            where = f"items[{index}]: " if len(runs) > 1 else ""
             spec = run.spec.model_dump(mode="json", exclude_none=True)
             existing = self._runs.get(key)
-            if existing is not None:
-                if mode == "apply" and existing["spec"] == spec:
-                    return {"resource": existing, "result": "unchanged"}
-                if mode == "apply":
-                    raise Conflict(f"agentrun {name!r} exists with another spec; a run's spec cannot change "
-                                   "(delete it and create it again)", details={"kind": "AgentRun", "name": name})
-                raise Conflict(f"agentrun {name!r} already exists", code="AlreadyExists",
-                               details={"kind": "AgentRun", "name": name})
-            agent = self._agents.get((project, run.spec.agent))
-            if agent is None:
-                raise NotFound(f"spec.agent: agent {run.spec.agent!r} not found in project {project!r}",
-                               details={"kind": "Agent", "name": run.spec.agent, "field": "spec.agent"})
-            if agent["spec"]["state"] == "Stopped":
-                raise Conflict(f"agent {run.spec.agent!r} is stopped (spec.state: Stopped); it takes no runs",
-                               code="AgentStopped", details={"kind": "Agent", "name": run.spec.agent})
-            if run.spec.keepAlive:
-                raise Unsupported("spec.keepAlive is not supported yet: runs end after their first turn",
-                                  details={"field": "spec.keepAlive"})
-            created = utc_now()
-            sandbox_uid = self._next_sandbox_uid()
-            status = AgentRunStatus(
-                phase="Pending",
-                agentRevision=agent["status"]["revision"],
-                createdAt=created,
-            ).model_dump(mode="json")
-            # The cap is copied now: changing the agent later does not change a started run.
-            byok = (agent["spec"].get("model") or {}).get("access") == "BYOK"
-            status["cost"]["limitUSD"] = None if byok else agent["spec"]["perRunMaxCostUSD"]
-            status["sandbox"]["uid"] = sandbox_uid
-            if run.spec.deadline:
-                deadline = parse_timestamp(created) + parse_duration(run.spec.deadline)
-                status["deadlineAt"] = format_timestamp(deadline)
-            resource = {
-                "apiVersion": run.apiVersion,
-                "kind": "AgentRun",
-                "metadata": ObjectMeta(name=name, project=project, uid=uuid.uuid4().hex, generation=1,
-                                       creationTimestamp=created, labels=run.metadata.labels
-                                       ).model_dump(mode="json"),
-                "spec": spec,
-                "status": status,
-            }
-            prefix = run_storage_prefix(project, name)
-            # The pinned agent is stored with the run: the run never depends on the Agent again.
-            await asyncio.to_thread(self.storage.write_json, f"{prefix}/agent.json", agent)
-            await asyncio.to_thread(self.storage.write_json, f"{prefix}/run.json", resource)
+            if existing is not None or key in self._creating or key in taken:
+                if existing is not None and mode == "apply" and existing["spec"] == spec:
+                    results[index] = {"resource": existing, "result": "unchanged"}
+                    continue
+                if existing is not None and mode == "apply":
+                    raise Conflict(f"{where}agentrun {name!r} exists with another spec; a run's spec cannot "
+                                   "change (delete it and create it again)",
+                                   details={"kind": "AgentRun", "name": name, "index": index})
+                raise Conflict(f"{where}agentrun {name!r} already exists", code="AlreadyExists",
+                               details={"kind": "AgentRun", "name": name, "index": index})
+            fresh.append((index, run, self._check_new_run(project, run, index, where)))
+            taken.add(key)
+        if not fresh:
+            return [result for result in results if result is not None]
+        self._creating |= taken
+        try:
+            groups = sorted({run.spec.group for _, run, _ in fresh if run.spec.group})
+            async with contextlib.AsyncExitStack() as stack:
+                for group in groups:
+                    await stack.enter_async_context(self._locks[("group", project, group)])
+                members = await self._check_members(project, fresh, groups)
+                created = await self._write_runs(project, fresh, idempotency_key, digest)
+                for (index, _, _), (_, resource) in zip(fresh, created, strict=True):
+                    results[index] = {"resource": resource, "result": "created"}
+                for group, wires in members.items():
+                    status = await self._supervisor((project, group)).add.remote(wires)
+                    await self._take_status((project, group), status, {})
+        finally:
+            self._creating -= taken
+        for key, resource in created:
+            if not resource["spec"].get("group"):
+                self._supervise(key)
+        return [result for result in results if result is not None]
+
+    def _check_new_run(self, project: str, run: AgentRun, index: int, where: str) -> dict[str, Any]:
+        """The refusals that need no group: the agent exists and runs, keepAlive; returns the agent."""
+        agent = self._agents.get((project, run.spec.agent))
+        if agent is None:
+            raise NotFound(f"{where}spec.agent: agent {run.spec.agent!r} not found in project {project!r}",
+                           details={"kind": "Agent", "name": run.spec.agent, "field": "spec.agent", "index": index})
+        if agent["spec"]["state"] == "Stopped":
+            raise Conflict(f"{where}agent {run.spec.agent!r} is stopped (spec.state: Stopped); it takes no runs",
+                           code="AgentStopped", details={"kind": "Agent", "name": run.spec.agent, "index": index})
+        if run.spec.keepAlive:
+            raise Unsupported(f"{where}spec.keepAlive is not supported yet: runs end after their first turn",
+                              details={"field": "spec.keepAlive", "index": index})
+        return agent
+
+    async def _check_members(
+        self, project: str, fresh: list[tuple[int, AgentRun, dict[str, Any]]], groups: list[str]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Ask each group's supervisor whether it takes its new members; nothing is stored yet."""
+        members: dict[str, list[dict[str, Any]]] = {}
+        positions: dict[str, list[int]] = {}
+        for index, run, agent in fresh:
+            group_name = run.spec.group
+            if group_name is None:
+                continue
+            where = f"items[{index}]: " if len(fresh) > 1 else ""
+            group = self._groups.get((project, group_name))
+            if group is None or group["metadata"].get("deletionTimestamp"):
+                raise NotFound(f"{where}spec.group: agentgroup {group_name!r} not found in project {project!r}",
+                               details={"kind": "AgentGroup", "name": group_name, "field": "spec.group",
+                                        "index": index})
+            if run.spec.agent != group["spec"]["agent"]:
+                raise Invalid(f"{where}spec.agent: the runs of group {group_name!r} use its agent "
+                              f"{group['spec']['agent']!r}, not {run.spec.agent!r}", code="AgentMismatch",
+                              details={"field": "spec.agent", "index": index})
+            if group["status"]["phase"] in GROUP_TERMINAL_PHASES:
+                raise Conflict(f"{where}agentgroup {group_name!r} has finished ({group['status']['phase']}) and "
+                               "takes no new runs", code="GroupFinished",
+                               details={"kind": "AgentGroup", "name": group_name, "field": "spec.group",
+                                        "index": index})
+            members.setdefault(group_name, []).append({
+                "key": run.spec.taskKey, "run": run.metadata.name, "cap": self._run_cap(agent),
+                "dependsOn": list(run.spec.dependsOn or []), "state": "Queued", "reason": None, "spent": "0",
+            })
+            positions.setdefault(group_name, []).append(index)
+        for group_name in groups:
+            try:
+                await self._supervisor((project, group_name)).check.remote(members[group_name])
+            except Exception as error:  # noqa: BLE001 - Ray wraps the refusal; its cause is what counts
+                cause = getattr(error, "cause", error)
+                if not isinstance(cause, AdmissionError):
+                    raise
+                index_map = positions[group_name] if len(fresh) > 1 else None
+                raise admission_refusal(cause, index_map=index_map) from None
+        return members
+
+    @staticmethod
+    def _run_cap(agent: dict[str, Any]) -> str:
+        """The run's own cap, copied from the agent; a BYOK run costs Nodus nothing and has none."""
+        byok = (agent["spec"].get("model") or {}).get("access") == "BYOK"
+        return "0" if byok else str(agent["spec"]["perRunMaxCostUSD"])
+
+    async def _write_runs(
+        self,
+        project: str,
+        fresh: list[tuple[int, AgentRun, dict[str, Any]]],
+        idempotency_key: str | None,
+        digest: str | None,
+    ) -> list[tuple[Key, dict[str, Any]]]:
+        """Store the runs, all or none: several go behind a batch record (see `run_batches`)."""
+        names = [run.metadata.name for _, run, _ in fresh]
+        record = None
+        if len(fresh) > 1 or idempotency_key:
+            record = await asyncio.to_thread(self.batches.begin, project, idempotency_key, digest or "", names)
+        created: list[tuple[Key, dict[str, Any]]] = []
+        added: defaultdict[str, int] = defaultdict(int)  # members of this batch per group so far
+        try:
+            for _, run, agent in fresh:
+                key = (project, run.metadata.name)
+                group_index = None
+                if run.spec.group:
+                    group_index = len(self._group_members[(project, run.spec.group)]) + added[run.spec.group]
+                    added[run.spec.group] += 1
+                resource = self._new_run(project, run, agent, group_index)
+                prefix = run_storage_prefix(*key)
+                # The pinned agent is stored with the run: the run never depends on the Agent again.
+                await asyncio.to_thread(self.storage.write_json, f"{prefix}/agent.json", agent)
+                await asyncio.to_thread(self.storage.write_json, f"{prefix}/run.json", resource)
+                created.append((key, resource))
+            if record is not None:
+                items = [resource for _, resource in created] if idempotency_key else None
+                await asyncio.to_thread(self.batches.commit, project, record, digest or "", items)
+        except BaseException:
+            for key, _ in created:  # roll back: a refused or failed batch leaves nothing behind
+                await asyncio.to_thread(self.storage.delete_tree, run_storage_prefix(*key))
+            if record is not None:
+                await asyncio.to_thread(self.batches.abandon, project, record)
+            raise
+        for key, resource in created:
             self._runs[key] = resource
-        self._supervise(key)
-        return {"resource": resource, "result": "created"}
+            group = resource["spec"].get("group")
+            if group:
+                self._group_members[(project, group)].append(key[1])
+        return created
+
+    def _new_run(
+        self, project: str, run: AgentRun, agent: dict[str, Any], group_index: int | None
+    ) -> dict[str, Any]:
+        """The stored form of an accepted run: Pending, pinned to the agent's current revision."""
+        created = utc_now()
+        status = AgentRunStatus(phase="Pending", agentRevision=agent["status"]["revision"],
+                                createdAt=created).model_dump(mode="json")
+        # The cap is copied now: changing the agent later does not change a started run.
+        cap = self._run_cap(agent)
+        status["cost"]["limitUSD"] = None if cap == "0" else cap
+        status["sandbox"]["uid"] = self._next_sandbox_uid()
+        if run.spec.deadline:
+            deadline = parse_timestamp(created) + parse_duration(run.spec.deadline)
+            status["deadlineAt"] = format_timestamp(deadline)
+        if group_index is not None:
+            status["groupIndex"] = group_index  # creation order in the group, which admission follows
+            status["reason"] = "DependencyWait" if run.spec.dependsOn else "GroupWait"
+        return {
+            "apiVersion": run.apiVersion,
+            "kind": "AgentRun",
+            "metadata": ObjectMeta(name=run.metadata.name, project=project, uid=uuid.uuid4().hex, generation=1,
+                                   creationTimestamp=created, labels=run.metadata.labels
+                                   ).model_dump(mode="json"),
+            "spec": run.spec.model_dump(mode="json", exclude_none=True),
+            "status": status,
+        }
 
     def _next_sandbox_uid(self) -> int:
         # Taken synchronously (no await) so two concurrent creates never get the same uid.
@@ -327,9 +516,16 @@ class ControlPlane(RunSupervision):
                            details={"kind": "AgentRun", "name": name})
         return run
 
-    async def list_runs(self, project: str, agent: str | None = None) -> list[dict[str, Any]]:
+    async def list_runs(
+        self, project: str, agent: str | None = None, group: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Runs by name; a group's runs in creation order (the order they are admitted in)."""
         await self._ensure_started()
         _check_project(project)
+        if group is not None:
+            names = self._group_members.get((project, group), [])
+            runs = [self._runs[(project, name)] for name in names if (project, name) in self._runs]
+            return [run for run in runs if agent is None or run["spec"]["agent"] == agent]
         return [run for (p, _), run in sorted(self._runs.items())
                 if p == project and (agent is None or run["spec"]["agent"] == agent)]
 
@@ -351,31 +547,46 @@ class ControlPlane(RunSupervision):
 
     async def cancel_run(self, project: str, name: str) -> dict[str, Any]:
         """Stop the run: its command is killed and its sandbox deleted. Finished runs stay as they are."""
-        run = await self.get_run(project, name)
-        key = (project, name)
+        await self.get_run(project, name)
+        return await self._cancel((project, name), "Cancelled", "cancelled on request")
+
+    async def _cancel(self, key: Key, reason: str, message: str) -> dict[str, Any]:
+        run = self._runs[key]
         async with self._locks[key]:
             if run["status"]["phase"] in TERMINAL_PHASES:
                 return run
             # Terminal first, so neither the supervisor nor a late report revives the run.
-            run["status"].update({"phase": "Cancelled", "reason": "Cancelled",
-                                  "message": "cancelled on request", "finishedAt": utc_now()})
+            run["status"].update({"phase": "Cancelled", "reason": reason, "message": message,
+                                  "finishedAt": utc_now()})
             await self._persist_run(key)
+        await self._tell_group(key)
         await self._stop_actor(key, run)
         return run
 
     async def delete_run(self, project: str, name: str) -> dict[str, Any]:
         run = await self.get_run(project, name)
-        key = (project, name)
+        group = run["spec"].get("group")
+        if group and (project, group) in self._groups:
+            raise Conflict(f"agentrun {name!r} is a run of group {group!r} and is deleted with it; "
+                           f"cancel the run, or delete agentgroup/{group}", code="GroupMember",
+                           details={"kind": "AgentRun", "name": name, "group": group})
+        await self._delete_run_now((project, name))
+        return run
+
+    async def _delete_run_now(self, key: Key) -> None:
+        """Cancel the run if unfinished, end its actor, then remove its workspace, journal and resource."""
+        run = self._runs.get(key)
+        if run is None:
+            return
         if run["status"]["phase"] not in TERMINAL_PHASES:
-            await self.cancel_run(project, name)
+            await self._cancel(key, "Cancelled", "cancelled because it was deleted")
         else:
             await self._stop_actor(key, run)
         async with self._locks[key]:
-            await asyncio.to_thread(self._remove_workspace, project, name)
-            await asyncio.to_thread(self.storage.delete_tree, run_storage_prefix(project, name))
-            await asyncio.to_thread(self.credits.forget_run, project, name)
+            await asyncio.to_thread(self._remove_workspace, *key)
+            await asyncio.to_thread(self.storage.delete_tree, run_storage_prefix(*key))
+            await asyncio.to_thread(self.credits.forget_run, *key)
             self._runs.pop(key, None)
-        return run
 
     # -- reports from run actors ----------------------------------------------------------
 
@@ -391,6 +602,8 @@ class ControlPlane(RunSupervision):
             if total is not None:
                 self.credits.record_run_spend(project, name, Decimal(total))
             await self._persist_run(key)
+        if "phase" in patch or total is not None:
+            await self._tell_group(key)
 
     # -- secrets --------------------------------------------------------------------------
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
 
 from nodus.errors import NodusError
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 
 from .billing import RunBudget
+from .control_plane_client import ControlPlaneCaller
 from .conversation import Conversation, ConversationSpec, RunFailure
 from .durable import NeedsResolution, Steps
 from .journal import Journal
@@ -31,7 +31,7 @@ from .models import ModelProvider, provider_for
 from .prices import PriceTable
 from .router import ROUTER_ACTOR_NAME
 from .sandbox import Sandbox, create_sandbox
-from .settings import CONTROL_PLANE_NAME, NAMESPACE
+from .settings import NAMESPACE
 from .spend import CapExceeded, RunSpend
 from .storage import Storage
 from .timestamps import parse_timestamp, utc_now
@@ -70,6 +70,7 @@ class RunConfig:
     hidden_paths: tuple[str, ...] = ()
     cap_usd: str | None = None
     prices_file: str | None = None
+    group: str | None = None
 
 
 
@@ -83,11 +84,12 @@ class RunActor:
         self._sandbox: Sandbox | None = None
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
-        self._control_plane: Any = None
+        self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
 
     def __repr__(self) -> str:
         c = self.config
-        return f"RunActor(run={c.project}/{c.name}, agent={c.agent}@{c.agent_revision}, phase={self.phase})"
+        group = f", group={c.group}" if c.group else ""
+        return f"RunActor(run={c.project}/{c.name}{group}, agent={c.agent}@{c.agent_revision}, phase={self.phase})"
 
     async def run(self) -> dict[str, Any]:
         """Start the program if it has not started, and return its outcome when it ends."""
@@ -131,24 +133,7 @@ class RunActor:
         return self._sandbox
 
     async def _ask(self, method: str, *args: Any) -> Any:
-        """Call the control plane, riding out its restart (Ray restarts it; it reloads storage).
-
-        The handle is looked up once, not per report: every step reports, and a lookup is a
-        round trip to Ray's GCS.
-        """
-        delay = 0.2
-        deadline = asyncio.get_running_loop().time() + _CONTROL_PLANE_PATIENCE_SECONDS
-        while True:
-            try:
-                if self._control_plane is None:
-                    self._control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
-                return await getattr(self._control_plane, method).remote(*args)
-            except (RayActorError, ValueError):
-                self._control_plane = None
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        return await self._control_plane.ask(method, *args)
 
     async def _provider(self, prices: PriceTable) -> tuple[ModelProvider, str]:
         """The provider and access of this run; the key stays in this actor's memory only."""

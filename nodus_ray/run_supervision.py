@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ class RunSupervision:
     _locks: Any
     _actors: dict[Key, Any]
     _supervisors: dict[Key, asyncio.Task[None]]
+    # Provided by the group side of the control plane (a declaration, not a stub, so that no
+    # base class can shadow the real method in the control plane's MRO).
+    _tell_group: Callable[[Key], Awaitable[None]]
 
     async def _persist_run(self, key: Key) -> None:  # provided by the control plane
         raise NotImplementedError
@@ -97,6 +101,7 @@ class RunSupervision:
             hidden_paths=self._hidden_paths(),
             cap_usd=run["status"]["cost"].get("limitUSD"),
             prices_file=self.settings.prices_file,
+            group=run["spec"].get("group"),
         )
         return RemoteRunActor.options(
             name=run_actor_name(project, name, attempt),
@@ -176,6 +181,7 @@ class RunSupervision:
                 outcome.setdefault("finishedAt", utc_now())
             merge_status(run["status"], outcome)
             await self._persist_run(key)
+        await self._tell_group(key)
         if parked(run):
             self._arm_deadline(key)
 

@@ -105,17 +105,38 @@ def _applied(outcome: dict[str, Any]) -> JSONResponse:
                         headers={"X-Nodus-Result": outcome["result"]})
 
 
+_MAX_IDEMPOTENCY_KEY = 255
+
+
+async def _create_list(cp: ControlPlaneGateway, create_list: tuple[str, str], project: str,
+                       body: dict[str, Any], request: Request) -> JSONResponse:
+    """A batch: 201 with the created items, or 200 with the first answer to a repeated key."""
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not (0 < len(key) <= _MAX_IDEMPOTENCY_KEY and key.isprintable()):
+        raise Invalid(f"the Idempotency-Key header must be 1 to {_MAX_IDEMPOTENCY_KEY} printable characters",
+                      details={"field": "Idempotency-Key"})
+    outcome = await cp.call(create_list[1], project, body, key)
+    replayed = bool(outcome["replayed"])
+    return JSONResponse(status_code=200 if replayed else 201,
+                        content=_listing(create_list[0], outcome["items"]),
+                        headers={"Idempotency-Replayed": "true" if replayed else "false"})
+
+
 def _resource_routes(app: FastAPI, cp: ControlPlaneGateway, plural: str, *, apply: str, get: str,
-                     delete: str) -> None:
+                     delete: str, create_list: tuple[str, str] | None = None) -> None:
     """POST (create), GET, PUT (apply) and DELETE of one kind of resource, all alike.
 
     ``apply`` names the control-plane method taking ``(project, document, mode)`` with mode
-    ``create`` (refuses a taken name) or ``apply`` (creates or updates).
+    ``create`` (refuses a taken name) or ``apply`` (creates or updates). ``create_list`` is
+    ``(list kind, method)`` when POST also takes a batch of that list kind.
     """
     collection = f"/v1/projects/{{project}}/{plural}"
 
     async def create(project: str, request: Request) -> JSONResponse:
-        return _applied(await cp.call(apply, _project(project), await _body(request), "create"))
+        body = await _body(request)
+        if create_list is not None and body.get("kind") == create_list[0]:
+            return await _create_list(cp, create_list, _project(project), body, request)
+        return _applied(await cp.call(apply, _project(project), body, "create"))
 
     async def read(project: str, name: str) -> dict[str, Any]:
         return await cp.call(get, _project(project), name)
@@ -194,10 +215,11 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     # -- runs: the generic routes, plus a filtered list and the run's own verbs ---------------
 
     @app.get("/v1/projects/{project}/agentruns")
-    async def list_runs(project: str, agent: str | None = None) -> dict[str, Any]:
-        return _listing("AgentRunList", await cp.call("list_runs", _project(project), agent))
+    async def list_runs(project: str, agent: str | None = None, group: str | None = None) -> dict[str, Any]:
+        return _listing("AgentRunList", await cp.call("list_runs", _project(project), agent, group))
 
-    _resource_routes(app, cp, "agentruns", apply="create_run", get="get_run", delete="delete_run")
+    _resource_routes(app, cp, "agentruns", apply="create_run", get="get_run", delete="delete_run",
+                     create_list=("AgentRunList", "create_runs"))
 
     @app.post("/v1/projects/{project}/agentruns/{name}/cancel")
     async def cancel_run(project: str, name: str) -> dict[str, Any]:
@@ -210,6 +232,22 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     @app.get("/v1/projects/{project}/agentruns/{name}/answer")
     async def run_answer(project: str, name: str) -> dict[str, Any]:
         return await cp.call("run_answer", _project(project), name)
+
+    # -- groups -----------------------------------------------------------------------------
+
+    @app.get("/v1/projects/{project}/agentgroups")
+    async def list_groups(project: str) -> dict[str, Any]:
+        return _listing("AgentGroupList", await cp.call("list_groups", _project(project)))
+
+    _resource_routes(app, cp, "agentgroups", apply="apply_group", get="get_group", delete="delete_group")
+
+    @app.patch("/v1/projects/{project}/agentgroups/{name}")
+    async def patch_group(project: str, name: str, request: Request) -> JSONResponse:
+        return _applied(await cp.call("patch_group", _project(project), name, await _body(request)))
+
+    @app.post("/v1/projects/{project}/agentgroups/{name}/cancel")
+    async def cancel_group(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("cancel_group", _project(project), name)
 
     # -- secrets: values go in, only keys come out -----------------------------------------
 

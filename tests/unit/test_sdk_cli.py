@@ -197,7 +197,7 @@ def test_submit_unsupported_arguments_send_nothing(api: FakeAPI, kwargs: dict[st
 
 def test_later_features_raise_unsupported(api: FakeAPI) -> None:
     agent = nodus.ClaudeAgent("helper", client=api.client())
-    for call in (lambda: agent.map(["a"]), lambda: agent.step(lambda: 1), lambda: agent.entrypoint(print),
+    for call in (lambda: agent.step(lambda: 1), lambda: agent.entrypoint(print),
                  lambda: agent.local("x")):
         with pytest.raises(errors.Unsupported):
             call()
@@ -206,8 +206,9 @@ def test_later_features_raise_unsupported(api: FakeAPI) -> None:
                  lambda: run.outputs, run.logs, lambda: run.resolve("s", "Completed")):
         with pytest.raises(errors.Unsupported):
             call()
-    with pytest.raises(errors.Unsupported, match="AgentGroups arrive in a later release"):
-        nodus.AgentGroup.create("g", agent)
+    with pytest.raises(errors.Unsupported) as caught:
+        nodus.AgentGroup.create("g", agent, max_held=3)
+    assert caught.value.details["field"] == "max_held"
     assert api.requests == []
 
 
@@ -533,8 +534,6 @@ def test_cli_get_tables_and_outputs(cli_api: FakeAPI) -> None:
 def test_cli_unknown_kind_is_a_usage_error(cli_api: FakeAPI) -> None:
     result = invoke("get", "widgets")
     assert result.exit_code == 2 and "unknown kind 'widgets'" in one_error_line(result)
-    result = invoke("get", "ag")
-    assert result.exit_code == 2 and "AgentGroups arrive in a later release" in one_error_line(result)
     result = invoke("get")
     assert result.exit_code == 2
     one_error_line(result)
