@@ -402,11 +402,12 @@ class ControlPlane(RunSupervision, GroupControl):
                 raise Invalid(f"{where}spec.agent: the runs of group {group_name!r} use its agent "
                               f"{group['spec']['agent']!r}, not {run.spec.agent!r}", code="AgentMismatch",
                               details={"field": "spec.agent", "index": index})
-            if group["status"]["phase"] in GROUP_TERMINAL_PHASES:
-                raise Conflict(f"{where}agentgroup {group_name!r} has finished ({group['status']['phase']}) and "
-                               "takes no new runs", code="GroupFinished",
-                               details={"kind": "AgentGroup", "name": group_name, "field": "spec.group",
-                                        "index": index})
+            closed = ("GroupCancelled", "cancelled") if group["spec"].get("state") == "Cancelled" else (
+                ("GroupSealed", "sealed") if group["spec"].get("sealed") else None)
+            if closed is not None:
+                raise Conflict(f"{where}agentgroup {group_name!r} is {closed[1]} and takes no new runs",
+                               code=closed[0], details={"kind": "AgentGroup", "name": group_name,
+                                                        "field": "spec.group", "index": index})
             members.setdefault(group_name, []).append({
                 "key": run.spec.taskKey, "run": run.metadata.name, "cap": self._run_cap(agent),
                 "dependsOn": list(run.spec.dependsOn or []), "state": "Queued", "reason": None, "spent": "0",
