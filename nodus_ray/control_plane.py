@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import uuid
 from collections import defaultdict
@@ -45,6 +46,7 @@ from .patch import merge_patch
 from .prices import PriceTable
 from .run_actor import run_storage_prefix
 from .run_batches import BatchRecords, request_digest
+from .run_pool import RunActorPool
 from .run_supervision import RunSupervision, merge_status, parked
 from .sandbox import bwrap_available
 from .secret_box import SecretBox, load_or_create_key
@@ -93,6 +95,7 @@ class ControlPlane(RunSupervision, GroupControl):
         self._group_handles: dict[Key, Any] = {}
         self._creating: set[Key] = set()  # run names taken by a batch that is being written
         self.batches = BatchRecords(self.storage)
+        self.pool = RunActorPool(settings.run_pool_per_node)
         self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._supervisors: dict[Key, asyncio.Task[None]] = {}
         self._actors: dict[Key, Any] = {}
@@ -123,6 +126,7 @@ class ControlPlane(RunSupervision, GroupControl):
                 elif run["status"]["phase"] not in TERMINAL_PHASES and not self._awaits_admission(run):
                     self._supervise(key)
             await self._start_groups()
+            self.pool.fill()
             self._started = True
 
     def _load(self) -> None:
@@ -162,6 +166,10 @@ class ControlPlane(RunSupervision, GroupControl):
             "agents": len(self._agents),
             "runs": len(self._runs),
         }
+
+    async def claim_slot(self, slot: str) -> Any:
+        """A pre-started run actor waits here (inside its ``__init__``) for the run it will serve."""
+        return await self.pool.claim(slot)
 
     async def running_settings(self) -> dict[str, object]:
         """The running settings, credentials redacted (for `nodus up` to explain a mismatch)."""
@@ -357,7 +365,8 @@ class ControlPlane(RunSupervision, GroupControl):
                 members = await self._check_members(project, fresh, groups)
                 created = await self._write_runs(project, fresh, idempotency_key, digest)
                 for (index, _, _), (_, resource) in zip(fresh, created, strict=True):
-                    results[index] = {"resource": resource, "result": "created"}
+                    # As written: the answer a repeated Idempotency-Key replays must be the same.
+                    results[index] = {"resource": copy.deepcopy(resource), "result": "created"}
                 for group, wires in members.items():
                     status = await self._supervisor((project, group)).add.remote(wires)
                     await self._take_status((project, group), status, {})

@@ -31,7 +31,7 @@ from .models import ModelProvider, provider_for
 from .prices import PriceTable
 from .router import ROUTER_ACTOR_NAME
 from .sandbox import Sandbox, create_sandbox
-from .settings import NAMESPACE
+from .settings import CONTROL_PLANE_NAME, NAMESPACE
 from .spend import CapExceeded, RunSpend
 from .storage import Storage
 from .timestamps import parse_timestamp, utc_now
@@ -77,7 +77,9 @@ class RunConfig:
 class RunActor:
     """Runs the program once per actor; `run` can be awaited any number of times."""
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig | str):
+        if isinstance(config, str):
+            config = self._claim(config)
         self.config = config
         self.phase = "Pending"
         self._task: asyncio.Task[dict[str, Any]] | None = None
@@ -85,6 +87,19 @@ class RunActor:
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
         self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
+
+    @staticmethod
+    def _claim(slot: str) -> RunConfig:
+        """A pooled actor (`run_pool`): wait, inside ``__init__``, for the one run it will serve.
+
+        Ray takes the actor's ``__repr__`` for the dashboard when ``__init__`` returns, so
+        returning only with a run is what makes a pooled actor show its run there.
+        """
+        control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
+        config = ray.get(control_plane.claim_slot.remote(slot))
+        if config is None:
+            raise RuntimeError(f"run slot {slot} was retired without a run")
+        return config
 
     def __repr__(self) -> str:
         c = self.config

@@ -23,6 +23,7 @@ from ray.exceptions import RayActorError
 from nodus.resources import TERMINAL_PHASES
 
 from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
+from .run_pool import RunActorPool
 from .settings import NAMESPACE, ServerSettings
 from .storage import Storage
 from .timestamps import parse_timestamp, utc_now
@@ -46,6 +47,7 @@ class RunSupervision:
     _locks: Any
     _actors: dict[Key, Any]
     _supervisors: dict[Key, asyncio.Task[None]]
+    pool: RunActorPool
     # Provided by the group side of the control plane (a declaration, not a stub, so that no
     # base class can shadow the real method in the control plane's MRO).
     _tell_group: Callable[[Key], Awaitable[None]]
@@ -74,19 +76,47 @@ class RunSupervision:
     def _remove_workspace(self, project: str, name: str) -> None:
         shutil.rmtree(self._workspace(project, name), ignore_errors=True)
 
-    def _find_actor(self, project: str, name: str, attempt: int) -> Any | None:
+    def _find_actor(self, run: dict[str, Any]) -> Any | None:
+        """The live actor of the run's latest attempt, by the name the run recorded for it."""
+        attempt = int(run["status"].get("attempts") or 0)
+        if not attempt:
+            return None
+        project, name = run["metadata"]["project"], run["metadata"]["name"]
+        actor_name = run["status"].get("actorName") or run_actor_name(project, name, attempt)
         try:
-            return ray.get_actor(run_actor_name(project, name, attempt), namespace=NAMESPACE)
+            return ray.get_actor(actor_name, namespace=NAMESPACE)
         except ValueError:
             return None
 
     async def _start_actor(self, key: Key) -> Any:
+        """A new actor for the run's next attempt: a pre-started one from the pool when one is
+        parked (no process start to wait for), else a fresh one. The attempt and the actor's
+        name are written before the actor gets the run, so a restarted control plane finds it."""
         run = self._runs[key]
         project, name = key
         attempt = int(run["status"].get("attempts") or 0) + 1
-        await self.report(project, name, {"attempts": attempt})
+        config = await self._run_config(key)
+        slot = self.pool.take()
+        if slot is not None:
+            await self.report(project, name, {"attempts": attempt, "actorName": slot.name})
+            self.pool.fill()
+            if self.pool.assign(slot, config):
+                return slot.handle
+            self.pool.discard(slot)  # it died while parked: start a fresh one instead
+        actor_name = run_actor_name(project, name, attempt)
+        await self.report(project, name, {"attempts": attempt, "actorName": actor_name})
+        return RemoteRunActor.options(
+            name=actor_name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+        ).remote(config)
+
+    async def _run_config(self, key: Key) -> RunConfig:
+        run = self._runs[key]
+        project, name = key
         pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
-        config = RunConfig(
+        return RunConfig(
             project=project,
             name=name,
             agent=run["spec"]["agent"],
@@ -103,12 +133,6 @@ class RunSupervision:
             prices_file=self.settings.prices_file,
             group=run["spec"].get("group"),
         )
-        return RemoteRunActor.options(
-            name=run_actor_name(project, name, attempt),
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-        ).remote(config)
 
     def _is_over(self, key: Key) -> bool:
         run = self._runs.get(key)
@@ -121,7 +145,7 @@ class RunSupervision:
             while not self._is_over(key):
                 run = self._runs[key]
                 attempt = int(run["status"].get("attempts") or 0)
-                actor = self._find_actor(project, name, attempt) if attempt else None
+                actor = self._find_actor(run)
                 if actor is None:
                     if attempt > self.settings.max_actor_restarts:
                         await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
@@ -206,8 +230,7 @@ class RunSupervision:
     async def _stop_actor(self, key: Key, run: dict[str, Any]) -> None:
         """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""
         project, name = key
-        attempt = int(run["status"].get("attempts") or 0)
-        actor = self._actors.get(key) or (self._find_actor(project, name, attempt) if attempt else None)
+        actor = self._actors.get(key) or self._find_actor(run)
         if actor is not None:
             try:
                 await asyncio.wait_for(actor.cancel.remote(), timeout=_CANCEL_GRACE_SECONDS)

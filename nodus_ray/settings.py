@@ -45,6 +45,8 @@ class ServerSettings:
     prices_file: str | None = None
     # What a project's credit balance starts at (NODUS_INITIAL_CREDITS).
     initial_credits_usd: str = "5.00"
+    # Pre-started run actors kept waiting per node (NODUS_RUN_POOL; 0 turns the pool off).
+    run_pool_per_node: int = 2
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -65,6 +67,9 @@ class ServerSettings:
                 raise InvalidOperation
         except InvalidOperation:
             raise ValueError(f"NODUS_INITIAL_CREDITS={initial_credits!r} must be a decimal amount of dollars") from None
+        raw_pool = os.environ.get("NODUS_RUN_POOL", "2") or "2"
+        if not raw_pool.isdigit() or int(raw_pool) > 64:
+            raise ValueError(f"NODUS_RUN_POOL={raw_pool!r} must be a whole number from 0 to 64")
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -78,6 +83,7 @@ class ServerSettings:
             anthropic_base_url=os.environ.get("ANTHROPIC_BASE_URL") or None,
             prices_file=prices_file,
             initial_credits_usd=initial_credits,
+            run_pool_per_node=int(raw_pool),
         )
 
     def digest(self) -> str:

@@ -50,7 +50,9 @@ def test_a_killed_run_actor_is_replaced_and_completed_steps_are_not_repeated(
     # the actor's process the hard way, as a node failure would.
     # The dashboard's Actors view tells what the actor is: its name and its __repr__.
     assert any(f"run=default/{run}, agent={agent}@1" in (a.repr_name or "") for a in _live_actors_of(run))
-    os.kill(_actor_pid(ray_driver, f"run.default.{run}.1"), signal.SIGKILL)
+    with server.http() as http:
+        actor_name = http.get(f"{RUNS}/{run}").json()["status"]["actorName"]
+    os.kill(_actor_pid(ray_driver, actor_name), signal.SIGKILL)
 
     def finished() -> dict[str, Any] | None:
         with server.http() as http:

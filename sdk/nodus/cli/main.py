@@ -29,7 +29,14 @@ from ..agent import claude_agent_spec
 from ..client import Client
 from ..config import ENV_API_URL, ENV_PROJECT, Settings, load_settings
 from ..errors import NodusError, NotFound, Unavailable
-from ..resources import API_VERSION, SHORT_NAMES, TERMINAL_PHASES, at_cost_cap, parse_resource
+from ..resources import (
+    API_VERSION,
+    GROUP_TERMINAL_PHASES,
+    SHORT_NAMES,
+    TERMINAL_PHASES,
+    at_cost_cap,
+    parse_resource,
+)
 from . import jsonpath
 from .durations import format_age, parse_timeout
 from .manifests import load_manifests
@@ -50,8 +57,7 @@ _ABORTS: tuple[type[BaseException], ...] = tuple(
 _NO_ARGS_HELP: Any = getattr(_click_exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 
 _SETTINGS = "nodus.settings"
-_GROUP_KINDS = ("ag", "agentgroup", "agentgroups")
-_KIND_HELP = "agent (agents), agentrun (agentruns, ar)"
+_KIND_HELP = "agent (agents), agentrun (agentruns, ar), agentgroup (agentgroups, ag), secret (secrets)"
 
 
 class CliError(ClickException):
@@ -189,8 +195,6 @@ def _kind(text: str) -> tuple[str, str]:
     key = text.strip().lower()
     if key in SHORT_NAMES:
         return SHORT_NAMES[key]
-    if key in _GROUP_KINDS:
-        raise UsageError("AgentGroups arrive in a later release")
     raise UsageError(f"unknown kind {text!r}; known kinds: {_KIND_HELP}")
 
 
@@ -346,15 +350,57 @@ def create_agentrun(
     keep_alive: Annotated[
         bool, typer.Option("--keep-alive", help="Wait for messages after each turn (not served yet).")
     ] = False,
+    group: Annotated[
+        str | None, typer.Option("--group", help="Run as a task of this AgentGroup (NAME is <group>-<task-key>).")
+    ] = None,
+    task_key: Annotated[
+        str | None, typer.Option("--task-key", help="The task's key in the group, unique there.")
+    ] = None,
+    depends_on: Annotated[
+        list[str] | None,
+        typer.Option("--depends-on", help="Task key of the group this run waits for (repeatable)."),
+    ] = None,
     project: ProjectOption = None,
 ) -> None:
-    """Start a run of an agent."""
+    """Start a run of an agent, alone or as a task of an AgentGroup."""
     spec: dict[str, Any] = {"agent": agent, "input": prompt}
     if deadline is not None:
         spec["deadline"] = deadline
     if keep_alive:
         spec["keepAlive"] = True
+    if group is not None:
+        spec["group"] = group
+    if task_key is not None:
+        spec["taskKey"] = task_key
+    if depends_on:
+        spec["dependsOn"] = list(depends_on)
     _create("AgentRun", "agentruns", name, spec, project)
+
+
+@create_app.command("agentgroup")
+def create_agentgroup(
+    name: Annotated[str, typer.Argument(help="Name of the group.")],
+    agent: Annotated[str, typer.Option("--agent", help="The Agent every run of the group uses.")],
+    max_active: Annotated[
+        int | None, typer.Option("--max-active", help="Runs that go at once, 1 to 1000 (default 10).")
+    ] = None,
+    max_pending: Annotated[
+        int | None, typer.Option("--max-pending", help="Unfinished runs the group takes in (default 10000).")
+    ] = None,
+    max_cost: Annotated[
+        str | None, typer.Option("--max-cost", help="Cost cap of the whole group in USD, e.g. 0.60.")
+    ] = None,
+    project: ProjectOption = None,
+) -> None:
+    """Create an AgentGroup: runs of one agent under one concurrency limit and one cost cap."""
+    spec: dict[str, Any] = {"agent": agent}
+    limits = {key: value for key, value in (("maxActive", max_active), ("maxPending", max_pending))
+              if value is not None}
+    if limits:
+        spec["limits"] = limits
+    if max_cost is not None:
+        spec["maxCostUSD"] = max_cost
+    _create("AgentGroup", "agentgroups", name, spec, project)
 
 
 @create_app.command("secret")
@@ -472,6 +518,44 @@ def _run_row(run: dict[str, Any], wide: bool) -> list[str]:
     return row
 
 
+def _group_cost(spec: dict[str, Any], status: dict[str, Any]) -> str:
+    """``$0.012 / $0.60``: spent so far over the group's cap; just the spend when uncapped."""
+    cost = status.get("cost") or {}
+    spent = _dollars(cost.get("totalUSD") or "0")
+    limit = cost.get("limitUSD") or spec.get("maxCostUSD")
+    return f"{spent} / {_dollars(limit)}" if limit not in (None, "") else spent
+
+
+def _blocked(status: dict[str, Any]) -> str:
+    """``DependencyWait=1,MaxCostReached=2``: why queued runs wait, only the reasons that count."""
+    reasons = status.get("blockedReasons") or {}
+    text = ",".join(f"{reason}={count}" for reason, count in reasons.items() if count)
+    return text or "-"
+
+
+def _group_row(group: dict[str, Any], wide: bool) -> list[str]:
+    spec, status, metadata = group.get("spec") or {}, group.get("status") or {}, group.get("metadata") or {}
+    counts = status.get("counts") or {}
+    row = [
+        metadata.get("name", ""),
+        spec.get("agent", ""),
+        status.get("phase") or "Running",
+        f"{counts.get('succeeded', 0)}/{counts.get('total', 0)}",
+        str(counts.get("active", 0)),
+        str(counts.get("queued", 0)),
+        _group_cost(spec, status),
+        format_age(metadata.get("creationTimestamp")),
+    ]
+    if wide:
+        row += [
+            str((spec.get("limits") or {}).get("maxActive") or 10),
+            "true" if spec.get("sealed") else "false",
+            status.get("reason") or "-",
+            _blocked(status),
+        ]
+    return row
+
+
 def _secret_row(secret: dict[str, Any], wide: bool) -> list[str]:
     metadata, status = secret.get("metadata") or {}, secret.get("status") or {}
     return [metadata.get("name", ""), secret.get("type") or "Opaque", ",".join(status.get("keys") or []),
@@ -490,7 +574,15 @@ _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], 
         ["REVISION", "TURNS", "SANDBOX", "KEEP-ALIVE"],
         _run_row,
     ),
+    "AgentGroup": (
+        ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE"],
+        ["MAX-ACTIVE", "SEALED", "REASON", "BLOCKED"],
+        _group_row,
+    ),
 }
+
+# Field selectors on agentruns the server also filters by (``?agent=``, ``?group=``).
+_SERVER_FILTERS = {("spec", "agent"): "agent", ("spec", "group"): "group"}
 
 
 def _field_selector(text: str) -> list[tuple[str, bool, str]]:
@@ -543,7 +635,7 @@ def get(
     output: OutputOption = None,
     field_selector: Annotated[
         str | None,
-        typer.Option("--field-selector", help="Keep items whose PATH=VALUE, e.g. spec.agent=hello."),
+        typer.Option("--field-selector", help="Keep items whose PATH=VALUE, e.g. spec.group=batch-1."),
     ] = None,
     project: ProjectOption = None,
 ) -> None:
@@ -563,8 +655,9 @@ def get(
     if targets[0][2] is None:
         params = {}
         for path, equal, value in selectors:
-            if collection == "agentruns" and equal and jsonpath.parse(path) == ("spec", "agent"):
-                params["agent"] = value  # let the server filter too; the client-side check stays
+            server_filter = _SERVER_FILTERS.get(jsonpath.parse(path)) if collection == "agentruns" else None
+            if server_filter and equal:
+                params[server_filter] = value  # let the server filter too; the client-side check stays
         listed = client.list(collection, params=params or None)
         items = [item for item in listed if _selected(item, selectors)]
         if not items and output not in ("yaml", "json"):
@@ -677,6 +770,13 @@ def _wait_one(
                 raise CliError(
                     f"{_ref(kind, name)} {verb} {phase}{reason}{message}; it will not become {expected}"
                 )
+            if kind == "AgentGroup" and path == ("status", "phase") and _group_settled(phase, expected):
+                reason = f" ({status['reason']})" if status.get("reason") else ""
+                message = f": {status['message']}" if status.get("message") else ""
+                verb = "ended" if phase in GROUP_TERMINAL_PHASES else "is"
+                raise CliError(
+                    f"{_ref(kind, name)} {verb} {phase}{reason}{message}; it will not become {expected}"
+                )
         elif resource is not None:
             last = "it still exists"
         remaining = deadline - time.monotonic()
@@ -684,6 +784,13 @@ def _wait_one(
             raise CliError(f"timed out after {timeout_text} waiting for {_ref(kind, name)}: {last}")
         time.sleep(min(delay, remaining))
         delay = min(delay * 1.5, 1.0)
+
+
+def _group_settled(phase: Any, expected: str | None) -> bool:
+    """The group can no longer reach ``expected``: it ended, or it is Cancelling (ends Cancelled)."""
+    if phase in GROUP_TERMINAL_PHASES:
+        return True
+    return phase == "Cancelling" and expected not in ("Cancelling", "Cancelled")
 
 
 # -- cancel / delete --------------------------------------------------------------------------
@@ -694,15 +801,22 @@ def cancel(
     target: TargetsArgument,
     project: ProjectOption = None,
 ) -> None:
-    """Cancel runs: stop the running command and delete the sandbox."""
+    """Cancel runs (stop the command, delete the sandbox) or groups (every unfinished run)."""
     client = _client(project)
-    for kind, collection, name in _targets(target, need_name=True):
-        if collection != "agentruns":
-            raise UsageError(f"only agentruns can be cancelled, not {kind.lower()}s")
+    targets = _targets(target, need_name=True)
+    for kind, collection, _ in targets:
+        if collection not in ("agentruns", "agentgroups"):
+            raise UsageError(f"only agentruns and agentgroups can be cancelled, not {kind.lower()}s")
+    for kind, collection, name in targets:
         assert name is not None
-        run = client.cancel_run(name) or {}
-        phase = (run.get("status") or {}).get("phase")
-        if phase and phase != "Cancelled":
+        if collection == "agentgroups":
+            resource = client.cancel_group(name) or {}
+            finished = GROUP_TERMINAL_PHASES
+        else:
+            resource = client.cancel_run(name) or {}
+            finished = TERMINAL_PHASES
+        phase = (resource.get("status") or {}).get("phase")
+        if phase in finished and phase != "Cancelled":
             typer.echo(f"{_ref(kind, name)} already {phase}; nothing to cancel")
         else:
             typer.echo(f"{_ref(kind, name)} cancelled")
@@ -722,7 +836,8 @@ def delete(
     ] = False,
     project: ProjectOption = None,
 ) -> None:
-    """Delete resources; a run is cancelled first, an agent only once no unfinished run uses it."""
+    """Delete resources; a run is cancelled first, a group goes with all its runs, an agent only
+    once no unfinished run uses it."""
     if target and filenames:
         raise UsageError("name resources as KIND/NAME or pass -f FILE, not both")
     if not target and not filenames:

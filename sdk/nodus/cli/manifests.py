@@ -14,7 +14,7 @@ from typing import Any, TextIO
 import yaml
 
 from ..errors import Invalid, NodusError
-from ..resources import SHORT_NAMES, Agent, AgentRun, parse_resource
+from ..resources import SHORT_NAMES, Resource, parse_resource
 
 __all__ = ["Manifest", "load_manifests"]
 
@@ -28,7 +28,7 @@ class Manifest:
     source: str
     line: int
     document: dict[str, Any]
-    resource: Agent | AgentRun
+    resource: Resource
 
     @property
     def kind(self) -> str:
@@ -52,8 +52,16 @@ class Manifest:
         return f"{self.kind.lower()}/{self.name}"
 
     def body(self) -> dict[str, Any]:
-        """What to send: the document as written, without the server-owned status."""
-        return {key: value for key, value in self.document.items() if key != "status"}
+        """What to send: the document as written, without the server-owned status.
+
+        A group member may leave ``metadata.name`` out (it is ``<group>-<taskKey>``); the name
+        `parse_resource` filled in is sent, since an apply is a PUT to that name.
+        """
+        body = {key: value for key, value in self.document.items() if key != "status"}
+        metadata = body.get("metadata")
+        if not isinstance(metadata, dict) or metadata.get("name") is None:
+            body["metadata"] = {**(metadata if isinstance(metadata, dict) else {}), "name": self.name}
+        return body
 
 
 def _read(path: str, stdin: TextIO) -> tuple[str, str]:
