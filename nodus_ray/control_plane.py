@@ -126,7 +126,7 @@ class ControlPlane(RunSupervision, GroupControl):
                 elif run["status"]["phase"] not in TERMINAL_PHASES and not self._awaits_admission(run):
                     self._supervise(key)
             await self._start_groups()
-            self.pool.fill()
+            await self._refill_pool()
             self._started = True
 
     def _load(self) -> None:
@@ -166,6 +166,11 @@ class ControlPlane(RunSupervision, GroupControl):
             "agents": len(self._agents),
             "runs": len(self._runs),
         }
+
+    async def _refill_pool(self) -> None:
+        byok = any((agent["spec"].get("model") or {}).get("access") == "BYOK" for agent in self._agents.values())
+        self.pool.warm_anthropic = byok or bool(await asyncio.to_thread(self.secrets.server_key))
+        self.pool.fill()
 
     async def claim_slot(self, slot: str) -> Any:
         """A pre-started run actor waits here (inside its ``__init__``) for the run it will serve."""
@@ -653,6 +658,7 @@ class ControlPlane(RunSupervision, GroupControl):
         """The server's own Anthropic key, from the environment of ``nodus up``; sealed in storage."""
         await self._ensure_started()
         await asyncio.to_thread(self.secrets.set_server_key, key)
+        await self._refill_pool()
         return "anthropic" if key else "offline"
 
     async def model_access(self, project: str, name: str) -> dict[str, Any]:

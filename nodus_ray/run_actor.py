@@ -9,6 +9,7 @@ reports progress upward to the control plane, which alone writes the run's resou
 from __future__ import annotations
 
 import asyncio
+import importlib
 import shutil
 import socket
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from .journal import Journal
 from .models import ModelProvider, provider_for
 from .prices import PriceTable
 from .router import ROUTER_ACTOR_NAME
-from .sandbox import Sandbox, create_sandbox
+from .sandbox import Sandbox, bwrap_available, create_sandbox
 from .settings import CONTROL_PLANE_NAME, NAMESPACE
 from .spend import CapExceeded, RunSpend
 from .storage import Storage
@@ -77,9 +78,9 @@ class RunConfig:
 class RunActor:
     """Runs the program once per actor; `run` can be awaited any number of times."""
 
-    def __init__(self, config: RunConfig | str):
+    def __init__(self, config: RunConfig | str, *, warm_anthropic: bool = False):
         if isinstance(config, str):
-            config = self._claim(config)
+            config = self._claim(config, warm_anthropic)
         self.config = config
         self.phase = "Pending"
         self._task: asyncio.Task[dict[str, Any]] | None = None
@@ -89,12 +90,18 @@ class RunActor:
         self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
 
     @staticmethod
-    def _claim(slot: str) -> RunConfig:
+    def _claim(slot: str, warm_anthropic: bool) -> RunConfig:
         """A pooled actor (`run_pool`): wait, inside ``__init__``, for the one run it will serve.
 
         Ray takes the actor's ``__repr__`` for the dashboard when ``__init__`` returns, so
         returning only with a run is what makes a pooled actor show its run there.
         """
+        # What a run pays for in its first steps is paid here, while nothing waits: the
+        # bubblewrap probe (once per process), the price table, the Anthropic SDK when needed.
+        bwrap_available()
+        PriceTable.load()
+        if warm_anthropic:  # the SDK takes about 1 s to import here; a run on Claude needs it
+            importlib.import_module("nodus_ray.models.anthropic_provider")
         control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
         config = ray.get(control_plane.claim_slot.remote(slot))
         if config is None:

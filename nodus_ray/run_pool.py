@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ from .settings import NAMESPACE
 __all__ = ["RunActorPool", "Slot"]
 
 logger = logging.getLogger(__name__)
+
+_NODES_TTL = 10.0
+_REFILL_DELAY = 0.25
 
 
 @dataclass
@@ -52,36 +56,67 @@ class RunActorPool:
     def __init__(self, per_node: int) -> None:
         self.per_node = per_node
         self._slots: dict[str, Slot] = {}  # created and not yet handed out
+        self._nodes: tuple[float, list[str]] | None = None
+        self._filling = False
+        # Whether parked actors import the Anthropic SDK ahead (about 1 s of CPU each): only
+        # when runs may use it (the server has a key, or an agent brings its own).
+        self.warm_anthropic = False
 
     def __len__(self) -> int:
         return sum(1 for slot in self._slots.values() if self._ready(slot))
 
+    def _alive_nodes(self) -> list[str]:
+        """Alive node ids, asked of Ray's GCS at most every ``_NODES_TTL`` seconds."""
+        now = time.monotonic()
+        if self._nodes is None or now - self._nodes[0] > _NODES_TTL:
+            self._nodes = (now, [node["NodeID"] for node in ray.nodes() if node.get("Alive")])
+        return self._nodes[1]
+
     @staticmethod
     def _ready(slot: Slot) -> bool:
-        return slot.waiter is not None and not slot.waiter.done()
+        return slot.handle is not None and slot.waiter is not None and not slot.waiter.done()
 
     def fill(self) -> None:
-        """Start slots where a node has fewer than ``per_node`` (ready or still starting)."""
-        if self.per_node <= 0:
+        """Start slots where a node has fewer than ``per_node`` (ready or still starting).
+
+        Creating a named actor is a synchronous round trip to Ray's GCS, so the creations run
+        in a thread, and a moment later than asked: a refill must not hold up the control
+        plane's event loop, nor compete with the first steps of the run that just took a slot.
+        """
+        if self.per_node <= 0 or self._filling:
             return
+        self._filling = True
+        loop = asyncio.get_running_loop()
+        loop.call_later(_REFILL_DELAY, lambda: loop.create_task(self._refill()))
+
+    async def _refill(self) -> None:
         try:
-            nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
-        except Exception:  # noqa: BLE001 - without a node list there is nothing to fill now
-            logger.warning("could not list Ray nodes; the run pool is not refilled", exc_info=True)
-            return
-        for slot_name in [name for name, slot in self._slots.items() if slot.node not in nodes]:
-            self._slots.pop(slot_name, None)  # its node is gone, and the slot with it
-        for node in nodes:
-            have = sum(1 for slot in self._slots.values() if slot.node == node)
-            for _ in range(self.per_node - have):
-                name = f"runslot.{node[:8]}.{uuid.uuid4().hex[:12]}"
-                handle = RemoteRunActor.options(
-                    name=name,
-                    namespace=NAMESPACE,
-                    lifetime="detached",
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
-                ).remote(name)
-                self._slots[name] = Slot(name=name, node=node, handle=handle)
+            nodes = await asyncio.to_thread(self._alive_nodes)
+            for slot_name in [name for name, slot in self._slots.items() if slot.node not in nodes]:
+                self._slots.pop(slot_name, None)  # its node is gone, and the slot with it
+            wanted: list[Slot] = []
+            for node in nodes:
+                have = sum(1 for slot in self._slots.values() if slot.node == node)
+                for _ in range(self.per_node - have):
+                    slot = Slot(name=f"runslot.{node[:8]}.{uuid.uuid4().hex[:12]}", node=node, handle=None)
+                    self._slots[slot.name] = slot  # known before it exists: its claim may come first
+                    wanted.append(slot)
+            if wanted:
+                await asyncio.to_thread(self._create, wanted, self.warm_anthropic)
+        except Exception:  # noqa: BLE001 - a failed refill leaves fewer slots; runs start fresh actors
+            logger.warning("could not refill the run pool", exc_info=True)
+        finally:
+            self._filling = False
+
+    @staticmethod
+    def _create(slots: list[Slot], warm_anthropic: bool) -> None:
+        for slot in slots:
+            slot.handle = RemoteRunActor.options(
+                name=slot.name,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=slot.node, soft=True),
+            ).remote(slot.name, warm_anthropic=warm_anthropic)
 
     async def claim(self, name: str) -> RunConfig | None:
         """A slot's ``__init__`` waits here for its run; None tells an unknown slot to end."""

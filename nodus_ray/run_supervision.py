@@ -99,8 +99,9 @@ class RunSupervision:
         slot = self.pool.take()
         if slot is not None:
             await self.report(project, name, {"attempts": attempt, "actorName": slot.name})
+            assigned = self.pool.assign(slot, config)
             self.pool.fill()
-            if self.pool.assign(slot, config):
+            if assigned:
                 return slot.handle
             self.pool.discard(slot)  # it died while parked: start a fresh one instead
         actor_name = run_actor_name(project, name, attempt)
