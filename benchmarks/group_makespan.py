@@ -176,12 +176,16 @@ def main() -> None:
 
     phases = [_phase("no pool (baseline)", 0, args.runs, args.max_active, args.latency, args.port),
               _phase(f"pool of {args.pool}", args.pool, args.runs, args.max_active, args.latency, args.port)]
-    rate, decisions = admission_rate(args.admission_runs)
+    rates = {size: admission_rate(size) for size in (args.admission_runs // 10, args.admission_runs,
+                                                       args.admission_runs * 5)}
     print("| date | cores | server | runs K | maxActive N | latency L | makespan / ideal | run time | start p50 / p99 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for phase in phases:
         print(phase.row(args.runs, args.max_active, args.latency))
-    print(f"\nadmission core: {decisions} decisions for {args.admission_runs} runs, {rate:,.0f} decisions/s")
+    print("\n| group size (runs) | admission decisions | decisions per second |")
+    print("| --- | --- | --- |")
+    for size, (rate, decisions) in rates.items():
+        print(f"| {size} | {decisions} | {rate:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -39,8 +39,10 @@ a run must be idempotent by run name.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -203,14 +205,14 @@ class Member:
 
 @dataclass(frozen=True)
 class GroupStatus:
-    """The group's ``status``: phase, counts, why queued runs wait, and the cost."""
+    """The group's ``status``: phase, counts, why queued runs wait (how many for each reason),
+    and the cost. Each queued run's own reason is `Admission.queued_reasons`."""
 
     phase: str
     reason: str | None
     message: str | None
     counts: dict[str, int]
     blocked_reasons: dict[str, int]
-    queued_reasons: dict[str, str]  # run name -> DependencyWait | GroupWait
     cost_total: Decimal
     cost_limit: Decimal | None
     reserved: Decimal
@@ -252,8 +254,9 @@ class _Plan:
     """One admission pass, computed without changing anything."""
 
     start: list[Member]
-    blocked: dict[str, str]  # run name -> DependencyWait | MaxActiveReached | MaxCostReached
+    blocked: dict[str, int]  # DependencyWait | MaxActiveReached | MaxCostReached -> queued runs
     busy: int  # started, unfinished runs after the planned starts
+    stuck: Member | None  # the first run that waits only for room under the cost cap
 
 
 # -- admission ---------------------------------------------------------------------------------
@@ -270,9 +273,23 @@ class Admission:
         self._cancelled = bool(cancelled)
         self._members: dict[str, Member] = {}  # run name -> member, in creation order
         self._by_key: dict[str, Member] = {}
+        self._by_index: list[Member] = []  # creation index -> member
+        self._index: dict[str, int] = {}  # run name -> creation index
+        self._dependents: dict[str, list[str]] = {}  # task key -> runs that depend on it
         self._unconfirmed: dict[str, None] = {}  # admitted, start not yet acknowledged (ordered set)
         self._orders: dict[str, str] = {}  # started run -> cancel reason it was told
         self._outbox: list[tuple[str, str]] = []  # cancels not yet handed out in a Decision
+        # Kept up to date on every change, so that a decision costs about the runs it starts,
+        # not the size of the group (a group holds up to maxPending unfinished runs):
+        self._unmet: dict[str, int] = {}  # queued run -> its dependencies not yet Succeeded
+        self._eligible: list[int] = []  # sorted creation indexes of queued runs with none unmet
+        self._needs: Counter[Decimal] = Counter()  # what each eligible run would reserve
+        self._recheck: list[int] = []  # heap: queued runs a failed or cancelled dependency may cancel
+        self._counts: Counter[str] = Counter()  # members per state
+        self._dependency_failed = 0  # Cancelled with DependencyFailed (these fail the group)
+        self._spent = Decimal(0)
+        self._reserved = Decimal(0)
+        self._reason_changes: dict[str, str] = {}  # queued run -> its new reason, since last taken
 
     # -- restart ---------------------------------------------------------------------------
 
@@ -319,7 +336,6 @@ class Admission:
         admission._cascade()
         if admission._cancelled:
             admission._cancel_unfinished()
-        admission._refresh_reasons()
         return admission
 
     # -- reads -----------------------------------------------------------------------------
@@ -358,6 +374,21 @@ class Admission:
     def status(self) -> GroupStatus:
         """The status now, without admitting anything (the status of the last Decision)."""
         return self._status(self._plan())
+
+    @property
+    def queued_reasons(self) -> dict[str, str]:
+        """Each queued run's own reason: DependencyWait, or GroupWait (waiting for room)."""
+        return {member.run: member.reason or GROUP_WAIT for member in self._members.values()
+                if member.state == QUEUED}
+
+    def take_reason_changes(self) -> dict[str, str]:
+        """Queued runs whose reason changed since the last call (a supervisor publishes these)."""
+        changes, self._reason_changes = self._reason_changes, {}
+        return {run: why for run, why in changes.items() if self._members[run].state == QUEUED}
+
+    def restore_reason_changes(self, changes: dict[str, str]) -> None:
+        """Put back changes taken but not delivered; newer changes of the same runs win."""
+        self._reason_changes = {**changes, **self._reason_changes}
 
     # -- requests --------------------------------------------------------------------------
 
@@ -442,12 +473,15 @@ class Admission:
                     f"run {run!r} already finished as {member.state} and cannot become {state}",
                     "status.phase",
                 )
-            member.spent = max(member.spent, spent)
+            self._transition(member, member.state, spent=max(member.spent, spent), reason=member.reason)
             return self._settle()
         ordered = self._orders.pop(run, None) if state in _TERMINAL else self._orders.get(run)
-        member.state = state
-        member.reason = (ordered or reason) if state == CANCELLED else reason
-        member.spent = max(member.spent, spent)
+        self._transition(
+            member,
+            state,
+            spent=max(member.spent, spent),
+            reason=(ordered or reason) if state == CANCELLED else reason,
+        )
         self._unconfirmed.pop(run, None)
         return self._settle()
 
@@ -619,23 +653,110 @@ class Admission:
                     index,
                 )
 
+    # -- the kept-up-to-date state --------------------------------------------------------
+
     def _insert(self, member: Member) -> None:
+        """Take in a checked copy whose dependencies are members already."""
+        index = len(self._by_index)
+        self._by_index.append(member)
+        self._index[member.run] = index
         self._members[member.run] = member
         self._by_key[member.key] = member
+        self._dependents.setdefault(member.key, [])
+        for dependency in member.depends_on:
+            self._dependents[dependency].append(member.run)
+        self._enter(member)
+        if member.state != QUEUED:
+            return
+        states = [self._by_key[dependency].state for dependency in member.depends_on]
+        unmet = sum(1 for state in states if state != SUCCEEDED)
+        self._unmet[member.run] = unmet
+        if FAILED in states or CANCELLED in states:
+            heapq.heappush(self._recheck, index)
+        if unmet == 0:
+            self._make_eligible(member)
+        self._set_queued_reason(member, GROUP_WAIT if unmet == 0 else DEPENDENCY_WAIT)
+
+    def _enter(self, member: Member) -> None:
+        self._counts[member.state] += 1
+        self._spent += member.spent
+        self._reserved += member.reservation
+        if member.state == CANCELLED and member.reason == DEPENDENCY_FAILED:
+            self._dependency_failed += 1
+
+    def _leave(self, member: Member) -> None:
+        self._counts[member.state] -= 1
+        self._spent -= member.spent
+        self._reserved -= member.reservation
+        if member.state == CANCELLED and member.reason == DEPENDENCY_FAILED:
+            self._dependency_failed -= 1
+
+    @staticmethod
+    def _need(member: Member) -> Decimal:
+        """What a queued run would reserve if it started now."""
+        return max(member.cap - member.spent, Decimal(0))
+
+    def _make_eligible(self, member: Member) -> None:
+        bisect.insort(self._eligible, self._index[member.run])
+        self._needs[self._need(member)] += 1
+
+    def _make_ineligible(self, member: Member) -> None:
+        index = self._index[member.run]
+        position = bisect.bisect_left(self._eligible, index)
+        if position < len(self._eligible) and self._eligible[position] == index:
+            del self._eligible[position]
+            need = self._need(member)
+            self._needs[need] -= 1
+            if not self._needs[need]:
+                del self._needs[need]
+
+    def _set_queued_reason(self, member: Member, reason: str) -> None:
+        if member.reason != reason:
+            member.reason = reason
+            self._reason_changes[member.run] = reason
+
+    def _transition(self, member: Member, state: str, *, spent: Decimal, reason: str | None) -> None:
+        """Every change of a member's state or spend goes through here, to keep the counts true."""
+        was = member.state
+        if was == QUEUED:
+            if self._unmet.pop(member.run, 0) == 0:
+                self._make_ineligible(member)  # before the spend changes: its need is keyed by it
+        self._leave(member)
+        member.state, member.spent, member.reason = state, spent, reason
+        self._enter(member)
+        if state == was:
+            return
+        if state == SUCCEEDED:
+            for run in self._dependents[member.key]:
+                dependent = self._members[run]
+                if dependent.state == QUEUED:
+                    self._unmet[run] -= 1
+                    if self._unmet[run] == 0:
+                        self._make_eligible(dependent)
+                        self._set_queued_reason(dependent, GROUP_WAIT)
+        elif state in (FAILED, CANCELLED):
+            for run in self._dependents[member.key]:
+                if self._members[run].state == QUEUED:
+                    heapq.heappush(self._recheck, self._index[run])
 
     def _dependencies(self, member: Member) -> list[Member]:
         return [self._by_key[key] for key in member.depends_on]
 
+    def _unfinished(self) -> int:
+        return self._counts[QUEUED] + self._counts[ACTIVE] + self._counts[WAITING]
+
     def _finished(self) -> bool:
-        return self._sealed and all(member.state in _TERMINAL for member in self._members.values())
+        return self._sealed and self._unfinished() == 0
 
     def _cascade(self) -> None:
-        """Cancel queued runs whose dependency failed or was cancelled.
+        """Cancel queued runs whose dependency failed or was cancelled, level by level.
 
-        Dependencies always precede their dependents in creation order, so one pass in that
-        order carries the cascade through any number of levels.
+        Runs are looked at in creation order, and dependencies precede their dependents, so a
+        run is decided only after every dependency that this cascade cancels: one with a failed
+        dependency is ``DependencyFailed`` even if another dependency was cancelled.
         """
-        for member in self._members.values():
+        while self._recheck:
+            member = self._by_index[heapq.heappop(self._recheck)]
             if member.state != QUEUED:
                 continue
             states = {dependency.state for dependency in self._dependencies(member)}
@@ -647,89 +768,83 @@ class Admission:
                 else None
             )
             if reason is not None:
-                member.state, member.reason = CANCELLED, reason
+                self._transition(member, CANCELLED, spent=member.spent, reason=reason)
                 self._outbox.append((member.run, reason))
 
     def _cancel_unfinished(self) -> None:
         for member in self._members.values():
             if member.state == QUEUED:
-                member.state, member.reason = CANCELLED, GROUP_CANCELLED
+                self._transition(member, CANCELLED, spent=member.spent, reason=GROUP_CANCELLED)
                 self._outbox.append((member.run, GROUP_CANCELLED))
             elif member.state in _STARTED and member.run not in self._orders:
                 self._orders[member.run] = GROUP_CANCELLED
                 self._outbox.append((member.run, GROUP_CANCELLED))
 
     def _plan(self) -> _Plan:
-        """Which queued runs would start now, and why each of the others waits."""
-        members = self._members.values()
-        busy = sum(1 for member in members if member.state in _STARTED)
+        """Which queued runs would start now, and how many of the others wait for each reason.
+
+        Eligible runs (every dependency succeeded) are taken in creation order, first fit. The
+        pass stops as soon as nothing more can start: maxActive is reached (every later run
+        waits for it), or what is left of the cap is below the smallest need of any eligible
+        run (every later run waits for room). So a pass looks at the runs it starts plus about
+        one more, however many are queued.
+        """
+        busy = self._counts[ACTIVE] + self._counts[WAITING]
         room: Decimal | None = None
         if self._limits.max_cost is not None:
-            committed = sum((member.spent + member.reservation for member in members), Decimal(0))
-            room = self._limits.max_cost - committed
+            room = self._limits.max_cost - self._spent - self._reserved
         start: list[Member] = []
-        blocked: dict[str, str] = {}
-        for member in members:
-            if member.state != QUEUED:
-                continue
-            if any(dependency.state != SUCCEEDED for dependency in self._dependencies(member)):
-                blocked[member.run] = DEPENDENCY_WAIT
-                continue
-            if self._cancelled:
-                continue  # no queued runs survive a cancel; nothing starts in a cancelled group
-            if busy >= self._limits.max_active:
-                blocked[member.run] = MAX_ACTIVE_REACHED
-                continue
-            need = max(member.cap - member.spent, Decimal(0))
-            if room is not None and need > room:
-                blocked[member.run] = MAX_COST_REACHED
-                continue
-            start.append(member)
-            busy += 1
-            if room is not None:
-                room -= need
-        return _Plan(start=start, blocked=blocked, busy=busy)
-
-    def _refresh_reasons(self) -> None:
-        for member in self._members.values():
-            if member.state == QUEUED:
-                waits = any(dependency.state != SUCCEEDED for dependency in self._dependencies(member))
-                member.reason = DEPENDENCY_WAIT if waits else GROUP_WAIT
+        cost_blocked = 0
+        stuck: Member | None = None
+        examined = 0
+        smallest = min(self._needs) if self._needs else None
+        if not self._cancelled:  # a cancelled group has no queued runs and starts nothing
+            for index in self._eligible:
+                if busy >= self._limits.max_active:
+                    break
+                member = self._by_index[index]
+                if room is not None and smallest is not None and room < smallest:
+                    cost_blocked += len(self._eligible) - examined
+                    stuck = stuck or member
+                    examined = len(self._eligible)
+                    break
+                examined += 1
+                need = self._need(member)
+                if room is not None and need > room:
+                    cost_blocked += 1
+                    stuck = stuck or member
+                    continue
+                start.append(member)
+                busy += 1
+                if room is not None:
+                    room -= need
+        blocked = {
+            DEPENDENCY_WAIT: self._counts[QUEUED] - len(self._eligible),
+            MAX_ACTIVE_REACHED: len(self._eligible) - examined if not self._cancelled else 0,
+            MAX_COST_REACHED: cost_blocked,
+        }
+        return _Plan(start=start, blocked=blocked, busy=busy, stuck=stuck)
 
     def _settle(self) -> Decision:
         """Cascade, admit, and hand out what the supervisor has not been told yet."""
         self._cascade()
         plan = self._plan()
         for member in plan.start:
-            member.state, member.reason = ACTIVE, None
+            self._transition(member, ACTIVE, spent=member.spent, reason=None)
             self._unconfirmed[member.run] = None
-        self._refresh_reasons()
         cancel, self._outbox = self._outbox, []
         return Decision(
             start=[member.run for member in plan.start], cancel=cancel, status=self._status(self._plan())
         )
 
     def _status(self, plan: _Plan) -> GroupStatus:
-        members = list(self._members.values())
-        counts = {"queued": 0, "active": 0, "waiting": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
-        for member in members:
-            counts[member.state.lower()] += 1
-        counts["total"] = len(members)
-        blocked_reasons = {DEPENDENCY_WAIT: 0, MAX_ACTIVE_REACHED: 0, MAX_COST_REACHED: 0}
-        for reason in plan.blocked.values():
-            blocked_reasons[reason] += 1
-        queued_reasons = {
-            member.run: DEPENDENCY_WAIT if plan.blocked.get(member.run) == DEPENDENCY_WAIT else GROUP_WAIT
-            for member in members
-            if member.state == QUEUED
-        }
-        cost_total = sum((member.spent for member in members), Decimal(0))
-        reserved = sum((member.reservation for member in members), Decimal(0))
-        unfinished = counts["queued"] + counts["active"] + counts["waiting"]
+        counts = {state.lower(): self._counts[state] for state in
+                  (QUEUED, ACTIVE, WAITING, SUCCEEDED, FAILED, CANCELLED)}
+        total = len(self._members)
+        counts["total"] = total
+        unfinished = self._unfinished()
         failed = counts["failed"]
-        dependency_failed = sum(
-            1 for member in members if member.state == CANCELLED and member.reason == DEPENDENCY_FAILED
-        )
+        dependency_failed = self._dependency_failed
 
         reason: str | None = None
         message: str | None = None
@@ -739,7 +854,7 @@ class Admission:
                 message = f"waiting for {unfinished} unfinished run{_s(unfinished)} to stop"
             else:
                 phase = "Cancelled"
-                message = f"cancelled; {counts['succeeded']} of {len(members)} runs had succeeded"
+                message = f"cancelled; {counts['succeeded']} of {total} runs had succeeded"
         elif self._sealed and not unfinished:
             if failed or dependency_failed:
                 phase, reason = "Failed", RUNS_FAILED
@@ -754,44 +869,37 @@ class Admission:
                 message = " and ".join(parts)
             else:
                 phase = "Succeeded"
-                message = (
-                    f"{counts['succeeded']} of {len(members)} runs succeeded"
-                    if members
-                    else "sealed with no runs"
-                )
+                message = f"{counts['succeeded']} of {total} runs succeeded" if total else "sealed with no runs"
         else:
             phase = "Running"
-            message = self._running_message(plan, members, cost_total)
+            message = self._running_message(plan, total, unfinished)
         return GroupStatus(
             phase=phase,
             reason=reason,
             message=message,
             counts=counts,
-            blocked_reasons=blocked_reasons,
-            queued_reasons=queued_reasons,
-            cost_total=cost_total,
+            blocked_reasons=dict(plan.blocked),
+            # A running sum that came back to zero reads "0.00"; the API says "0".
+            cost_total=self._spent or Decimal(0),
             cost_limit=self._limits.max_cost,
-            reserved=reserved,
+            reserved=self._reserved or Decimal(0),
         )
 
-    def _running_message(self, plan: _Plan, members: list[Member], cost_total: Decimal) -> str | None:
+    def _running_message(self, plan: _Plan, total: int, unfinished: int) -> str | None:
         limit = self._limits.max_cost
-        if plan.busy == 0 and limit is not None:
+        if plan.busy == 0 and limit is not None and plan.stuck is not None:
             # Nothing runs and nothing can start: only a larger cap (or smaller run caps) helps.
-            stuck = next(
-                (self._members[run] for run, why in plan.blocked.items() if why == MAX_COST_REACHED), None
-            )
-            if stuck is not None:
-                if limit < stuck.cap:
-                    return (
-                        f"maxCostUSD ${_usd(limit)} is below a run's cap ${_usd(stuck.cap)}: "
-                        "raise the cap or lower perRunMaxCostUSD"
-                    )
+            stuck = plan.stuck
+            if limit < stuck.cap:
                 return (
-                    f"the group has spent ${_usd(cost_total)} of its maxCostUSD ${_usd(limit)}; the "
-                    f"${_usd(limit - cost_total)} left is below a run's cap ${_usd(stuck.cap)}: raise the cap"
+                    f"maxCostUSD ${_usd(limit)} is below a run's cap ${_usd(stuck.cap)}: "
+                    "raise the cap or lower perRunMaxCostUSD"
                 )
-        if not self._sealed and members and all(member.state in _TERMINAL for member in members):
+            return (
+                f"the group has spent ${_usd(self._spent)} of its maxCostUSD ${_usd(limit)}; the "
+                f"${_usd(limit - self._spent)} left is below a run's cap ${_usd(stuck.cap)}: raise the cap"
+            )
+        if not self._sealed and total and not unfinished:
             return "every run has finished; the group finishes once it is sealed"
         return None
 

@@ -88,7 +88,6 @@ class GroupSupervisor:
         self._cancels: list[tuple[str, str]] = []
         self._status: GroupStatus | None = None
         self._status_dirty = False
-        self._sent_reasons: dict[str, str] = {}
         self._wake: asyncio.Event | None = None
         self._executor: asyncio.Task[None] | None = None
 
@@ -237,13 +236,14 @@ class GroupSupervisor:
         await self._control_plane.ask("cancel_member", self.project, run, reason)
 
     async def _publish(self) -> None:
-        assert self._status is not None
-        reasons = self._status.queued_reasons
-        changed = {run: why for run, why in reasons.items() if self._sent_reasons.get(run) != why}
-        await self._control_plane.ask(
-            "group_status", self.project, self.name, self._status.to_dict(), changed
-        )
-        self._sent_reasons = dict(reasons)
+        assert self._status is not None and self._admission is not None
+        changed = self._admission.take_reason_changes()
+        try:
+            await self._control_plane.ask("group_status", self.project, self.name, self._status.to_dict(), changed)
+        except BaseException:
+            self._status_dirty = True  # publish again, with these reasons, on the next round
+            self._admission.restore_reason_changes(changed)
+            raise
 
 
 RemoteGroupSupervisor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=1000)(

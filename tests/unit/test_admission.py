@@ -58,13 +58,13 @@ def test_the_guides_example_runs_two_at_once_and_c_after_a_and_b() -> None:
         "total": 3,
     }
     assert d.status.blocked_reasons == {"DependencyWait": 1, "MaxActiveReached": 0, "MaxCostReached": 0}
-    assert d.status.queued_reasons == {"g-c": "DependencyWait"}
+    assert adm.queued_reasons == {"g-c": "DependencyWait"}
     assert d.status.reserved == D("0.20")
     for run in d.start:
         adm.started(run)
 
     d = report(adm, "a", spent="0.03")
-    assert d.start == [] and d.status.queued_reasons == {"g-c": "DependencyWait"}
+    assert d.start == [] and adm.queued_reasons == {"g-c": "DependencyWait"}
     assert (d.status.cost_total, d.status.reserved) == (D("0.03"), D("0.10"))
     d = report(adm, "b", spent="0.02")
     assert d.start == ["g-c"]
@@ -81,7 +81,7 @@ def test_the_cap_has_room_for_six_runs_and_spend_stays_counted_after_a_run_ends(
     d = adm.add([m(k) for k in "abcdefgh"])
     assert d.start == [f"g-{k}" for k in "abcdef"]
     assert d.status.blocked_reasons["MaxCostReached"] == 2
-    assert d.status.queued_reasons == {"g-g": "GroupWait", "g-h": "GroupWait"}
+    assert adm.queued_reasons == {"g-g": "GroupWait", "g-h": "GroupWait"}
     assert d.status.message is None  # runs are going; nothing is stuck
     # a ends having spent 0.04: its 0.06 is released, but 0.04 stays spent, so g still does not fit.
     assert report(adm, "a", spent="0.04").start == []
@@ -95,7 +95,7 @@ def test_max_active_blocks_and_a_patch_admits_more() -> None:
     d = adm.add([m("a"), m("b"), m("c")])
     assert d.start == ["g-a"]
     assert d.status.blocked_reasons == {"DependencyWait": 0, "MaxActiveReached": 2, "MaxCostReached": 0}
-    assert d.status.queued_reasons == {"g-b": "GroupWait", "g-c": "GroupWait"}
+    assert adm.queued_reasons == {"g-b": "GroupWait", "g-c": "GroupWait"}
     d = adm.patch(max_active=3)
     assert d.start == ["g-b", "g-c"] and adm.limits.max_active == 3
 
@@ -184,7 +184,7 @@ def test_a_run_that_does_not_fit_does_not_hold_back_a_smaller_one() -> None:
     adm = Admission(GroupLimits(max_cost=D("0.05")))
     d = adm.add([m("big"), m("byok", cap="0")])
     assert d.start == ["g-byok"] and d.status.reserved == 0
-    assert d.status.queued_reasons == {"g-big": "GroupWait"}
+    assert adm.queued_reasons == {"g-big": "GroupWait"}
 
 
 def test_reservation_is_the_remaining_allowance_so_spent_plus_reserved_stays_under_the_cap() -> None:
@@ -428,7 +428,7 @@ def test_rebuild_keeps_reservations_and_admits_what_fits() -> None:
     adm = Admission.rebuild(GroupLimits(max_cost=D("0.25")), members, sealed=False, cancelled=False)
     assert adm.status.reserved == D("0.06")
     d = adm.decide()
-    assert d.start == ["g-b"] and d.status.queued_reasons == {"g-c": "GroupWait"}
+    assert d.start == ["g-b"] and adm.queued_reasons == {"g-c": "GroupWait"}
     assert d.status.blocked_reasons["MaxCostReached"] == 1
 
 
@@ -816,7 +816,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         status = adm.status
         queued = [member for member in adm.members if member.state == "Queued"]
         assert sum(status.blocked_reasons.values()) == len(queued)
-        assert status.queued_reasons == {member.run: member.reason for member in queued}
+        assert adm.queued_reasons == {member.run: member.reason for member in queued}
         busy = self.busy()
         room = None if status.cost_limit is None else status.cost_limit - status.cost_total - status.reserved
         for member in queued:
