@@ -1,4 +1,4 @@
-# The README's two commands: `make demo` (set up, start nodus, run the hello example) and
+# The README's two commands: `make demo` (set up, start nodus, run the examples) and
 # `make test` (set up, run every test). Both work on a fresh machine with Python 3.11 and apt.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -30,6 +30,7 @@ demo: setup
 	$(BIN)/nodus agentrun answer hello-agent-run
 	$(BIN)/nodus agentrun steps hello-agent-run
 	$(BIN)/python examples/hello/main.py
+	$(BIN)/python examples/agents/parallel-agents/main.py
 
 test: setup
 	$(BIN)/pytest -q
@@ -42,6 +43,7 @@ integration: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run_overhead.py
+	$(BIN)/python benchmarks/group_makespan.py
 
 down:
 	$(BIN)/nodus down
