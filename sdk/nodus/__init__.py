@@ -6,8 +6,9 @@ SDK can define agents, submit runs and read their answers; the server parts live
 """
 
 from . import errors, resources
-from .agent import Agent, AgentGroup, AgentRun, ClaudeAgent, RunContext, View
+from .agent import Agent, AgentRun, ClaudeAgent, RunContext, View
 from .client import Client
+from .group import AgentGroup, AgentMap
 
 __version__ = "0.1.0"
 
@@ -16,6 +17,7 @@ __all__ = [
     "ClaudeAgent",
     "AgentRun",
     "AgentGroup",
+    "AgentMap",
     "RunContext",
     "View",
     "Client",

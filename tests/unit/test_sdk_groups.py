@@ -22,6 +22,7 @@ import pytest
 
 import nodus
 from nodus import agent as agent_module
+from nodus import group as group_module
 from nodus import errors
 from nodus.client import Client
 from nodus.resources import GROUP_TERMINAL_PHASES, TERMINAL_PHASES, parse_resource, parse_run_list
@@ -227,6 +228,7 @@ def api() -> FakeGroupsAPI:
 @pytest.fixture(autouse=True)
 def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_module, "_POLL_MAX_DELAY", 0.001)
+    monkeypatch.setattr(group_module, "_POLL_MAX_DELAY", 0.001)
 
 
 def make_group(api: FakeGroupsAPI, name: str = "g", **kwargs: Any) -> nodus.AgentGroup:
