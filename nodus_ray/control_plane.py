@@ -42,7 +42,7 @@ from .admission import AdmissionError
 from .credits import CreditLedger
 from .group_control import GroupControl, admission_refusal
 from .journal import Journal, step_views
-from .patch import merge_patch
+from .patch import patched_document
 from .prices import PriceTable
 from .run_actor import run_storage_prefix
 from .run_batches import BatchRecords, request_digest
@@ -243,14 +243,7 @@ class ControlPlane(RunSupervision, GroupControl):
 
     async def patch_agent(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         current = await self.get_agent(project, name)
-        if not isinstance(patch, dict):
-            raise Invalid("a merge patch must be a JSON object", details={"field": ""})
-        document = merge_patch({k: v for k, v in current.items() if k != "status"}, patch)
-        document.pop("status", None)
-        meta = document.get("metadata")
-        if not isinstance(meta, dict) or meta.get("name") != name:
-            raise Invalid("metadata.name cannot be changed by a patch", details={"field": "metadata.name"})
-        return await self.apply_agent(project, document, mode="apply")
+        return await self.apply_agent(project, patched_document(current, patch, name), mode="apply")
 
     async def get_agent(self, project: str, name: str) -> dict[str, Any]:
         await self._ensure_started()

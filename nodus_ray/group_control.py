@@ -37,7 +37,7 @@ from nodus.resources import (
 
 from .admission import AdmissionError
 from .group_supervisor import RemoteGroupSupervisor, supervisor_options
-from .patch import merge_patch
+from .patch import patched_document
 from .storage import Storage
 from .timestamps import utc_now
 
@@ -280,15 +280,7 @@ class GroupControl:
 
     async def patch_group(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         current = await self.get_group(project, name)
-        if not isinstance(patch, dict):
-            raise Invalid("a merge patch must be a JSON object", details={"field": ""})
-        document = merge_patch({k: v for k, v in current.items() if k != "status"}, patch)
-        document.pop("status", None)
-        meta = document.get("metadata")
-        if not isinstance(meta, dict) or meta.get("name") != name:
-            raise Invalid("metadata.name cannot be changed by a patch", details={"field": "metadata.name"})
-        document["metadata"] = {"name": name, "labels": meta.get("labels") or {}}
-        return await self.apply_group(project, document, mode="apply")
+        return await self.apply_group(project, patched_document(current, patch, name), mode="apply")
 
     async def cancel_group(self, project: str, name: str) -> dict[str, Any]:
         """Cancel the unfinished runs; finished runs keep their answers. A finished group stays as it is."""

@@ -507,6 +507,19 @@ class ClaudeAgent(Agent):
 # -- AgentRun ---------------------------------------------------------------------------------
 
 
+def _resource_and_name(obj: Mapping[str, Any] | View | str, kind: str) -> tuple[dict[str, Any], str]:
+    """What a handle is built from: a resource, a View of one, or just a name."""
+    resource: dict[str, Any]
+    if isinstance(obj, str):
+        resource = {"metadata": {"name": obj}}
+    else:
+        resource = obj.to_dict() if isinstance(obj, View) else dict(obj)
+    name = (resource.get("metadata") or {}).get("name")
+    if not isinstance(name, str):
+        raise Invalid(f"an {kind} needs metadata.name", details={"field": "metadata.name"})
+    return resource, name
+
+
 class AgentRun:
     """One AgentRun: `wait`, `result` (the answer text), `answer`, `steps`, `cancel`, `delete`."""
 
@@ -517,14 +530,7 @@ class AgentRun:
         project: str | None = None,
         client: Client | None = None,
     ) -> None:
-        if isinstance(obj, str):
-            self._resource: dict[str, Any] = {"metadata": {"name": obj}}
-        else:
-            self._resource = obj.to_dict() if isinstance(obj, View) else dict(obj)
-        name = (self._resource.get("metadata") or {}).get("name")
-        if not isinstance(name, str):
-            raise Invalid("an AgentRun needs metadata.name", details={"field": "metadata.name"})
-        self.name = name
+        self._resource, self.name = _resource_and_name(obj, "AgentRun")
         self._project = project
         self._client = client or Client(project=project)
 

@@ -27,6 +27,7 @@ from .agent import (
     AgentRun,
     View,
     _encode_input,
+    _resource_and_name,
     _run_failed,
     _run_name,
     _unsupported,
@@ -206,14 +207,7 @@ class AgentGroup:
         project: str | None = None,
         client: Client | None = None,
     ) -> None:
-        if isinstance(obj, str):
-            self._resource: dict[str, Any] = {"metadata": {"name": obj}}
-        else:
-            self._resource = obj.to_dict() if isinstance(obj, View) else dict(obj)
-        name = (self._resource.get("metadata") or {}).get("name")
-        if not isinstance(name, str):
-            raise Invalid("an AgentGroup needs metadata.name", details={"field": "metadata.name"})
-        self.name = name
+        self._resource, self.name = _resource_and_name(obj, "AgentGroup")
         self._project = project
         self._client = client or Client(project=project)
 
