@@ -194,6 +194,12 @@ class GroupControl:
             if mode == "create":
                 raise Conflict(f"agentgroup {name!r} already exists", code="AlreadyExists",
                                details={"kind": "AgentGroup", "name": name})
+            # The one-way switches are often flipped by a patch after the file was applied:
+            # applying the same file again (without them) keeps them instead of refusing.
+            given = document.get("spec") if isinstance(document.get("spec"), dict) else {}
+            for switch in ("sealed", "state"):
+                if switch not in given:
+                    spec[switch] = existing["spec"].get(switch, spec[switch])
             return await self._update_group(key, existing, spec, parsed.metadata.labels)
 
     async def _create_group(self, key: Key, parsed: AgentGroup, spec: dict[str, Any]) -> dict[str, Any]:

@@ -142,9 +142,12 @@ def test_the_yaml_flow_of_document_002(server: Server) -> None:
     assert group["counts"] == {"queued": 0, "active": 0, "waiting": 0, "succeeded": 3, "failed": 0,
                                "cancelled": 0, "total": 3}
     assert Decimal(group["cost"]["totalUSD"]) == sum(Decimal(r["status"]["cost"]["totalUSD"]) for r in runs)
-    # Sealed: no more runs; a second apply changes nothing.
+    # Sealed: no more runs; applying the files again changes nothing (the seal stays).
     again = server.cli("apply", "-f", str(EXAMPLE / "runs.yaml"))
     assert again.returncode == 0 and again.stdout.count("unchanged") == 3
+    group_again = server.cli("apply", "-f", str(EXAMPLE / "group.yaml"))
+    assert group_again.returncode == 0 and "unchanged" in group_again.stdout, group_again.stderr
+    assert _get_group(server, "parallel-agents")["spec"]["sealed"] is True
     late = server.cli("create", "agentrun", "parallel-agents-d", "--agent", "parallel-agents-worker",
                       "--prompt", "x", "--group", "parallel-agents", "--task-key", "d")
     assert late.returncode != 0 and "sealed" in late.stderr
@@ -355,3 +358,28 @@ def test_a_killed_supervisor_is_rebuilt_from_its_runs_and_the_group_finishes(
     runs = _runs_of(server, group)
     assert _most_at_once(runs) <= 2
     assert all(run["status"]["attempts"] == 1 for run in runs)  # no run was started twice
+
+
+def test_a_group_goes_on_after_the_control_plane_crashes_mid_group(server: Server, ray_driver: Any) -> None:
+    from ray.util.state import list_actors
+
+    agent, group = unique("cp-crash"), unique("gq")
+    _agent(server, agent)
+    _group(server, group, agent, limits={"maxActive": 2})
+    assert _batch(server, [_member(group, agent, f"t{i}") for i in range(6)]).status_code == 201
+    wait_for(lambda: _get_group(server, group)["status"]["counts"]["succeeded"] >= 1, timeout=60,
+             message="a first run to succeed")
+    control_plane = list_actors(filters=[("name", "=", "nodus-control-plane"), ("state", "=", "ALIVE")],
+                                detail=True)
+    os.kill(int(control_plane[0].pid), signal.SIGKILL)  # Ray restarts it; it reloads storage
+
+    def sealed() -> bool:
+        with server.http() as http:
+            return http.patch(f"{GROUPS}/{group}", json={"spec": {"sealed": True}}).status_code == 200
+
+    wait_for(sealed, timeout=120, interval=0.5, message="the restarted control plane to take the seal")
+    final = _finished(server, group)["status"]
+    assert final["phase"] == "Succeeded" and final["counts"]["succeeded"] == 6
+    runs = _runs_of(server, group)
+    assert _most_at_once(runs) <= 2
+    assert all(run["status"]["attempts"] == 1 for run in runs)  # running actors were found again
