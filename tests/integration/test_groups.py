@@ -302,6 +302,11 @@ def test_a_batch_is_all_or_nothing_and_an_idempotency_key_replays_it(server: Ser
     assert len(_runs_of(server, group)) == 3
     other = _batch(server, [_member(group, agent, "d")], key="k-1")
     assert other.status_code == 409 and other.json()["code"] == "IdempotencyKeyReused"
+    with server.http() as http:
+        assert http.patch(f"{GROUPS}/{group}", json={"spec": {"limits": {"maxPending": 4}}}).status_code == 200
+    pending = _batch(server, [_member(group, agent, f"p{i}") for i in range(5)])
+    assert pending.status_code == 409 and pending.json()["code"] == "MaxPendingReached"
+    assert pending.json()["details"]["field"] == "spec.limits.maxPending"
     over = _batch(server, [_member(group, agent, f"x{i}") for i in range(101)])
     assert over.status_code == 422 and over.json()["details"]["field"] == "items"
     wrong_agent = _batch(server, [{**_member(group, agent, "w"), "spec": {**_member(group, agent, "w")["spec"],
