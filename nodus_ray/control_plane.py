@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 
-from nodus.errors import Conflict, Invalid, NotFound, Unsupported
+from nodus.errors import Conflict, Invalid, NotFound
 from nodus.resources import (
     GROUP_TERMINAL_PHASES,
     TERMINAL_PHASES,
@@ -46,6 +46,7 @@ from .patch import patched_document
 from .prices import PriceTable
 from .run_actor import run_storage_prefix
 from .run_batches import BatchRecords, request_digest
+from .run_messages import Inbox, RunMessages
 from .run_pool import RunActorPool
 from .run_supervision import RunSupervision, merge_status, parked
 from .sandbox import bwrap_available
@@ -79,7 +80,7 @@ def _agent_key(project: str, name: str) -> str:
     return f"projects/{project}/agents/{name}"
 
 
-class ControlPlane(RunSupervision, GroupControl):
+class ControlPlane(RunSupervision, RunMessages, GroupControl):
     """Resources in memory, mirrored to storage; supervisors for unfinished runs and live groups."""
 
     def __init__(self, settings: ServerSettings):
@@ -96,6 +97,7 @@ class ControlPlane(RunSupervision, GroupControl):
         self._creating: set[Key] = set()  # run names taken by a batch that is being written
         self.batches = BatchRecords(self.storage)
         self.pool = RunActorPool(settings.run_pool_per_node)
+        self._inboxes: dict[Key, Inbox] = {}
         self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._supervisors: dict[Key, asyncio.Task[None]] = {}
         self._actors: dict[Key, Any] = {}
@@ -376,7 +378,7 @@ class ControlPlane(RunSupervision, GroupControl):
         return [result for result in results if result is not None]
 
     def _check_new_run(self, project: str, run: AgentRun, index: int, where: str) -> dict[str, Any]:
-        """The refusals that need no group: the agent exists and runs, keepAlive; returns the agent."""
+        """The refusals that need no group: the agent exists and takes runs; returns the agent."""
         agent = self._agents.get((project, run.spec.agent))
         if agent is None:
             raise NotFound(f"{where}spec.agent: agent {run.spec.agent!r} not found in project {project!r}",
@@ -384,9 +386,6 @@ class ControlPlane(RunSupervision, GroupControl):
         if agent["spec"]["state"] == "Stopped":
             raise Conflict(f"{where}agent {run.spec.agent!r} is stopped (spec.state: Stopped); it takes no runs",
                            code="AgentStopped", details={"kind": "Agent", "name": run.spec.agent, "index": index})
-        if run.spec.keepAlive:
-            raise Unsupported(f"{where}spec.keepAlive is not supported yet: runs end after their first turn",
-                              details={"field": "spec.keepAlive", "index": index})
         return agent
 
     async def _check_members(
@@ -595,6 +594,7 @@ class ControlPlane(RunSupervision, GroupControl):
             await asyncio.to_thread(self.storage.delete_tree, run_storage_prefix(*key))
             await asyncio.to_thread(self.credits.forget_run, *key)
             self._runs.pop(key, None)
+            self._inboxes.pop(key, None)
 
     # -- reports from run actors ----------------------------------------------------------
 

@@ -30,7 +30,7 @@ from .sandbox import CommandResult, Sandbox
 from .spend import RunSpend
 from .timestamps import utc_now
 
-__all__ = ["ConversationSpec", "Conversation", "RunFailure", "Router"]
+__all__ = ["ConversationSpec", "Conversation", "RunFailure", "AwaitingMessage", "Router", "Inbox"]
 
 _PROMPT_PREVIEW = 200
 
@@ -44,6 +44,18 @@ class RunFailure(Exception):
         self.message = message
 
 
+class AwaitingMessage(Exception):  # noqa: N818 - a state the program pauses in, not an error
+    """A keep-alive run answered its turn and has no message to read: it waits for one.
+
+    Nothing is journaled for the wait itself, so the actor can go away; the next actor replays
+    the journal up to here and asks again.
+    """
+
+    def __init__(self, turn: int):
+        super().__init__(f"turn {turn} is answered; waiting for a message")
+        self.turn = turn
+
+
 @dataclass(frozen=True)
 class ConversationSpec:
     system: str
@@ -52,6 +64,11 @@ class ConversationSpec:
     max_tokens: int
     max_tool_calls: int
     prompt: str
+    keep_alive: bool = False
+
+
+Inbox = Callable[[int], Awaitable[dict[str, Any] | None]]
+"""The first message after a sequence number (``{seq, name, payload, messageKey}``), or None."""
 
 
 
@@ -75,16 +92,54 @@ class Conversation:
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str | None = None
+    next_message: Inbox | None = None
+    on_answer: Callable[[str], Awaitable[None]] | None = None
+    answer: str | None = None
+    read_seq: int = 0
 
     @property
     def cost_usd(self) -> Decimal:
         return self.spend.budget.spent
 
     async def run(self) -> str:
-        """Open the sandbox, run the first turn and return its answer."""
+        """Open the sandbox, run the first turn and return its answer.
+
+        A keep-alive run goes on: after each answer it reads the next message as a journaled
+        step (``turn-N/message``) and answers it in turn N, and raises `AwaitingMessage` when
+        there is none yet. Replayed, a message already read comes from the journal, so the
+        conversation is rebuilt in the order the messages were first read.
+        """
         self.messages = []
         await self._open_sandbox()
-        return await self._turn(1, self.spec.prompt)
+        answer = await self._turn(1, self.spec.prompt)
+        turn = 1
+        while self.spec.keep_alive:
+            self.answer = answer
+            if self.on_answer is not None:
+                await self.on_answer(answer)
+            turn += 1
+            message = await self._read_message(f"turn-{turn}/message", turn - 1)
+            self.read_seq = int(message["seq"])
+            answer = await self._turn(turn, str(message["payload"]))
+        self.answer = answer
+        return answer
+
+    async def _read_message(self, step_id: str, answered: int) -> dict[str, Any]:
+        arrived: dict[str, Any] | None = None
+        if not self.steps.is_done(step_id):
+            assert self.next_message is not None, "a keep-alive conversation needs an inbox"
+            arrived = await self.next_message(self.read_seq)
+            if arrived is None:
+                raise AwaitingMessage(answered)
+
+        async def read() -> dict[str, Any]:
+            assert arrived is not None
+            return arrived
+
+        return await self.steps.run(
+            step_id, "inbox", read,
+            summary_of=lambda m: f"message {m['seq']}" + (f" ({m['messageKey']})" if m.get("messageKey") else ""),
+        )
 
     async def _open_sandbox(self) -> None:
         async def create() -> dict[str, Any]:

@@ -25,7 +25,7 @@ from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 
 from .billing import RunBudget
 from .control_plane_client import ControlPlaneCaller
-from .conversation import Conversation, ConversationSpec, RunFailure
+from .conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from .durable import NeedsResolution, Steps
 from .journal import Journal
 from .models import ModelProvider, provider_for
@@ -209,11 +209,14 @@ class RunActor:
                 max_tokens=int(agent.get("maxTokens", 1024)),
                 max_tool_calls=int(agent.get("maxToolCalls", 50)),
                 prompt=config.run_spec.get("input", ""),
+                keep_alive=bool(config.run_spec.get("keepAlive")),
             ),
             spend=RunSpend(prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits),
             router=self._route,
             open_sandbox=self._open_sandbox,
             on_progress=self._on_progress,
+            next_message=self._next_message,
+            on_answer=self._write_answer,
         )
         self._conversation = conversation
         self.phase = "Running"
@@ -226,6 +229,10 @@ class RunActor:
             return self._outcome("Failed", failure.reason, failure.message, conversation)
         except CapExceeded as reached:
             return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
+        except AwaitingMessage as waiting:
+            return self._outcome("Waiting", "AwaitingMessage",
+                                 f"turn {waiting.turn} is answered; the run reads the next message sent to it",
+                                 conversation, answer=conversation.answer, read_seq=conversation.read_seq)
         except NeedsResolution as parked:
             return self._outcome("Waiting", "NeedsResolution", f"{parked} ; resolve step {parked.step_id}",
                                  conversation, step=parked.step_id)
@@ -235,13 +242,21 @@ class RunActor:
             await asyncio.to_thread(self._delete_sandbox)
             return self._outcome("Failed", "DeadlineExceeded",
                                  f"the run passed its deadline ({config.run_spec.get('deadline')})", conversation)
+        await self._write_answer(answer)
+        reason = "MaxTokensReached" if conversation.stop_reason == "max_tokens" else "Completed"
+        message = ("the answer was cut at maxTokens" if reason == "MaxTokensReached" else None)
+        return self._outcome("Succeeded", reason, message, conversation, answer=answer)
+
+    async def _write_answer(self, answer: str) -> None:
+        """The latest answer, whole (a keep-alive run rewrites it after every turn)."""
+        config = self.config
         await asyncio.to_thread(
             self._storage.write_bytes, f"{run_storage_prefix(config.project, config.name)}/answer.txt",
             answer.encode("utf-8"),
         )
-        reason = "MaxTokensReached" if conversation.stop_reason == "max_tokens" else "Completed"
-        message = ("the answer was cut at maxTokens" if reason == "MaxTokensReached" else None)
-        return self._outcome("Succeeded", reason, message, conversation, answer=answer)
+
+    async def _next_message(self, after_seq: int) -> dict[str, Any] | None:
+        return await self._ask("next_message", self.config.project, self.config.name, after_seq)
 
     async def _with_deadline(self, program: Any) -> str:
         if not self.config.deadline_at:
@@ -263,7 +278,8 @@ class RunActor:
         })
 
     def _outcome(self, phase: str, reason: str, message: str | None, conversation: Conversation, *,
-                 answer: str | None = None, step: str | None = None) -> dict[str, Any]:
+                 answer: str | None = None, step: str | None = None, read_seq: int | None = None
+                 ) -> dict[str, Any]:
         self.phase = phase
         status: dict[str, Any] = {
             "phase": phase,
@@ -276,6 +292,8 @@ class RunActor:
             status["finishedAt"] = utc_now()
         if step is not None:
             status["step"] = step
+        if read_seq is not None:
+            status["messages"] = {"read": read_seq}
         if answer is not None:
             encoded = answer.encode("utf-8")
             preview = encoded[:ANSWER_PREVIEW_BYTES].decode("utf-8", errors="ignore")

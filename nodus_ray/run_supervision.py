@@ -51,6 +51,7 @@ class RunSupervision:
     # Provided by the group side of the control plane (a declaration, not a stub, so that no
     # base class can shadow the real method in the control plane's MRO).
     _tell_group: Callable[[Key], Awaitable[None]]
+    _unread: Callable[[Key, int], bool]  # provided by the run inbox side of the control plane
 
     async def _persist_run(self, key: Key) -> None:  # provided by the control plane
         raise NotImplementedError
@@ -77,12 +78,10 @@ class RunSupervision:
         shutil.rmtree(self._workspace(project, name), ignore_errors=True)
 
     def _find_actor(self, run: dict[str, Any]) -> Any | None:
-        """The live actor of the run's latest attempt, by the name the run recorded for it."""
-        attempt = int(run["status"].get("attempts") or 0)
-        if not attempt:
+        """The live actor of the run, by the name the run recorded for it (none after it was released)."""
+        actor_name = run["status"].get("actorName")
+        if not actor_name:
             return None
-        project, name = run["metadata"]["project"], run["metadata"]["name"]
-        actor_name = run["status"].get("actorName") or run_actor_name(project, name, attempt)
         try:
             return ray.get_actor(actor_name, namespace=NAMESPACE)
         except ValueError:
@@ -145,13 +144,15 @@ class RunSupervision:
         try:
             while not self._is_over(key):
                 run = self._runs[key]
-                attempt = int(run["status"].get("attempts") or 0)
                 actor = self._find_actor(run)
                 if actor is None:
-                    if attempt > self.settings.max_actor_restarts:
-                        await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
-                                                 "message": f"the run's actor died {attempt} times"})
-                        return
+                    if run["status"].get("actorName"):  # it had a live actor, and that one is gone
+                        losses = int(run["status"].get("actorLosses") or 0) + 1
+                        await self.report(project, name, {"actorLosses": losses, "actorName": None})
+                        if losses > self.settings.max_actor_restarts:
+                            await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
+                                                     "message": f"the run's actor was lost {losses} times"})
+                            return
                     try:
                         actor = await self._start_actor(key)
                     except Exception:  # noqa: BLE001 - e.g. the run was deleted meanwhile
@@ -178,7 +179,11 @@ class RunSupervision:
                                              "message": f"{type(cause).__name__}: "
                                                         f"{str(cause).splitlines()[0][:400] if str(cause) else ''}"})
                     return
-                await self._finish(key, outcome)
+                if await self._finish(key, outcome):
+                    # A message arrived while the actor was finishing its turn: a new actor
+                    # replays the journal and reads it.
+                    ray.kill(actor, no_restart=True)
+                    continue
                 return
         finally:
             await self._release_actor(key)
@@ -196,19 +201,33 @@ class RunSupervision:
         if run is not None and run["status"]["phase"] == "Cancelled":
             await asyncio.to_thread(self._remove_workspace, *key)
 
-    async def _finish(self, key: Key, outcome: dict[str, Any]) -> None:
+    async def _finish(self, key: Key, outcome: dict[str, Any]) -> bool:
+        """Record how the actor's program ended; True when the run must go on at once instead.
+
+        That is a keep-alive run that parked for a message while one arrived: the message was
+        stored under this lock either before (then it is unread here) or after (then the run is
+        parked already and the sender starts it).
+        """
+        resume = False
         async with self._locks[key]:
             run = self._runs.get(key)
             if run is None or run["status"]["phase"] in TERMINAL_PHASES:
-                return
+                return False
             outcome = dict(outcome)
             if outcome.get("phase") in TERMINAL_PHASES:
                 outcome.setdefault("finishedAt", utc_now())
+            read = int((outcome.get("messages") or {}).get("read") or 0)
+            if outcome.get("reason") == "AwaitingMessage" and self._unread(key, read):
+                resume = True
+                outcome.update({"phase": "Running", "reason": None, "message": None})
+            if resume or (outcome.get("phase") == "Waiting" and outcome.get("reason") in _PARKED_REASONS):
+                outcome["actorName"] = None  # given back on purpose: not a lost actor
             merge_status(run["status"], outcome)
             await self._persist_run(key)
         await self._tell_group(key)
         if parked(run):
             self._arm_deadline(key)
+        return resume
 
     def _arm_deadline(self, key: Key) -> None:
         """A parked run has no actor to watch its deadline; a timer does, without polling."""
@@ -242,9 +261,10 @@ class RunSupervision:
             await asyncio.to_thread(self._remove_workspace, project, name)
 
 
-# Waiting runs that hold no actor: nothing can move them but a person (a resolution, a cancel).
+# Waiting runs that hold no actor: nothing moves them but a person (a message, a resolution, a
+# cancel) or their deadline.
 # A run waiting for credits keeps its actor and stays supervised.
-_PARKED_REASONS = frozenset({"NeedsResolution", "MaxCostReached"})
+_PARKED_REASONS = frozenset({"NeedsResolution", "MaxCostReached", "AwaitingMessage"})
 
 
 def parked(run: dict[str, Any]) -> bool:

@@ -27,6 +27,7 @@ from .resources import (
     API_VERSION,
     TERMINAL_PHASES,
     at_cost_cap,
+    awaiting_message,
     parse_resource,
 )
 
@@ -344,11 +345,6 @@ class Agent:
             raise _unsupported("submit(group=...)", "submit group runs with AgentGroup.submit_many", "group")
         if session_key is not None:
             raise _unsupported("submit(session_key=...)", "the API does not serve sessions", "session_key")
-        if keep_alive:
-            raise _unsupported(
-                "submit(keep_alive=True)", "runs end after their first turn until follow-up messages are served",
-                "keep_alive",
-            )
         if hold_worker not in (None, "auto"):
             raise _unsupported(
                 "submit(hold_worker=...) other than 'auto'", "the API does not hold workers", "hold_worker"
@@ -554,7 +550,7 @@ class AgentRun:
         return View(self._refresh())
 
     def wait(self, timeout: float | None = None) -> View:
-        """Block until the run is terminal and return its status; raises unless it succeeded.
+        """Block until the run is terminal, or (keep-alive) waits for its next message; return its status.
 
         Raises `errors.AgentRunFailed` for Failed or Cancelled, and for a run parked at its cost
         cap (``Waiting``, ``MaxCostReached``), which only a cancel or its deadline can end; and
@@ -569,7 +565,7 @@ class AgentRun:
                 status = self._refresh().get("status") or {}
                 unreachable_since = None
                 phase = status.get("phase") or "Pending"
-                if phase in TERMINAL_PHASES or at_cost_cap(status):
+                if phase in TERMINAL_PHASES or at_cost_cap(status) or awaiting_message(status):
                     break
             except Unavailable:
                 now = time.monotonic()
@@ -585,7 +581,7 @@ class AgentRun:
             pause = delay if timeout is None else min(delay, max(timeout - elapsed, 0.0))
             time.sleep(pause)
             delay = min(delay * 1.5, _POLL_MAX_DELAY)
-        if phase != "Succeeded":
+        if phase != "Succeeded" and not awaiting_message(status):
             raise _run_failed(self.name, status)
         return View(status)
 
@@ -613,8 +609,16 @@ class AgentRun:
     def _later(self, what: str) -> NoReturn:
         raise _unsupported(f"AgentRun.{what}", f"the API does not serve it yet; {_LATER}", what)
 
-    def send(self, name: str, payload: Any, message_key: str | None = None) -> NoReturn:
-        self._later("send")
+    def send(self, name: str, payload: Any, message_key: str | None = None) -> View:
+        """Send a keep-alive run a message (``name`` is its kind, usually ``"message"``).
+
+        The run reads it after its current turn, or now if it waits for one. The same
+        ``message_key`` again is delivered once. A finished run refuses it with
+        `errors.Conflict` (code ``AgentRunFinished``). Non-text payloads travel JSON-encoded.
+        """
+        text = _encode_input(payload)
+        return View(self._client.send_message(self.name, text, message_key=message_key, message_name=name,
+                                              project=self._project))
 
     def resolve(self, step_id: str, decision: str, **kwargs: Any) -> NoReturn:
         self._later("resolve")

@@ -285,6 +285,16 @@ class Client:
         items = body.get("items") if isinstance(body, dict) else None
         return list(items or [])
 
+    def send_message(
+        self, name: str, payload: str, *, message_key: str | None = None, message_name: str = "message",
+        project: str | None = None,
+    ) -> dict[str, Any]:
+        """Send a keep-alive run a message; the same ``message_key`` again is delivered once."""
+        body: dict[str, Any] = {"payload": payload, "name": message_name}
+        if message_key is not None:
+            body["messageKey"] = message_key
+        return self._json(self._request("POST", self._path("agentruns", project, name, "messages"), json=body))
+
     def run_answer(self, name: str, *, project: str | None = None) -> dict[str, Any]:
         """``{name, phase, answer, bytes}``; raises `Conflict` (``AnswerNotReady``) before there is one."""
         return self._json(self._request("GET", self._path("agentruns", project, name, "answer")))

@@ -25,6 +25,7 @@ __all__ = [
     "RunPhase",
     "TERMINAL_PHASES",
     "at_cost_cap",
+    "awaiting_message",
     "ObjectMeta",
     "ModelSpec",
     "AgentSpec",
@@ -71,6 +72,11 @@ GROUP_TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cance
 MAX_BATCH_RUNS = 100
 MAX_PENDING_LIMIT = 10000
 MAX_DEPENDS_ON = 100
+
+
+def awaiting_message(status: dict[str, Any]) -> bool:
+    """A keep-alive run that answered its turn and waits for the next message: its turn is done."""
+    return status.get("phase") == "Waiting" and status.get("reason") == "AwaitingMessage"
 
 
 def at_cost_cap(status: dict[str, Any]) -> bool:

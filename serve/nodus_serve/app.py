@@ -225,6 +225,20 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     async def cancel_run(project: str, name: str) -> dict[str, Any]:
         return await cp.call("cancel_run", _project(project), name)
 
+    @app.post("/v1/projects/{project}/agentruns/{name}/messages")
+    async def send_message(project: str, name: str, request: Request) -> JSONResponse:
+        body = await _body(request)
+        unknown = sorted(set(body) - {"payload", "messageKey", "name"})
+        if unknown:
+            raise Invalid(f"{unknown[0]}: unknown field (a message has payload, messageKey and name)",
+                          details={"field": unknown[0]})
+        if "payload" not in body:
+            raise Invalid("payload: required, e.g. {\"payload\": \"Now the staging logs\"}",
+                          details={"field": "payload"})
+        receipt = await cp.call("send_message", _project(project), name, body["payload"], body.get("messageKey"),
+                                body.get("name", "message"))
+        return JSONResponse(status_code=200 if receipt["duplicate"] else 202, content=receipt)
+
     @app.get("/v1/projects/{project}/agentruns/{name}/steps")
     async def run_steps(project: str, name: str) -> dict[str, Any]:
         return {"items": await cp.call("run_steps", _project(project), name)}

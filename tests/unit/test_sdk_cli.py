@@ -202,7 +202,7 @@ def test_later_features_raise_unsupported(api: FakeAPI) -> None:
         with pytest.raises(errors.Unsupported):
             call()
     run = nodus.AgentRun("helper-1", client=api.client())
-    for call in (lambda: run.send("message", "x"), run.retry, run.suspend, run.resume, run.children,
+    for call in (run.retry, run.suspend, run.resume, run.children,
                  lambda: run.outputs, run.logs, lambda: run.resolve("s", "Completed")):
         with pytest.raises(errors.Unsupported):
             call()
@@ -257,11 +257,8 @@ def test_remote_deploys_lazily_then_submits_waits_and_answers(api: FakeAPI) -> N
     agent.submit("again", deadline=timedelta(hours=2))
     assert [m for m, _, _ in api.requests].count("PUT") == 1
     assert api.requests[-1][2]["spec"] == {"agent": "helper", "input": "again", "deadline": "2h"}
-    # Follow-up messages are not served yet: refused before anything is sent.
-    sent = len(api.requests)
-    with pytest.raises(errors.Unsupported, match="keep_alive"):
-        agent.submit("again", keep_alive=True)
-    assert len(api.requests) == sent
+    agent.submit("open", keep_alive=True)
+    assert api.requests[-1][2]["spec"] == {"agent": "helper", "input": "open", "keepAlive": True}
 
 
 def test_idempotency_key_redelivery_returns_the_same_run(api: FakeAPI) -> None:

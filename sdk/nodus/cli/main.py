@@ -145,7 +145,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 create_app = typer.Typer(help="Create a resource from flags instead of a file.", no_args_is_help=True)
-agentrun_app = typer.Typer(help="Read a run's answer and steps.", no_args_is_help=True)
+agentrun_app = typer.Typer(help="Read a run's answer and steps; send a keep-alive run a message.",
+                           no_args_is_help=True)
 app.add_typer(create_app, name="create")
 app.add_typer(agentrun_app, name="agentrun")
 credits_app = typer.Typer(help="The project's credits: what runs on the server's key may spend.",
@@ -348,7 +349,7 @@ def create_agentrun(
     prompt: Annotated[str, typer.Option("--prompt", help="The run's input text.")],
     deadline: Annotated[str | None, typer.Option(help="Lifetime bound, e.g. 30m or 2h.")] = None,
     keep_alive: Annotated[
-        bool, typer.Option("--keep-alive", help="Wait for messages after each turn (not served yet).")
+        bool, typer.Option("--keep-alive", help="Wait for messages after each turn (see `nodus agentrun send`).")
     ] = False,
     group: Annotated[
         str | None, typer.Option("--group", help="Run as a task of this AgentGroup (NAME is <group>-<task-key>).")
@@ -902,6 +903,21 @@ def agentrun_answer(
     """Print the run's full answer."""
     text = str(_client(project).run_answer(name).get("answer") or "")
     typer.echo(text, nl=not text.endswith("\n"))
+
+
+@agentrun_app.command("send")
+def agentrun_send(
+    name: Annotated[str, typer.Argument(help="The keep-alive run.")],
+    payload: Annotated[str, typer.Argument(help="The message text.")],
+    key: Annotated[
+        str | None, typer.Option("--key", help="A message key: the same key again is delivered once.")
+    ] = None,
+    project: ProjectOption = None,
+) -> None:
+    """Send a keep-alive run a message; it reads it after its current turn."""
+    receipt = _client(project).send_message(name, payload, message_key=key)
+    verb = "already delivered" if receipt.get("duplicate") else "sent"
+    typer.echo(f"agentrun/{name} message {receipt.get('seq')} {verb}")
 
 
 @agentrun_app.command("steps")
