@@ -696,15 +696,28 @@ class ControlPlane(RunSupervision, RunMessages, GroupControl):
         except InvalidOperation:
             raise Invalid(f"amountUSD: {str(amount)[:40]!r} is not a positive amount of dollars "
                           "(at most 6 decimals)", details={"field": "amountUSD"}) from None
-        return await asyncio.to_thread(self.credits.add, project, value)
+        view = await asyncio.to_thread(self.credits.add, project, value)
+        await self._resume_runs_waiting_for_credits(project)
+        return view
+
+    async def _resume_runs_waiting_for_credits(self, project: str) -> None:
+        """Every run of the project parked for credits gets an actor; each checks its next call again."""
+        for key, run in list(self._runs.items()):
+            if key[0] != project or run["status"].get("reason") != "InsufficientCredits":
+                continue
+            async with self._locks[key]:
+                if run["status"]["phase"] != "Waiting" or run["status"].get("reason") != "InsufficientCredits":
+                    continue
+                run["status"].update({"phase": "Running", "reason": None, "message": "credits were added"})
+                await self._persist_run(key)
+            self._supervise(key)
+
+    def _affordable(self, project: str, needed: str | None) -> bool:
+        return needed is not None and self.credits.project(project).available >= Decimal(needed)
 
     async def reserve_credits(self, project: str, name: str, amount: str) -> bool:
         await self._ensure_started()
         return self.credits.reserve(project, name, Decimal(amount))
-
-    async def wait_for_credits(self, project: str, timeout: float) -> None:
-        await self._ensure_started()
-        await self.credits.wait_for_grant(project, timeout)
 
 
 RemoteControlPlane = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=1000)(ControlPlane)

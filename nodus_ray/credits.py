@@ -14,7 +14,6 @@ next call.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -30,7 +29,6 @@ class ProjectCredits:
     deleted_spend: Decimal = Decimal(0)
     run_spend: dict[str, Decimal] = field(default_factory=dict)
     reservations: dict[str, Decimal] = field(default_factory=dict)
-    added: asyncio.Event | None = None
 
     @property
     def spent(self) -> Decimal:
@@ -98,9 +96,6 @@ class CreditLedger:
         account = self.project(project)
         account.granted += amount
         self._save(project, account)
-        if account.added is not None:
-            account.added.set()
-            account.added = None
         return self.view(project)
 
     def reserve(self, project: str, run: str, amount: Decimal) -> bool:
@@ -114,17 +109,3 @@ class CreditLedger:
 
     def release(self, project: str, run: str) -> None:
         self.project(project).reservations.pop(run, None)
-
-    def next_grant(self, project: str) -> asyncio.Event:
-        """An event set when credits are next added to the project."""
-        account = self.project(project)
-        if account.added is None:
-            account.added = asyncio.Event()
-        return account.added
-
-    async def wait_for_grant(self, project: str, timeout: float) -> None:
-        """Return when credits are next added (or after ``timeout``, so callers re-check)."""
-        try:
-            await asyncio.wait_for(self.next_grant(project).wait(), timeout=timeout)
-        except TimeoutError:
-            pass

@@ -33,7 +33,7 @@ from .prices import PriceTable
 from .router import ROUTER_ACTOR_NAME
 from .sandbox import Sandbox, bwrap_available, create_sandbox
 from .settings import CONTROL_PLANE_NAME, NAMESPACE
-from .spend import CapExceeded, RunSpend
+from .spend import CapExceeded, CreditsExhausted, RunSpend
 from .storage import Storage
 from .timestamps import parse_timestamp, utc_now
 
@@ -41,7 +41,6 @@ __all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
 
 _ROUTER_TIMEOUT_SECONDS = 5.0
 _CONTROL_PLANE_PATIENCE_SECONDS = 120.0
-_CREDIT_RECHECK_SECONDS = 30.0
 
 
 def run_actor_name(project: str, name: str, attempt: int) -> str:
@@ -169,21 +168,9 @@ class RunActor:
         return await asyncio.wait_for(router.route.remote(prompt, allowed), timeout=_ROUTER_TIMEOUT_SECONDS)
 
     async def _reserve_credits(self, amount: Decimal) -> None:
-        """Hold the call's worst case from the project's credits; wait while there are too few."""
-        waiting = False
-        while True:
-            if await self._ask("reserve_credits", self.config.project, self.config.name, str(amount)):
-                if waiting:
-                    self.phase = "Running"
-                    await self._report({"phase": "Running", "reason": None, "message": None})
-                return
-            if not waiting:
-                waiting = True
-                self.phase = "Waiting"
-                await self._report({"phase": "Waiting", "reason": "InsufficientCredits",
-                                    "message": f"the next call may cost up to ${amount}, more than the "
-                                               f"project's credits; it continues when credits are added"})
-            await self._ask("wait_for_credits", self.config.project, _CREDIT_RECHECK_SECONDS)
+        """Hold the call's worst case from the project's credits, or wait without an actor."""
+        if not await self._ask("reserve_credits", self.config.project, self.config.name, str(amount)):
+            raise CreditsExhausted(amount)
 
     async def _execute(self) -> dict[str, Any]:
         config = self.config
@@ -229,6 +216,11 @@ class RunActor:
             return self._outcome("Failed", failure.reason, failure.message, conversation)
         except CapExceeded as reached:
             return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
+        except CreditsExhausted as short:
+            outcome = self._outcome("Waiting", "InsufficientCredits",
+                                    f"{short}; it continues when credits are added", conversation)
+            outcome["creditsNeededUSD"] = str(short.needed)
+            return outcome
         except AwaitingMessage as waiting:
             return self._outcome("Waiting", "AwaitingMessage",
                                  f"turn {waiting.turn} is answered; the run reads the next message sent to it",

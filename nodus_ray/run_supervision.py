@@ -52,6 +52,7 @@ class RunSupervision:
     # base class can shadow the real method in the control plane's MRO).
     _tell_group: Callable[[Key], Awaitable[None]]
     _unread: Callable[[Key, int], bool]  # provided by the run inbox side of the control plane
+    _affordable: Callable[[str, str | None], bool]  # provided by the control plane's credits
 
     async def _persist_run(self, key: Key) -> None:  # provided by the control plane
         raise NotImplementedError
@@ -204,9 +205,10 @@ class RunSupervision:
     async def _finish(self, key: Key, outcome: dict[str, Any]) -> bool:
         """Record how the actor's program ended; True when the run must go on at once instead.
 
-        That is a keep-alive run that parked for a message while one arrived: the message was
-        stored under this lock either before (then it is unread here) or after (then the run is
-        parked already and the sender starts it).
+        That is a keep-alive run that parked for a message while one arrived, or a run that
+        parked for credits while they were added: the message (or the grant) came either before
+        this check (then it is seen here) or after (then the run is parked already, and the
+        sender, or `add_credits`, starts it).
         """
         resume = False
         async with self._locks[key]:
@@ -219,6 +221,10 @@ class RunSupervision:
             read = int((outcome.get("messages") or {}).get("read") or 0)
             if outcome.get("reason") == "AwaitingMessage" and self._unread(key, read):
                 resume = True
+            needed = outcome.pop("creditsNeededUSD", None)
+            if outcome.get("reason") == "InsufficientCredits" and self._affordable(key[0], needed):
+                resume = True  # credits were added while the actor was finishing
+            if resume:
                 outcome.update({"phase": "Running", "reason": None, "message": None})
             if resume or (outcome.get("phase") == "Waiting" and outcome.get("reason") in _PARKED_REASONS):
                 outcome["actorName"] = None  # given back on purpose: not a lost actor
@@ -261,10 +267,10 @@ class RunSupervision:
             await asyncio.to_thread(self._remove_workspace, project, name)
 
 
-# Waiting runs that hold no actor: nothing moves them but a person (a message, a resolution, a
-# cancel) or their deadline.
+# Waiting runs that hold no actor: nothing moves them but a person (a message, credits, a
+# resolution, a cancel) or their deadline.
 # A run waiting for credits keeps its actor and stays supervised.
-_PARKED_REASONS = frozenset({"NeedsResolution", "MaxCostReached", "AwaitingMessage"})
+_PARKED_REASONS = frozenset({"NeedsResolution", "MaxCostReached", "AwaitingMessage", "InsufficientCredits"})
 
 
 def parked(run: dict[str, Any]) -> bool:

@@ -17,7 +17,19 @@ from .billing import CapExceeded, RunBudget, billed, worst_case_cost
 from .models.base import Usage
 from .prices import PriceTable
 
-__all__ = ["CapExceeded", "RunSpend"]
+__all__ = ["CapExceeded", "CreditsExhausted", "RunSpend"]
+
+
+class CreditsExhausted(Exception):  # noqa: N818 - a state the run waits in, not an error
+    """The project's credits cannot hold the next call's worst case: the run waits for more.
+
+    Raised before the call's step is journaled, so a run resumed later arrives at the same call
+    and checks again.
+    """
+
+    def __init__(self, needed: Decimal):
+        super().__init__(f"the next call may cost up to ${needed}, more than the project's credits")
+        self.needed = needed
 
 
 @dataclass

@@ -251,6 +251,14 @@ def test_offline_runs_show_every_cost_rule(server: Server) -> None:
     assert "offline-haiku" in prices["prices"] and prices["effective"]
 
 
+def _live_actors_of(project: str, run: str) -> list[Any]:
+    """Live actors serving the run: their ``__repr__`` (what the dashboard shows) names it."""
+    from ray.util.state import list_actors
+
+    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
+            if f"run={project}/{run}," in (getattr(a, "repr_name", "") or "")]
+
+
 def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: Server, ray_driver: Any) -> None:
     project = unique("credits")
     with server.http() as http:
@@ -266,8 +274,10 @@ def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: S
 
     parked = wait_for(waiting, timeout=60, message="the run to wait for credits")
     assert parked["status"]["phase"] == "Waiting"
+    # Waiting costs no process: the run gives its actor back and keeps its journal.
+    wait_for(lambda: not _live_actors_of(project, name), timeout=30, interval=0.2, message="the waiting run's actor to go")
     # The control plane crashes while the run waits: Ray restarts it, it reloads the run from
-    # storage and keeps supervising it; the waiting actor rides the restart out.
+    # storage; adding credits then starts an actor that replays the journal and goes on.
     os.kill(_actor_pid(ray_driver, "nodus-control-plane"), signal.SIGKILL)
     wait_for(lambda: server.cli("credits", "-p", project).returncode == 0, timeout=120, interval=0.5,
              message="the restarted control plane")

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import types
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -125,7 +125,7 @@ class FakeAPI:
     def _store(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
         resource = json.loads(json.dumps(body))
         name = resource["metadata"]["name"]
-        created = datetime.now(timezone.utc) - timedelta(minutes=5)
+        created = datetime.now(UTC) - timedelta(minutes=5)
         resource["metadata"]["creationTimestamp"] = created.isoformat()
         if collection == "agents":
             resource["status"] = {"revision": 1}
@@ -379,7 +379,7 @@ def test_parse_timeout_refuses(text: str) -> None:
 
 
 def test_format_age() -> None:
-    now = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 2, tzinfo=UTC)
     assert format_age("2026-01-01T23:59:15Z", now) == "45s"
     assert format_age("2026-01-01T23:50:00Z", now) == "10m"
     assert format_age("2025-12-28T00:00:00+00:00", now) == "5d"

@@ -22,8 +22,8 @@ import pytest
 
 import nodus
 from nodus import agent as agent_module
-from nodus import group as group_module
 from nodus import errors
+from nodus import group as group_module
 from nodus.client import Client
 from nodus.resources import GROUP_TERMINAL_PHASES, TERMINAL_PHASES, parse_resource, parse_run_list
 
