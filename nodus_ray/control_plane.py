@@ -48,6 +48,7 @@ from .run_actor import run_storage_prefix
 from .run_batches import BatchRecords, request_digest
 from .run_messages import Inbox, RunMessages
 from .run_pool import RunActorPool
+from .run_resolution import RunResolution
 from .run_supervision import RunSupervision, merge_status, parked
 from .sandbox import bwrap_available
 from .secret_box import SecretBox, load_or_create_key
@@ -80,7 +81,7 @@ def _agent_key(project: str, name: str) -> str:
     return f"projects/{project}/agents/{name}"
 
 
-class ControlPlane(RunSupervision, RunMessages, GroupControl):
+class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
     """Resources in memory, mirrored to storage; supervisors for unfinished runs and live groups."""
 
     def __init__(self, settings: ServerSettings):
@@ -185,8 +186,10 @@ class ControlPlane(RunSupervision, RunMessages, GroupControl):
     # -- persistence ----------------------------------------------------------------------
 
     async def _persist_run(self, key: Key) -> None:
+        """Write the run; every write is a new ``metadata.resourceVersion`` (what `resolve` checks)."""
         run = self._runs.get(key)
         if run is not None:
+            run["metadata"]["resourceVersion"] = int(run["metadata"].get("resourceVersion") or 0) + 1
             await asyncio.to_thread(self.storage.write_json, f"{run_storage_prefix(*key)}/run.json", run)
 
     # -- agents ---------------------------------------------------------------------------

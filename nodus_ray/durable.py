@@ -10,6 +10,8 @@ A journaled program (the Claude conversation today, durable Python agents later)
   ``external`` step (a sandbox command, a model call on the user's key) is not repeated
   blindly: the journal records ``NeedsResolution`` and the run parks until someone decides.
 - Nothing in the journal: write ``Started``, execute, write ``Completed`` or ``Failed``.
+- A person resolves an uncertain step (`run_resolution`): ``Resolved`` returns the result they
+  recorded, ``NoEffect`` runs the step again as a new attempt.
 
 Step ids are deterministic positions in the program (``turn-1/command-2``), never random,
 so a replay finds its own records.
@@ -105,7 +107,9 @@ class Steps:
                 return dict(last.payload.get("result", {}))
             if last.state == "Failed":
                 raise StepFailed(step_id, dict(last.payload.get("error", {})))
-            if last.state == "NeedsResolution" or effect == "external":
+            if last.state == "NoEffect":
+                pass  # resolved as "it did nothing": run it again, as the next attempt
+            elif last.state == "NeedsResolution" or effect == "external":
                 if last.state != "NeedsResolution":
                     await self._append(step_id, kind, "NeedsResolution",
                                        {"summary": "interrupted; outcome unknown"}, attempt=last.attempt)

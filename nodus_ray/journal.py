@@ -27,7 +27,7 @@ from .timestamps import format_timestamp
 
 __all__ = ["StepState", "JournalRecord", "Journal", "JOURNAL_SCHEMA", "step_views"]
 
-StepState = Literal["Started", "Completed", "Failed", "NeedsResolution", "Resolved"]
+StepState = Literal["Started", "Completed", "Failed", "NeedsResolution", "Resolved", "NoEffect"]
 
 JOURNAL_SCHEMA = pa.schema(
     [

@@ -620,8 +620,32 @@ class AgentRun:
         return View(self._client.send_message(self.name, text, message_key=message_key, message_name=name,
                                               project=self._project))
 
-    def resolve(self, step_id: str, decision: str, **kwargs: Any) -> NoReturn:
-        self._later("resolve")
+    def resolve(
+        self,
+        step_id: str,
+        decision: str,
+        *,
+        evidence: str | None = None,
+        result: Mapping[str, Any] | None = None,
+        revision: int | None = None,
+    ) -> View:
+        """Decide a step whose outcome is unknown (the run waits with ``NeedsResolution``).
+
+        ``decision`` is ``Completed`` (the command did run; ``result={"exitCode": 0, "output":
+        "..."}`` is what it returned), ``NoEffect`` (it did nothing: it runs again) or
+        ``Cancelled`` (the run fails). ``revision`` is the run's ``metadata.resourceVersion``
+        the decision was made on (default: the run as it is now); a stale one is refused with
+        `errors.Conflict` (``RevisionMismatch``), so two people cannot both decide.
+        """
+        if revision is None:
+            revision = int((self._refresh().get("metadata") or {}).get("resourceVersion") or 0)
+        body: dict[str, Any] = {"step": step_id, "decision": decision, "revision": revision}
+        if evidence is not None:
+            body["evidence"] = evidence
+        if result is not None:
+            body["result"] = dict(result)
+        self._resource = self._client.resolve_run(self.name, body, project=self._project)
+        return View(self._resource)
 
     def retry(self) -> NoReturn:
         self._later("retry")

@@ -295,6 +295,11 @@ class Client:
             body["messageKey"] = message_key
         return self._json(self._request("POST", self._path("agentruns", project, name, "messages"), json=body))
 
+    def resolve_run(self, name: str, resolution: Mapping[str, Any], *, project: str | None = None) -> dict[str, Any]:
+        """Decide a run's uncertain step: ``{step, decision, result?, evidence?, revision}``."""
+        return self._json(self._request("POST", self._path("agentruns", project, name, "resolve"),
+                                        json=dict(resolution)))
+
     def run_answer(self, name: str, *, project: str | None = None) -> dict[str, Any]:
         """``{name, phase, answer, bytes}``; raises `Conflict` (``AnswerNotReady``) before there is one."""
         return self._json(self._request("GET", self._path("agentruns", project, name, "answer")))

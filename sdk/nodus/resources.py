@@ -154,6 +154,7 @@ class ObjectMeta(_Strict):
     project: str | None = None
     uid: str | None = None
     generation: int | None = None
+    resourceVersion: int | None = None  # the server's count of writes (a run's, for resolve)
     creationTimestamp: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
 

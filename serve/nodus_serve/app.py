@@ -239,6 +239,10 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
                                 body.get("name", "message"))
         return JSONResponse(status_code=200 if receipt["duplicate"] else 202, content=receipt)
 
+    @app.post("/v1/projects/{project}/agentruns/{name}/resolve")
+    async def resolve_run(project: str, name: str, request: Request) -> dict[str, Any]:
+        return await cp.call("resolve_run", _project(project), name, await _body(request))
+
     @app.get("/v1/projects/{project}/agentruns/{name}/steps")
     async def run_steps(project: str, name: str) -> dict[str, Any]:
         return {"items": await cp.call("run_steps", _project(project), name)}

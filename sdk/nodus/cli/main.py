@@ -920,6 +920,39 @@ def agentrun_send(
     typer.echo(f"agentrun/{name} message {receipt.get('seq')} {verb}")
 
 
+@agentrun_app.command("resolve")
+def agentrun_resolve(
+    name: Annotated[str, typer.Argument(help="The run waiting with NeedsResolution.")],
+    step: Annotated[str, typer.Option("--step", help="The uncertain step (status.step).")],
+    decision: Annotated[str, typer.Option("--decision", help="Completed, NoEffect or Cancelled.")],
+    exit_code: Annotated[
+        int | None, typer.Option("--exit-code", help="Completed: the command's exit code.")
+    ] = None,
+    output: Annotated[str | None, typer.Option("--output", help="Completed: what the command printed.")] = None,
+    evidence: Annotated[str | None, typer.Option("--evidence", help="Why you decided so (kept with the step).")] = None,
+    revision: Annotated[
+        int | None, typer.Option("--revision", help="The run's metadata.resourceVersion you decided on (default: now).")
+    ] = None,
+    project: ProjectOption = None,
+) -> None:
+    """Decide a step whose outcome is unknown; the run goes on (or fails, for Cancelled)."""
+    if decision not in ("Completed", "NoEffect", "Cancelled"):
+        raise UsageError(f"--decision {decision!r} is not one of Completed, NoEffect, Cancelled")
+    if decision != "Completed" and (exit_code is not None or output is not None):
+        raise UsageError("--exit-code and --output record a Completed command's result")
+    client = _client(project)
+    if revision is None:
+        revision = int((client.get("agentruns", name).get("metadata") or {}).get("resourceVersion") or 0)
+    body: dict[str, Any] = {"step": step, "decision": decision, "revision": revision}
+    if decision == "Completed":
+        body["result"] = {"exitCode": exit_code, "output": output or ""}
+    if evidence is not None:
+        body["evidence"] = evidence
+    run = client.resolve_run(name, body)
+    status = run.get("status") or {}
+    typer.echo(f"agentrun/{name} step {step} resolved {decision}; phase {status.get('phase')}")
+
+
 @agentrun_app.command("steps")
 def agentrun_steps(
     name: Annotated[str, typer.Argument(help="The run.")],
