@@ -125,8 +125,8 @@ def main() -> None:
                 print(f"{first + len(names)} runs waiting after {time.monotonic() - started:.0f} s", file=sys.stderr)
             elapsed = time.monotonic() - started
             time.sleep(3)
-            actors = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=100000, detail=True)
-                      if (a.class_name or "") == "RunActor"]
+            actors = list_actors(filters=[("state", "=", "ALIVE"), ("class_name", "=", "RunActor")],
+                                 limit=10000, detail=True)
             cp_after, used_after = _rss_mb(int(control_plane.pid)), _used_memory_mb()
             storage = _tree_bytes(base / "storage" / "projects" / "default" / "agentruns")
             sandboxes = _tree_bytes(base / "sandboxes")

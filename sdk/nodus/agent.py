@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol, Self
 
 from .client import Client
 from .errors import AgentRunFailed, Conflict, Invalid, Unavailable, Unsupported, WaitTimeout
@@ -503,21 +503,14 @@ class ClaudeAgent(Agent):
 # -- AgentRun ---------------------------------------------------------------------------------
 
 
-def _resource_and_name(obj: Mapping[str, Any] | View | str, kind: str) -> tuple[dict[str, Any], str]:
-    """What a handle is built from: a resource, a View of one, or just a name."""
-    resource: dict[str, Any]
-    if isinstance(obj, str):
-        resource = {"metadata": {"name": obj}}
-    else:
-        resource = obj.to_dict() if isinstance(obj, View) else dict(obj)
-    name = (resource.get("metadata") or {}).get("name")
-    if not isinstance(name, str):
-        raise Invalid(f"an {kind} needs metadata.name", details={"field": "metadata.name"})
-    return resource, name
+class _ResourceHandle:
+    """What the handles of runs and groups share: the resource as last seen, and its client.
 
+    Built from a resource, a View of one, or just a name; `from_name` fetches it first.
+    """
 
-class AgentRun:
-    """One AgentRun: `wait`, `result` (the answer text), `answer`, `steps`, `cancel`, `delete`."""
+    _collection: ClassVar[str]
+    _kind: ClassVar[str]
 
     def __init__(
         self,
@@ -526,28 +519,49 @@ class AgentRun:
         project: str | None = None,
         client: Client | None = None,
     ) -> None:
-        self._resource, self.name = _resource_and_name(obj, "AgentRun")
+        resource: dict[str, Any]
+        if isinstance(obj, str):
+            resource = {"metadata": {"name": obj}}
+        else:
+            resource = obj.to_dict() if isinstance(obj, View) else dict(obj)
+        name = (resource.get("metadata") or {}).get("name")
+        if not isinstance(name, str):
+            raise Invalid(f"an {self._kind} needs metadata.name", details={"field": "metadata.name"})
+        self._resource = resource
+        self.name = name
         self._project = project
         self._client = client or Client(project=project)
 
     @classmethod
     def from_name(cls, name: str, project: str | None = None, *, client: Client | None = None) -> Self:
-        """The handle of an existing run; raises `errors.NotFound`."""
+        """The handle of one that exists (e.g. applied from YAML); raises `errors.NotFound`."""
         client = client or Client(project=project)
-        return cls(client.get("agentruns", name, project=project), project=project, client=client)
+        return cls(client.get(cls._collection, name, project=project), project=project, client=client)
 
     @property
     def agent(self) -> str | None:
-        """The agent the run belongs to, as last seen."""
+        """Its agent, as last seen."""
         return (self._resource.get("spec") or {}).get("agent")
 
     def _refresh(self) -> dict[str, Any]:
-        self._resource = self._client.get("agentruns", self.name, project=self._project)
+        self._resource = self._client.get(self._collection, self.name, project=self._project)
         return self._resource
 
     def status(self) -> View:
-        """The latest resource (``.status.phase``, ``.status.turns``, ``.status.cost`` ...)."""
+        """The latest resource (``.status.phase``, ``.status.cost``, ...), fetched now."""
         return View(self._refresh())
+
+    def __repr__(self) -> str:
+        phase = (self._resource.get("status") or {}).get("phase")
+        shown = f", phase={phase!r}" if phase else ""
+        return f"{self._kind}(name={self.name!r}, project={self._project or self._client.project!r}{shown})"
+
+
+class AgentRun(_ResourceHandle):
+    """One AgentRun: `wait`, `result` (the answer text), `answer`, `steps`, `cancel`, `delete`."""
+
+    _collection = "agentruns"
+    _kind = "AgentRun"
 
     def wait(self, timeout: float | None = None) -> View:
         """Block until the run is terminal, or (keep-alive) waits for its next message; return its status.
@@ -666,10 +680,6 @@ class AgentRun:
     def logs(self, follow: bool = False) -> NoReturn:
         self._later("logs")
 
-    def __repr__(self) -> str:
-        phase = (self._resource.get("status") or {}).get("phase")
-        shown = f", phase={phase!r}" if phase else ""
-        return f"AgentRun(name={self.name!r}, project={self._project or self._client.project!r}{shown})"
 
 
 # -- RunContext -------------------------------------------------------------------------------

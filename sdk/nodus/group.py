@@ -27,7 +27,7 @@ from .agent import (
     AgentRun,
     View,
     _encode_input,
-    _resource_and_name,
+    _ResourceHandle,
     _run_failed,
     _run_name,
     _unsupported,
@@ -192,7 +192,7 @@ def _dependency_order(keys: list[str], depends: list[list[str]]) -> list[int]:
         path.append(step)
 
 
-class AgentGroup:
+class AgentGroup(_ResourceHandle):
     """Runs of one Agent under a shared concurrency limit and cost cap, with task dependencies and one cancel.
 
     Create it with `create` (or take an existing one with `from_name`), add tasks with
@@ -200,16 +200,8 @@ class AgentGroup:
     read `runs`. `delete` removes the group with its runs, so call it when done.
     """
 
-    def __init__(
-        self,
-        obj: Mapping[str, Any] | View | str,
-        *,
-        project: str | None = None,
-        client: Client | None = None,
-    ) -> None:
-        self._resource, self.name = _resource_and_name(obj, "AgentGroup")
-        self._project = project
-        self._client = client or Client(project=project)
+    _collection = "agentgroups"
+    _kind = "AgentGroup"
 
     @classmethod
     def create(
@@ -256,21 +248,6 @@ class AgentGroup:
         client = client or Client(project=project)
         created = client.create("agentgroups", manifest, project=project)
         return cls(created, project=project, client=client)
-
-    @classmethod
-    def from_name(cls, name: str, project: str | None = None, *, client: Client | None = None) -> Self:
-        """A group that exists already, such as one created from YAML; raises `errors.NotFound`."""
-        client = client or Client(project=project)
-        return cls(client.get("agentgroups", name, project=project), project=project, client=client)
-
-    @property
-    def agent(self) -> str | None:
-        """The agent the group runs, as last seen."""
-        return (self._resource.get("spec") or {}).get("agent")
-
-    def _refresh(self) -> dict[str, Any]:
-        self._resource = self._client.get("agentgroups", self.name, project=self._project)
-        return self._resource
 
     def _identity(self) -> tuple[str, str]:
         """The group's agent and uid, read from the server when this handle has not seen them.
@@ -360,10 +337,6 @@ class AgentGroup:
         """Delete the group and, with it, its runs (unfinished ones are cancelled)."""
         self._client.delete("agentgroups", self.name, project=self._project)
 
-    def status(self) -> View:
-        """The latest resource (``.status.phase``, ``.status.counts``, ``.status.cost`` ...)."""
-        return View(self._refresh())
-
     def wait(self, timeout: float | None = None) -> View:
         """Block until the group is terminal and return its status (``phase``, ``counts``, ``cost``).
 
@@ -410,11 +383,6 @@ class AgentGroup:
         raise _unsupported(
             "AgentGroup.results", "it reports group evaluations, which arrive in a later release", "results"
         )
-
-    def __repr__(self) -> str:
-        phase = (self._resource.get("status") or {}).get("phase")
-        shown = f", phase={phase!r}" if phase else ""
-        return f"AgentGroup(name={self.name!r}, project={self._project or self._client.project!r}{shown})"
 
 
 # -- Agent.map --------------------------------------------------------------------------------
