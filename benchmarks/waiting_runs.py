@@ -102,6 +102,7 @@ def main() -> None:
         from ray.util.state import list_actors
 
         per_idle_actor = _baseline(args.baseline_actors)
+        time.sleep(10)  # let the killed baseline actors' memory go back before measuring from here
         control_plane = list_actors(filters=[("name", "=", "nodus-control-plane")], detail=True)[0]
         cp_before, used_before = _rss_mb(int(control_plane.pid)), _used_memory_mb()
         api = f"http://127.0.0.1:{args.port}/v1/projects/default"
@@ -140,7 +141,7 @@ def main() -> None:
               "| storage / run | sandbox dir / run | idle Ray actor (baseline) | wake one |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         print(f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {args.runs} (started in {elapsed:.0f} s) "
-              f"| {len(actors)} (the pool's parked ones) | +{used_after - used_before:.0f} MB "
+              f"| {len(actors)} | +{used_after - used_before:.0f} MB "
               f"| {cp_before:.0f} -> {cp_after:.0f} MB | {storage / args.runs / 1024:.1f} KiB "
               f"| {sandboxes / args.runs / 1024:.1f} KiB | {per_idle_actor:.0f} MB each "
               f"(x {args.runs} = {per_idle_actor * args.runs / 1024:.0f} GB) | {wake_seconds:.2f} s |")

@@ -180,9 +180,12 @@ class RunSupervision:
                                              "message": f"{type(cause).__name__}: "
                                                         f"{str(cause).splitlines()[0][:400] if str(cause) else ''}"})
                     return
-                if await self._finish(key, outcome):
-                    # A message arrived while the actor was finishing its turn: a new actor
-                    # replays the journal and reads it.
+                resumed = await self._finish(key, outcome)
+                run = self._runs.get(key)
+                if resumed or (run is not None and not self._is_over(key) and not parked(run)):
+                    # A message or credits arrived while the actor was finishing (or while this
+                    # task reported the outcome, after which a sender found no task to start):
+                    # a new actor replays the journal and goes on.
                     ray.kill(actor, no_restart=True)
                     continue
                 return

@@ -33,6 +33,9 @@ def _park_mid_command(server: Server, ray: Any) -> tuple[str, dict[str, Any]]:
             return any(s["id"] == STEP and s["state"] == "Started" for s in steps)
 
         wait_for(command_started, timeout=60, interval=0.02, message="the command to start")
+        # Kill only once the command had its effect (the tick), during its sleep.
+        counter = server.sandbox_root / "default" / run / "counter.txt"
+        wait_for(counter.exists, timeout=30, interval=0.02, message="the command's tick")
         actor_name = http.get(f"{RUNS}/{run}").json()["status"]["actorName"]
         actor = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
         os.kill(int(actor[0].pid), signal.SIGKILL)
