@@ -556,6 +556,41 @@ class _ResourceHandle:
         shown = f", phase={phase!r}" if phase else ""
         return f"{self._kind}(name={self.name!r}, project={self._project or self._client.project!r}{shown})"
 
+    def _poll_status(
+        self,
+        done: Callable[[dict[str, Any]], bool],
+        timeout: float | None,
+        still: Callable[[str], str],
+    ) -> dict[str, Any]:
+        """Poll the resource until ``done(status)`` and return that status.
+
+        Polls back off from 0.1 s to 1 s. An unreachable API (a server restart) is waited out
+        for up to 30 s, since runs and groups survive one; ``timeout`` raises `errors.WaitTimeout`
+        with ``still(phase)`` as its message.
+        """
+        start = time.monotonic()
+        delay = min(_POLL_FIRST_DELAY, _POLL_MAX_DELAY)
+        unreachable_since: float | None = None
+        phase = "unknown"
+        while True:
+            try:
+                status = self._refresh().get("status") or {}
+                unreachable_since = None
+                phase = status.get("phase") or phase
+                if done(status):
+                    return status
+            except Unavailable:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > _UNAVAILABLE_GRACE:
+                    raise
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise WaitTimeout(still(phase), details={"name": self.name, "phase": phase})
+            pause = delay if timeout is None else min(delay, max(timeout - elapsed, 0.0))
+            time.sleep(pause)
+            delay = min(delay * 1.5, _POLL_MAX_DELAY)
+
 
 class AgentRun(_ResourceHandle):
     """One AgentRun: `wait`, `result` (the answer text), `answer`, `steps`, `cancel`, `delete`."""
@@ -570,31 +605,12 @@ class AgentRun(_ResourceHandle):
         cap (``Waiting``, ``MaxCostReached``), which only a cancel or its deadline can end; and
         `errors.WaitTimeout` after ``timeout`` seconds. A briefly unreachable API (a server restart) is waited out.
         """
-        start = time.monotonic()
-        delay = min(_POLL_FIRST_DELAY, _POLL_MAX_DELAY)
-        unreachable_since: float | None = None
-        phase = "unknown"
-        while True:
-            try:
-                status = self._refresh().get("status") or {}
-                unreachable_since = None
-                phase = status.get("phase") or "Pending"
-                if phase in TERMINAL_PHASES or at_cost_cap(status) or awaiting_message(status):
-                    break
-            except Unavailable:
-                now = time.monotonic()
-                unreachable_since = unreachable_since or now
-                if now - unreachable_since > _UNAVAILABLE_GRACE:
-                    raise
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
-                raise WaitTimeout(
-                    f"agentrun/{self.name} is still {phase} after {timeout:g}s",
-                    details={"name": self.name, "phase": phase},
-                )
-            pause = delay if timeout is None else min(delay, max(timeout - elapsed, 0.0))
-            time.sleep(pause)
-            delay = min(delay * 1.5, _POLL_MAX_DELAY)
+        status = self._poll_status(
+            lambda now: now.get("phase") in TERMINAL_PHASES or at_cost_cap(now) or awaiting_message(now),
+            timeout,
+            lambda phase: f"agentrun/{self.name} is still {phase} after {timeout:g}s",
+        )
+        phase = status.get("phase")
         if phase != "Succeeded" and not awaiting_message(status):
             raise _run_failed(self.name, status)
         return View(status)

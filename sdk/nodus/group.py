@@ -34,7 +34,7 @@ from .agent import (
     _usd,
 )
 from .client import Client
-from .errors import AgentRunFailed, Conflict, Invalid, NotFound, Unavailable, WaitTimeout
+from .errors import AgentRunFailed, Conflict, Invalid, NotFound, Unavailable
 from .resources import (
     API_VERSION,
     GROUP_TERMINAL_PHASES,
@@ -345,34 +345,13 @@ class AgentGroup(_ResourceHandle):
         waits until someone seals it (or ``timeout``, which raises `errors.WaitTimeout`). A briefly
         unreachable API (a server restart) is waited out.
         """
-        start = time.monotonic()
-        delay = min(_POLL_FIRST_DELAY, _POLL_MAX_DELAY)
-        unreachable_since: float | None = None
-        phase = "unknown"
-        while True:
-            try:
-                status = self._refresh().get("status") or {}
-                unreachable_since = None
-                phase = status.get("phase") or "Running"
-                if phase in GROUP_TERMINAL_PHASES:
-                    return View(status)
-            except Unavailable:
-                now = time.monotonic()
-                unreachable_since = unreachable_since or now
-                if now - unreachable_since > _UNAVAILABLE_GRACE:
-                    raise
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
-                sealed = (self._resource.get("spec") or {}).get("sealed")
-                unsealed = phase != "unknown" and not sealed  # "unknown": never reached the API
-                hint = "; it is not sealed, and finishes only once sealed" if unsealed else ""
-                raise WaitTimeout(
-                    f"agentgroup/{self.name} is still {phase} after {timeout:g}s{hint}",
-                    details={"name": self.name, "phase": phase},
-                )
-            pause = delay if timeout is None else min(delay, max(timeout - elapsed, 0.0))
-            time.sleep(pause)
-            delay = min(delay * 1.5, _POLL_MAX_DELAY)
+
+        def still(phase: str) -> str:
+            unsealed = phase != "unknown" and not (self._resource.get("spec") or {}).get("sealed")
+            hint = "; it is not sealed, and finishes only once sealed" if unsealed else ""
+            return f"agentgroup/{self.name} is still {phase} after {timeout:g}s{hint}"
+
+        return View(self._poll_status(lambda now: now.get("phase") in GROUP_TERMINAL_PHASES, timeout, still))
 
     def runs(self) -> list[AgentRun]:
         """The group's member runs, in creation order."""
