@@ -41,6 +41,7 @@ from nodus.resources import (
 from .admission import AdmissionError
 from .credits import CreditLedger
 from .group_control import GroupControl, admission_refusal
+from .group_supervisor import member_wire
 from .journal import Journal, step_views
 from .patch import patched_document
 from .prices import PriceTable
@@ -417,10 +418,10 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
                 raise Conflict(f"{where}agentgroup {group_name!r} is {closed[1]} and takes no new runs",
                                code=closed[0], details={"kind": "AgentGroup", "name": group_name,
                                                         "field": "spec.group", "index": index})
-            members.setdefault(group_name, []).append({
-                "key": run.spec.taskKey, "run": run.metadata.name, "cap": self._run_cap(agent),
-                "dependsOn": list(run.spec.dependsOn or []), "state": "Queued", "reason": None, "spent": "0",
-            })
+            assert run.spec.taskKey is not None  # the schema requires it of a group's run
+            members.setdefault(group_name, []).append(
+                member_wire(run.spec.taskKey, run.metadata.name, self._run_cap(agent), run.spec.dependsOn)
+            )
             positions.setdefault(group_name, []).append(index)
         for group_name in groups:
             try:

@@ -107,5 +107,3 @@ class CreditLedger:
         account.reservations[run] = amount
         return True
 
-    def release(self, project: str, run: str) -> None:
-        self.project(project).reservations.pop(run, None)

@@ -36,8 +36,9 @@ from nodus.resources import (
 )
 
 from .admission import AdmissionError
-from .group_supervisor import RemoteGroupSupervisor, supervisor_options
+from .group_supervisor import RemoteGroupSupervisor, group_supervisor_name, member_wire, supervisor_options
 from .patch import patched_document
+from .settings import NAMESPACE
 from .storage import Storage
 from .timestamps import utc_now
 
@@ -146,7 +147,7 @@ class GroupControl:
         handle = self._group_handles.pop(key, None)
         if handle is None:
             try:
-                handle = ray.get_actor(supervisor_options(*key)["name"], namespace=supervisor_options(*key)["namespace"])
+                handle = ray.get_actor(group_supervisor_name(*key), namespace=NAMESPACE)
             except ValueError:
                 return
         ray.kill(handle, no_restart=True)
@@ -335,15 +336,11 @@ class GroupControl:
             run = self._runs.get((project, run_name))
             if run is None:
                 continue
-            members.append({
-                "key": run["spec"]["taskKey"],
-                "run": run_name,
-                "cap": run["status"]["cost"].get("limitUSD") or "0",
-                "dependsOn": list(run["spec"].get("dependsOn") or []),
-                "state": _admission_state(run),
-                "reason": run["status"].get("reason"),
-                "spent": run["status"]["cost"].get("totalUSD") or "0",
-            })
+            members.append(member_wire(
+                run["spec"]["taskKey"], run_name, run["status"]["cost"].get("limitUSD") or "0",
+                run["spec"].get("dependsOn"), state=_admission_state(run), reason=run["status"].get("reason"),
+                spent=run["status"]["cost"].get("totalUSD") or "0",
+            ))
         spec = group["spec"]
         return {"limits": self._limits_wire(spec), "sealed": bool(spec.get("sealed")),
                 "cancelled": spec.get("state") == "Cancelled", "members": members}

@@ -32,7 +32,8 @@ from .admission import Admission, AdmissionError, Decision, GroupLimits, GroupSt
 from .control_plane_client import ControlPlaneCaller
 from .settings import NAMESPACE
 
-__all__ = ["GroupSupervisor", "RemoteGroupSupervisor", "group_supervisor_name", "member_to_wire"]
+__all__ = ["GroupSupervisor", "RemoteGroupSupervisor", "group_supervisor_name", "member_wire",
+           "supervisor_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +42,13 @@ def group_supervisor_name(project: str, name: str) -> str:
     return f"group.{project}.{name}"
 
 
-def member_to_wire(member: Member) -> dict[str, Any]:
-    """A member as it crosses between the control plane and the supervisor (money as strings)."""
-    return {
-        "key": member.key,
-        "run": member.run,
-        "cap": str(member.cap),
-        "dependsOn": list(member.depends_on),
-        "state": member.state,
-        "reason": member.reason,
-        "spent": str(member.spent),
-    }
+def member_wire(
+    key: str, run: str, cap: str, depends_on: list[str] | None, *,
+    state: str = "Queued", reason: str | None = None, spent: str = "0",
+) -> dict[str, Any]:
+    """A member as it crosses from the control plane to the supervisor (money as strings)."""
+    return {"key": key, "run": run, "cap": cap, "dependsOn": list(depends_on or []),
+            "state": state, "reason": reason, "spent": spent}
 
 
 def _member(wire: dict[str, Any]) -> Member:
