@@ -97,15 +97,23 @@ class Storage:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, full)
+            # The rename is durable only once the directory entry is: a power cut must not
+            # take back a journal record the caller has already acted on.
+            directory = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
             return
-        with self._fs.open_output_stream(full) as stream:
+        # compression=None: pyarrow would otherwise (de)compress by extension, e.g. ``.tar.gz``.
+        with self._fs.open_output_stream(full, compression=None) as stream:
             stream.write(data)
 
     def read_bytes(self, key: str) -> bytes:
         """Raises FileNotFoundError when the object does not exist."""
         full = self._full(key)
         try:
-            with self._fs.open_input_stream(full) as stream:
+            with self._fs.open_input_stream(full, compression=None) as stream:
                 return stream.read()
         except (FileNotFoundError, OSError) as exc:
             if isinstance(exc, FileNotFoundError) or not self.exists(key):
