@@ -22,7 +22,7 @@ from typing import Any
 from nodus.resources import FAMILIES, Turn
 
 from .billing import max_input_tokens
-from .durable import StepFailed, Steps
+from .durable import Effect, StepFailed, Steps
 from .models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
 from .prices import ROUTER_MODEL
 from .router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
@@ -96,6 +96,9 @@ class Conversation:
     on_answer: Callable[[str], Awaitable[None]] | None = None
     answer: str | None = None
     read_seq: int = 0
+    # Called (in a thread) with a command's journal seq after it ran, before its Completed:
+    # the run actor snapshots the workspace there (`workspace_snapshots`).
+    after_command: Callable[[int], None] | None = None
 
     @property
     def cost_usd(self) -> Decimal:
@@ -293,9 +296,12 @@ class Conversation:
             charged = self.spend.price(model, response.usage, bound)
             return {**response.to_dict(), "billedUSD": str(charged)}
 
+        # On the server's key a lost call is ours to pay for and safe to make again; on the user's
+        # own key it may have cost them, so an interrupted call waits for their decision.
+        effect: Effect = "external" if self.spend.access == "BYOK" else "idempotent"
         try:
             recorded = await self.steps.run(
-                step_id, "model", call,
+                step_id, "model", call, effect=effect,
                 started={"model": model, "messages": len(request.messages), "boundUSD": str(bound)},
                 cost_of=lambda r: r["billedUSD"],
                 summary_of=lambda r: f"{r['model']}: {r['stop_reason']}, "
@@ -318,6 +324,9 @@ class Conversation:
 
         async def execute() -> dict[str, Any]:
             result = await asyncio.to_thread(sandbox.run, command)
+            started = self.steps.recorded(step_id)
+            if self.after_command is not None and started is not None:
+                await asyncio.to_thread(self.after_command, started.seq)
             return result.to_dict()
 
         recorded = await self.steps.run(

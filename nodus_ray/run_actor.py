@@ -27,7 +27,7 @@ from .billing import RunBudget
 from .control_plane_client import ControlPlaneCaller
 from .conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from .durable import NeedsResolution, Steps
-from .journal import Journal
+from .journal import Journal, JournalRecord
 from .models import ModelProvider, provider_for
 from .prices import PriceTable
 from .router import ROUTER_ACTOR_NAME
@@ -36,6 +36,7 @@ from .settings import CONTROL_PLANE_NAME, NAMESPACE
 from .spend import CapExceeded, CreditsExhausted, RunSpend
 from .storage import Storage
 from .timestamps import parse_timestamp, utc_now
+from .workspace_snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
 
 __all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
 
@@ -71,7 +72,7 @@ class RunConfig:
     cap_usd: str | None = None
     prices_file: str | None = None
     group: str | None = None
-
+    workspace_snapshots: bool = True
 
 
 class RunActor:
@@ -87,6 +88,12 @@ class RunActor:
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
         self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
+        self._workspace = WorkspaceSnapshots(
+            self._storage, run_storage_prefix(config.project, config.name), Path(config.workspace),
+            enabled=config.workspace_snapshots,
+        )
+        self._workspace_states: tuple[int, ...] = ()
+        self._workspace_origin = "local"
 
     @staticmethod
     def _claim(slot: str, warm_anthropic: bool) -> RunConfig:
@@ -140,11 +147,15 @@ class RunActor:
             self._sandbox.delete()
         else:  # never opened by this actor (a replacement): the directory is all there is
             shutil.rmtree(self.config.workspace, ignore_errors=True)
+        self._workspace.forget()
 
     async def _report(self, patch: dict[str, Any]) -> None:
         await self._ask("report", self.config.project, self.config.name, patch)
 
     def _open_sandbox(self) -> Sandbox:
+        # The journal's commands happened in a workspace that may be on another node's disk:
+        # use it here only if it is that workspace, else restore its snapshot, else fail.
+        self._workspace_origin = self._workspace.ensure(self._workspace_states)
         # Other runs' workspaces and the storage are mounted away, not merely unreadable.
         self._sandbox = create_sandbox(
             Path(self.config.workspace),
@@ -176,6 +187,7 @@ class RunActor:
         config = self.config
         journal = Journal(self._storage, f"{run_storage_prefix(config.project, config.name)}/journal")
         await asyncio.to_thread(journal.load)
+        self._workspace_states = accepted_states(_command_attempts(journal.records))
         steps = Steps(journal)
         agent = config.agent_spec
         model = agent.get("model") or {}
@@ -204,16 +216,20 @@ class RunActor:
             on_progress=self._on_progress,
             next_message=self._next_message,
             on_answer=self._write_answer,
+            after_command=self._workspace.after_command,
         )
         self._conversation = conversation
         self.phase = "Running"
         await self._report({"phase": "Running", "reason": None, "message": None,
-                            "startedAt": utc_now(), "sandbox": {"node": socket.gethostname(),
-                                                             "workspace": config.workspace}})
+                            "startedAt": utc_now(), "sandbox": {
+                                "node": socket.gethostname(), "nodeId": ray.get_runtime_context().get_node_id(),
+                                "workspace": config.workspace}})
         try:
             answer = await self._with_deadline(conversation.run())
         except RunFailure as failure:
             return self._outcome("Failed", failure.reason, failure.message, conversation)
+        except WorkspaceLost as lost:
+            return self._outcome("Failed", "WorkspaceLost", str(lost), conversation)
         except CapExceeded as reached:
             return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
         except CreditsExhausted as short:
@@ -266,7 +282,8 @@ class RunActor:
             "turns": [turn.model_dump() for turn in turns],
             "cost": {"totalUSD": str(conversation.cost_usd)},
             "sandbox": {"backend": conversation.sandbox_info.get("backend"),
-                        "note": conversation.sandbox_info.get("note")},
+                        "note": conversation.sandbox_info.get("note"),
+                        "workspace": self.config.workspace, "origin": self._workspace_origin},
         })
 
     def _outcome(self, phase: str, reason: str, message: str | None, conversation: Conversation, *,
@@ -292,6 +309,21 @@ class RunActor:
             status["answer"] = {"preview": preview, "bytes": len(encoded),
                                 "truncated": len(encoded) > ANSWER_PREVIEW_BYTES}
         return status
+
+
+def _command_attempts(records: list[JournalRecord]) -> list[tuple[int, bool]]:
+    """Each command attempt's Started seq, and whether the run itself completed that attempt
+    (only a step's last attempt can have been completed)."""
+    last_state: dict[str, str] = {}
+    last_start: dict[str, int] = {}
+    starts: list[JournalRecord] = []
+    for record in records:
+        last_state[record.step_id] = record.state
+        if record.kind == "command" and record.state == "Started":
+            starts.append(record)
+            last_start[record.step_id] = record.seq
+    return [(start.seq, last_state[start.step_id] == "Completed" and last_start[start.step_id] == start.seq)
+            for start in starts]
 
 
 RemoteRunActor = ray.remote(num_cpus=0, max_restarts=0)(RunActor)

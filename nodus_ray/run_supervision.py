@@ -27,6 +27,7 @@ from .run_pool import RunActorPool
 from .settings import NAMESPACE, ServerSettings
 from .storage import Storage
 from .timestamps import parse_timestamp, utc_now
+from .workspace_snapshots import WorkspaceSnapshots
 
 __all__ = ["RunSupervision", "merge_status", "parked"]
 
@@ -76,7 +77,10 @@ class RunSupervision:
         return str(Path(self.settings.sandbox_root) / project / name)
 
     def _remove_workspace(self, project: str, name: str) -> None:
-        shutil.rmtree(self._workspace(project, name), ignore_errors=True)
+        """The local directory and its marker; the snapshots go with the run's storage."""
+        workspace = Path(self._workspace(project, name))
+        shutil.rmtree(workspace, ignore_errors=True)
+        WorkspaceSnapshots.marker_of(workspace).unlink(missing_ok=True)
 
     def _find_actor(self, run: dict[str, Any]) -> Any | None:
         """The live actor of the run, by the name the run recorded for it (none after it was released)."""
@@ -133,6 +137,7 @@ class RunSupervision:
             cap_usd=run["status"]["cost"].get("limitUSD"),
             prices_file=self.settings.prices_file,
             group=run["spec"].get("group"),
+            workspace_snapshots=self.settings.workspace_snapshots,
         )
 
     def _is_over(self, key: Key) -> bool:

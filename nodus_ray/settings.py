@@ -47,6 +47,9 @@ class ServerSettings:
     initial_credits_usd: str = "5.00"
     # Pre-started run actors kept waiting per node (NODUS_RUN_POOL; 0 turns the pool off).
     run_pool_per_node: int = 2
+    # Whether runs snapshot their workspace to storage after every command
+    # (NODUS_WORKSPACE_SNAPSHOTS=on|off), so a run that moves to another node keeps its files.
+    workspace_snapshots: bool = True
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -70,6 +73,9 @@ class ServerSettings:
         raw_pool = os.environ.get("NODUS_RUN_POOL", "2") or "2"
         if not raw_pool.isdigit() or int(raw_pool) > 64:
             raise ValueError(f"NODUS_RUN_POOL={raw_pool!r} must be a whole number from 0 to 64")
+        raw_snapshots = (os.environ.get("NODUS_WORKSPACE_SNAPSHOTS") or "on").lower()
+        if raw_snapshots not in ("on", "off"):
+            raise ValueError(f"NODUS_WORKSPACE_SNAPSHOTS={raw_snapshots!r} must be 'on' or 'off'")
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -84,6 +90,7 @@ class ServerSettings:
             prices_file=prices_file,
             initial_credits_usd=initial_credits,
             run_pool_per_node=int(raw_pool),
+            workspace_snapshots=raw_snapshots == "on",
         )
 
     def digest(self) -> str:

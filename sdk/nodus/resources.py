@@ -237,8 +237,12 @@ class SandboxStatus(_Open):
     """Which isolation the run got; ``process`` means bubblewrap could not run here."""
 
     backend: Literal["bubblewrap", "process"] | None = None
-    node: str | None = None
+    node: str | None = None  # the host name
+    nodeId: str | None = None  # the Ray node the run's current actor is on
     workspace: str | None = None
+    # Where the actor got the workspace: "local" (this node's disk) or "restored" (the
+    # snapshot in storage, because the run moved to a node that did not have it).
+    origin: Literal["local", "restored"] | None = None
     uid: int | None = None
     note: str | None = None
 
