@@ -40,6 +40,7 @@ from nodus.resources import (
 
 from .admission import AdmissionError
 from .credits import CreditLedger
+from .faults import crash_point
 from .group_control import GroupControl, admission_refusal
 from .group_supervisor import member_wire
 from .journal import Journal, step_views
@@ -66,6 +67,7 @@ _VERSION = "0.1.0"
 # Sandbox uids are handed out one per run, above the range the sandbox's own hash fallback
 # uses (200000-249999), so no two runs ever share a process budget or kill each other's work.
 _FIRST_SANDBOX_UID = 300_000
+_POOL_CHECK_SECONDS = 10.0  # how soon a node that joined gets parked run actors
 
 Key = tuple[str, str]
 
@@ -105,6 +107,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         self._actors: dict[Key, Any] = {}
         self._last_sandbox_uid: int | None = None
         self._started = False
+        self._pool_keeper: asyncio.Task[None] | None = None
         self._start_lock: asyncio.Lock | None = None
 
     def __repr__(self) -> str:
@@ -131,6 +134,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
                     self._supervise(key)
             await self._start_groups()
             await self._refill_pool()
+            self._pool_keeper = asyncio.get_running_loop().create_task(self._keep_pool_filled())
             self._started = True
 
     def _load(self) -> None:
@@ -175,6 +179,15 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         byok = any((agent["spec"].get("model") or {}).get("access") == "BYOK" for agent in self._agents.values())
         self.pool.warm_anthropic = byok or bool(await asyncio.to_thread(self.secrets.server_key))
         self.pool.fill()
+
+    async def _keep_pool_filled(self) -> None:
+        """Nodes join and leave: every few seconds a node short of parked run actors gets them."""
+        while True:
+            await asyncio.sleep(_POOL_CHECK_SECONDS)
+            try:
+                await self._refill_pool()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                logger.warning("could not check the run pool", exc_info=True)
 
     async def claim_slot(self, slot: str) -> Any:
         """A pre-started run actor waits here (inside its ``__init__``) for the run it will serve."""
@@ -467,6 +480,8 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
                 await asyncio.to_thread(self.storage.write_json, f"{prefix}/agent.json", agent)
                 await asyncio.to_thread(self.storage.write_json, f"{prefix}/run.json", resource)
                 created.append((key, resource))
+                if record is not None and len(created) == 1 < len(fresh):
+                    crash_point("batch-half-written", f"{project}/{key[1]}")
             if record is not None:
                 items = [resource for _, resource in created] if idempotency_key else None
                 await asyncio.to_thread(self.batches.commit, project, record, digest or "", items)

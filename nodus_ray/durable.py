@@ -23,6 +23,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from .faults import crash_point
 from .journal import Journal, JournalRecord, StepState
 
 __all__ = ["Effect", "StepFailed", "NeedsResolution", "Steps"]
@@ -123,6 +124,7 @@ class Steps:
                                {"error": failure.error, "summary": failure.error.get("message", "")},
                                attempt=attempt)
             raise
+        crash_point("step-effect-done", f"{self.journal.prefix}/{step_id}")
         payload: dict[str, Any] = {"result": result}
         if summary_of is not None:
             payload["summary"] = summary_of(result)

@@ -30,6 +30,7 @@ import ray
 
 from .admission import Admission, AdmissionError, Decision, GroupLimits, GroupStatus, Member
 from .control_plane_client import ControlPlaneCaller
+from .faults import crash_point
 from .settings import NAMESPACE
 
 __all__ = ["GroupSupervisor", "RemoteGroupSupervisor", "group_supervisor_name", "member_wire",
@@ -222,6 +223,7 @@ class GroupSupervisor:
                 await self._publish()
 
     async def _start(self, run: str) -> None:
+        crash_point("admission-decided", f"{self.project}/{self.name}/{run}")
         await self._control_plane.ask("start_member", self.project, run)
         assert self._admission is not None
         try:

@@ -80,6 +80,11 @@ class Journal:
         self._lock = threading.Lock()
 
     @property
+    def prefix(self) -> str:
+        """Where the segments live in storage (``projects/<project>/agentruns/<run>/journal``)."""
+        return self._prefix
+
+    @property
     def records(self) -> list[JournalRecord]:
         return list(self._records)
 

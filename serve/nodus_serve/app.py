@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge, Unavailable
 from nodus.resources import API_VERSION, validate_dns_label
+from nodus_ray import faults
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 
 __all__ = ["create_app"]
@@ -186,6 +187,13 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
         return JSONResponse(status_code=500, content={"code": "InternalError",
                                                       "message": "the server failed; see its logs",
                                                       "details": {}})
+
+    if faults.enabled():  # the fault-injection suite only: kill this replica mid-request
+        @app.middleware("http")
+        async def _crash_point(request: Request, call_next: Any) -> Any:
+            response = await call_next(request)
+            faults.crash_point("api-answering", f"{request.method} {request.url.path}")
+            return response
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
