@@ -28,6 +28,8 @@ COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns", "agentgroups", "
 # so a retry cannot double an effect. Writes are left to the caller, who knows whether the
 # operation is safe to repeat (apply is; create is not).
 _GET_RETRY_DELAYS: tuple[float, ...] = (0.2, 0.5)
+# A write made safe to repeat by its idempotency key waits out a replaced API replica (seconds).
+_IDEMPOTENT_WRITE_RETRY_DELAYS: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)
 _DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
 
@@ -311,18 +313,19 @@ class Client:
 
         The same ``idempotency_key`` again returns the first answer and creates nothing, so a
         batch whose answer was lost can be sent again safely; that is also why this one write
-        is retried on a connection failure.
+        is retried when the answer did not come (no connection, or a server failure such as an
+        API replica that died mid-request and is being replaced).
         """
         body = {"apiVersion": API_VERSION, "kind": "AgentRunList", "items": [dict(run) for run in runs]}
         headers = {"Idempotency-Key": idempotency_key}
-        delays = iter(_GET_RETRY_DELAYS)
+        delays = iter(_IDEMPOTENT_WRITE_RETRY_DELAYS)
         while True:
             try:
                 response = self._request("POST", self._path("agentruns", project), json=body, headers=headers)
                 break
-            except Unavailable:
+            except NodusError as error:
                 delay = next(delays, None)
-                if delay is None:
+                if error.status < 500 or delay is None:
                     raise
                 time.sleep(delay)
         listed = self._json(response)
