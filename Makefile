@@ -32,8 +32,10 @@ demo: setup
 	$(BIN)/python examples/hello/main.py
 	$(BIN)/python examples/agents/parallel-agents/main.py
 
+# The fault-injection suite runs a second time on S3 (a local moto server the tests start).
 test: setup
 	$(BIN)/pytest -q
+	NODUS_TEST_STORAGE=s3 $(BIN)/pytest -q tests/integration/test_faults.py
 
 unit: setup
 	$(BIN)/pytest -q tests/unit

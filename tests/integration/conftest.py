@@ -3,6 +3,10 @@
 The session runs `nodus up` exactly as a user does (the CLI, a local Ray head, the Serve app)
 with its own storage, sandbox root and home, and `nodus down` at the end. Starting Ray costs
 about 10 s and each actor 0.65 s on these machines, so nothing here starts a cluster per test.
+
+``NODUS_TEST_STORAGE=s3`` runs the session on S3 instead of a local directory: a local
+S3-compatible server (moto's server mode) that the session starts, where nothing can be
+appended. Tests that look at storage use `Server.store`, so they pass on either.
 """
 
 from __future__ import annotations
@@ -32,6 +36,23 @@ class Server:
     storage: Path
     sandbox_root: Path
     env: dict[str, str]
+    faults: Path
+    storage_uri: str  # NODUS_STORAGE: the local directory `storage`, or an s3:// URI
+
+    def store(self) -> Any:
+        """The service's storage, read the way the service reads it (local disk or S3)."""
+        from nodus_ray.storage import Storage
+
+        return Storage(self.storage_uri)  # NODUS_FAULTS of the service: arm a crash point with `arm`
+
+    def arm(self, point: str, context: str) -> Path:
+        """Make the first process of the service that reaches ``point`` for ``context`` die there."""
+        from nodus_ray.faults import arm
+
+        return arm(self.faults, point, context)
+
+    def fired(self, point: str) -> bool:
+        return any(self.faults.glob(f".{point}.fired.*"))
 
     def cli(self, *args: str, input: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         """Run the `nodus` CLI against this server, as a user would."""
@@ -79,12 +100,37 @@ def fake_anthropic() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def server(fake_anthropic: Any) -> Iterator[Server]:
+def storage_service() -> Iterator[dict[str, str]]:
+    """Where the session's storage lives: {} for a local directory, or the environment that
+    points NODUS_STORAGE at a bucket of a local S3 server (moto) started for the session."""
+    if os.environ.get("NODUS_TEST_STORAGE", "local") != "s3":
+        yield {}
+        return
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    moto.start()
+    try:
+        host, port = moto.get_host_and_port()
+        credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}
+        os.environ.update(credentials)  # this process reads the bucket too (`Server.store`)
+        pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1",
+                          access_key="testing", secret_key="testing", allow_bucket_creation=True).create_dir("nodus-it")
+        yield {**credentials,
+               "NODUS_STORAGE": f"s3://nodus-it/storage?endpoint_override={host}:{port}&scheme=http&region=us-east-1"}
+    finally:
+        moto.stop()
+
+
+@pytest.fixture(scope="session")
+def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Server]:
     base = Path(tempfile.mkdtemp(prefix="nodus-it-"))
     # The sandbox runs as an unprivileged uid that must traverse down to its workspace.
     base.chmod(0o711)
-    storage, sandboxes, home = base / "storage", base / "sandboxes", base / "home"
-    for path in (storage, sandboxes, home):
+    storage, sandboxes, home, faults = base / "storage", base / "sandboxes", base / "home", base / "faults"
+    for path in (storage, sandboxes, home, faults):
         path.mkdir(mode=0o711)
     env = {
         **os.environ,
@@ -97,6 +143,8 @@ def server(fake_anthropic: Any) -> Iterator[Server]:
         "NODUS_API_URL": f"http://127.0.0.1:{PORT}",
         "NODUS_PROJECT": "default",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "NODUS_FAULTS": str(faults),
+        **storage_service,
     }
     env.pop("ANTHROPIC_API_KEY", None)
     up = subprocess.run([NODUS, "up", "--port", str(PORT)], env=env, capture_output=True, text=True,
@@ -104,7 +152,8 @@ def server(fake_anthropic: Any) -> Iterator[Server]:
     if up.returncode != 0:
         pytest.fail(f"nodus up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
     try:
-        yield Server(api_url=f"http://127.0.0.1:{PORT}", storage=storage, sandbox_root=sandboxes, env=env)
+        yield Server(api_url=f"http://127.0.0.1:{PORT}", storage=storage, sandbox_root=sandboxes, env=env,
+                     faults=faults, storage_uri=env["NODUS_STORAGE"])
     finally:
         subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
         shutil.rmtree(base, ignore_errors=True)

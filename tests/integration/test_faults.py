@@ -1,0 +1,378 @@
+"""The fault-injection suite: kill a part of the service at a moment the test chooses, then check
+that nothing was lost, nothing done twice and nothing billed twice.
+
+Moments inside a process are reached through crash points (`nodus_ray.faults`): the test arms
+one, the first process to get there dies with SIGKILL. Whole processes, nodes and the cluster
+are killed from outside. After each fault `audit_run` and `audit_group` check the same
+invariants:
+
+* no run lost: every accepted run is there and ends in the phase it should;
+* no completed step repeated: each run's command appends one line to ``counter.txt`` in its
+  workspace, so a repeated command shows as a second line; every completed command step has
+  one attempt;
+* no double billing: a run's cost is the sum of its journaled steps' costs, a group's is the
+  sum of its runs', nothing stays reserved, and the cap holds;
+* the group's invariants: never more than ``maxActive`` at once, counts add up.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from nodus.client import Client
+
+from .conftest import Server, unique, wait_for
+from .kit import AGENTS, GROUPS, RUNS, V1, agent, batch, finished, get_group, group, member, most_at_once, runs_of, seal
+
+COUNTED = "Use the shell to run `echo tick >> counter.txt`"
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+
+# -- checks ----------------------------------------------------------------------------------------
+
+
+def _run(server: Server, name: str) -> dict[str, Any]:
+    with server.http() as http:
+        response = http.get(f"{RUNS}/{name}")
+        assert response.status_code == 200, (name, response.text)
+        return response.json()
+
+
+def _steps(server: Server, name: str) -> list[dict[str, Any]]:
+    with server.http() as http:
+        return http.get(f"{RUNS}/{name}/steps").json()["items"]
+
+
+def _counter(server: Server, name: str) -> str:
+    path = server.sandbox_root / "default" / name / "counter.txt"
+    return path.read_text() if path.exists() else ""
+
+
+def settle(server: Server, name: str, timeout: float = 180) -> dict[str, Any]:
+    """Wait for the run to end. A command left uncertain by a crash is resolved the way an operator
+    would: by looking at its effect (the counter) and recording what happened."""
+
+    def done() -> dict[str, Any] | None:
+        run = _run(server, name)
+        status = run["status"]
+        if status["phase"] == "Waiting" and status.get("reason") == "NeedsResolution":
+            step = status["step"]
+            happened = _counter(server, name) == "tick\n"
+            decision: dict[str, Any] = {"step": step, "revision": run["metadata"]["resourceVersion"],
+                                        "evidence": "counter.txt inspected by the test"}
+            if happened:
+                decision |= {"decision": "Completed", "result": {"exitCode": 0, "output": ""}}
+            else:
+                decision |= {"decision": "NoEffect"}
+            with server.http() as http:
+                http.post(f"{RUNS}/{name}/resolve", json=decision)
+            return None
+        return run if status["phase"] in TERMINAL else None
+
+    return wait_for(done, timeout=timeout, interval=0.1, message=f"run {name} to finish")
+
+
+def audit_run(server: Server, name: str, *, phase: str = "Succeeded") -> dict[str, Any]:
+    run = _run(server, name)
+    status = run["status"]
+    assert status["phase"] == phase, (name, status)
+    assert _counter(server, name) == "tick\n", f"{name}: the counted command ran other than once"
+    steps = _steps(server, name)
+    commands = [step for step in steps if step["kind"] == "command"]
+    assert len(commands) == 1, (name, commands)
+    if commands[0]["state"] == "Completed":
+        assert commands[0]["attempts"] == 1, (name, commands)
+    else:
+        assert commands[0]["state"] == "Resolved", (name, commands)
+    recorded = sum((Decimal(step["costUSD"]) for step in steps), Decimal(0))
+    assert Decimal(status["cost"]["totalUSD"]) == recorded, f"{name}: cost is not the sum of its steps"
+    return run
+
+
+def audit_group(server: Server, name: str, members: int, max_active: int) -> None:
+    status = get_group(server, name)["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["counts"]["succeeded"] == members, status["counts"]
+    runs = runs_of(server, name)
+    assert len(runs) == members
+    for run in runs:
+        audit_run(server, run["metadata"]["name"])
+    assert most_at_once(runs) <= max_active
+    total = sum((Decimal(run["status"]["cost"]["totalUSD"]) for run in runs), Decimal(0))
+    assert Decimal(status["cost"]["totalUSD"]) == total, "the group's cost is the sum of its runs' costs"
+    assert Decimal(status["cost"]["reservedUSD"]) == 0
+    if status["cost"]["limitUSD"] is not None:
+        assert total <= Decimal(status["cost"]["limitUSD"])
+
+
+def _counted_runs(agent_name: str, names: list[str]) -> list[dict[str, Any]]:
+    return [{"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name},
+             "spec": {"agent": agent_name, "input": COUNTED}} for name in names]
+
+
+def _counted_group(server: Server, max_active: int, members: int, max_cost: str = "1.00") -> tuple[str, str]:
+    agent_name, group_name = unique("fault"), unique("fg")
+    agent(server, agent_name)
+    group(server, group_name, agent_name, limits={"maxActive": max_active}, maxCostUSD=max_cost)
+    response = batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(members)])
+    assert response.status_code == 201, response.text
+    seal(server, group_name)
+    return agent_name, group_name
+
+
+# -- inside a process ------------------------------------------------------------------------------
+
+
+def test_a_run_killed_between_a_model_call_and_its_record_calls_again_and_bills_once(server: Server) -> None:
+    agent_name, name = unique("gap"), unique("gap-run")
+    agent(server, agent_name)
+    server.arm("step-effect-done", f"agentruns/{name}/journal/turn-1/model-1")
+    with server.http() as http:
+        assert http.post(RUNS, json=_counted_runs(agent_name, [name])[0]).status_code == 201
+    settle(server, name)
+    assert server.fired("step-effect-done")
+    run = audit_run(server, name)
+    assert run["status"]["attempts"] == 2, "a second actor took over"
+    model = next(step for step in _steps(server, name) if step["id"] == "turn-1/model-1")
+    # A call on the server's key is safe to repeat: made again, recorded (and billed) once.
+    assert model["state"] == "Completed" and model["attempts"] == 2
+
+
+def test_a_supervisor_killed_mid_admission_rebuilds_and_keeps_the_limits(server: Server) -> None:
+    agent_name, group_name = unique("adm"), unique("fa")
+    agent(server, agent_name)
+    group(server, group_name, agent_name, limits={"maxActive": 2}, maxCostUSD="0.50")
+    # The supervisor dies having decided to start the fourth run, before anyone heard of it.
+    server.arm("admission-decided", f"default/{group_name}/{group_name}-t3")
+    assert batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(6)]).status_code == 201
+    seal(server, group_name)
+    finished(server, group_name, timeout=180)
+    assert server.fired("admission-decided")
+    audit_group(server, group_name, members=6, max_active=2)
+    assert all(run["status"]["attempts"] == 1 for run in runs_of(server, group_name)), "no run started twice"
+
+
+def test_a_control_plane_killed_mid_batch_keeps_none_of_it_and_the_retry_creates_it_once(
+    server: Server,
+) -> None:
+    agent_name = unique("half")
+    agent(server, agent_name)
+    names = [unique("half-run") for _ in range(3)]
+    body = {"apiVersion": V1, "kind": "AgentRunList", "items": _counted_runs(agent_name, names)}
+    key = uuid.uuid4().hex
+    server.arm("batch-half-written", f"default/{names[0]}")
+    with server.http() as http:
+        first = http.post(RUNS, json=body, headers={"Idempotency-Key": key})
+        assert first.status_code == 503, first.text  # the answer says try again, in JSON
+        assert first.json()["code"] == "Unavailable"
+        assert server.fired("batch-half-written")
+        # The restarted control plane rolled the half-written batch back: all or nothing.
+        wait_for(lambda: http.get("/readyz").status_code == 200, timeout=120, interval=0.25,
+                 message="the control plane to come back")
+        assert [http.get(f"{RUNS}/{name}").status_code for name in names] == [404, 404, 404]
+        assert not server.store().exists(f"projects/default/agentruns/{names[0]}/run.json")
+        again = http.post(RUNS, json=body, headers={"Idempotency-Key": key})
+        assert again.status_code == 201, again.text
+        assert [item["metadata"]["name"] for item in again.json()["items"]] == names
+    for name in names:
+        settle(server, name)
+        run = audit_run(server, name)
+        assert run["status"]["attempts"] == 1
+
+
+def test_an_api_replica_killed_mid_request_loses_nothing_and_the_sdk_retry_gets_the_answer(
+    server: Server,
+) -> None:
+    agent_name = unique("replica")
+    agent(server, agent_name)
+    names = [unique("replica-run") for _ in range(3)]
+    server.arm("api-answering", "POST /v1/projects/default/agentruns")
+    client = Client(server.api_url, project="default")
+    # The runs are stored, then the replica dies before answering. The SDK sends the batch again
+    # with the same idempotency key once Serve has replaced the replica, and gets the first answer.
+    created = client.create_runs(_counted_runs(agent_name, names), idempotency_key=uuid.uuid4().hex)
+    assert server.fired("api-answering")
+    assert [item["metadata"]["name"] for item in created] == names
+    for item in created:
+        assert _run(server, item["metadata"]["name"])["metadata"]["uid"] == item["metadata"]["uid"], \
+            "the answer is the run that was created, not a second one"
+    for name in names:
+        settle(server, name)
+        audit_run(server, name)
+
+
+def test_byok_a_model_call_whose_record_was_lost_waits_for_a_person(server: Server, fake_anthropic: Any) -> None:
+    from tests.fakes.anthropic_api import text_reply
+
+    secret, agent_name, name = unique("key"), unique("byok-gap"), unique("byok-gap-run")
+    assert server.cli("create", "secret", secret, "--from-literal",
+                      f"ANTHROPIC_API_KEY=sk-ant-{uuid.uuid4().hex}").returncode == 0
+    with server.http() as http:
+        assert http.put(f"{AGENTS}/{agent_name}", json={
+            "apiVersion": V1, "kind": "Agent", "metadata": {"name": agent_name},
+            "spec": {"system": "x", "model": {"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret}},
+        }).status_code in (200, 201)
+    fake_anthropic.script(text_reply("first", usage={"input_tokens": 10, "output_tokens": 2}),
+                          text_reply("second", usage={"input_tokens": 10, "output_tokens": 2}))
+    server.arm("step-effect-done", f"agentruns/{name}/journal/turn-1/model-1")
+    with server.http() as http:
+        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name},
+                                     "spec": {"agent": agent_name, "input": "Say something."}}).status_code == 201
+
+    def parked() -> dict[str, Any] | None:
+        run = _run(server, name)
+        return run if run["status"].get("reason") == "NeedsResolution" else None
+
+    # The call was made on the user's own key and may have cost them: not repeated unasked.
+    run = wait_for(parked, timeout=90, message="the run to wait for a resolution")
+    assert run["status"]["step"] == "turn-1/model-1"
+    with server.http() as http:
+        resolved = http.post(f"{RUNS}/{name}/resolve", json={
+            "step": "turn-1/model-1", "decision": "NoEffect", "revision": run["metadata"]["resourceVersion"]})
+        assert resolved.status_code == 200, resolved.text
+        wait_for(lambda: _run(server, name)["status"]["phase"] == "Succeeded", timeout=90,
+                 message="the resolved run to finish")
+        assert http.get(f"{RUNS}/{name}/answer").json()["answer"] == "second"
+
+
+# -- the whole cluster -----------------------------------------------------------------------------
+
+
+def _reconnect(ray: Any) -> None:
+    ray.shutdown()
+    ray.init(address="auto", namespace="nodus", logging_level="ERROR", log_to_driver=False)
+
+
+def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ray_driver: Any) -> None:
+    agent_name, group_name = _counted_group(server, max_active=3, members=6)
+    done_run, waiting_run = unique("kept-answer"), unique("kept-waiting")
+    with server.http() as http:
+        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": done_run},
+                                     "spec": {"agent": agent_name, "input": "What is 6 * 7?"}}).status_code == 201
+        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": waiting_run},
+                                     "spec": {"agent": agent_name, "input": "What is 1 + 1?",
+                                              "keepAlive": True}}).status_code == 201
+
+    def mid_batch() -> bool:
+        counts = get_group(server, group_name)["status"]["counts"]
+        return counts["succeeded"] >= 1 and counts["active"] >= 1 and counts["succeeded"] < 6
+
+    wait_for(mid_batch, timeout=120, interval=0.05, message="the group to be mid-batch")
+    wait_for(lambda: _run(server, done_run)["status"]["phase"] == "Succeeded", timeout=60, message="a finished run")
+    wait_for(lambda: _run(server, waiting_run)["status"].get("reason") == "AwaitingMessage", timeout=60,
+             message="a waiting run")
+    before_done = _run(server, done_run)
+    before_group = get_group(server, group_name)
+
+    stopped = subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], env=server.env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert stopped.returncode == 0, stopped.stderr
+    with pytest.raises(httpx.HTTPError):
+        with server.http() as http:
+            http.get("/readyz", timeout=2)
+    up = server.up()
+    assert up.returncode == 0, up.stdout + up.stderr
+    _reconnect(ray_driver)
+
+    after_done = _run(server, done_run)
+    assert after_done["status"] == before_done["status"], "a finished run is exactly as it was"
+    with server.http() as http:
+        assert http.get(f"{RUNS}/{done_run}/answer").json()["answer"].strip() == "6 * 7 = 42."
+        assert http.get(f"{GROUPS}/{group_name}").json()["spec"] == before_group["spec"]
+    for run in runs_of(server, group_name):
+        settle(server, run["metadata"]["name"])
+    finished(server, group_name, timeout=180)
+    audit_group(server, group_name, members=6, max_active=3)
+
+    waiting = _run(server, waiting_run)
+    assert (waiting["status"]["phase"], waiting["status"]["reason"]) == ("Waiting", "AwaitingMessage")
+    with server.http() as http:
+        sent = http.post(f"{RUNS}/{waiting_run}/messages", json={"payload": "What is 2 + 3?", "messageKey": "m1"})
+        assert sent.status_code == 202, sent.text
+        wait_for(lambda: len(_run(server, waiting_run)["status"]["turns"]) == 2
+                 and _run(server, waiting_run)["status"].get("reason") == "AwaitingMessage",
+                 timeout=90, message="the waiting run to answer after the restart")
+        assert http.get(f"{RUNS}/{waiting_run}/answer").json()["answer"].strip() == "2 + 3 = 5."
+
+
+# -- a node dies -----------------------------------------------------------------------------------
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a `ray start --block` node and every process it started: a node that vanishes."""
+    root = psutil.Process(process.pid)
+    family = [root, *root.children(recursive=True)]
+    for member_process in family:
+        try:
+            member_process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    process.wait(timeout=30)
+
+
+def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspaces(
+    server: Server, ray_driver: Any,
+) -> None:
+    from ray.util.state import list_actors
+
+    gcs = ray_driver.get_runtime_context().gcs_address
+    node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--address", gcs, "--block",
+                             "--num-cpus", "1", "--disable-usage-stats"],
+                            env=server.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        head = ray_driver.get_runtime_context().get_node_id()
+
+        def worker_node() -> str | None:
+            alive = [n["NodeID"] for n in ray_driver.nodes() if n.get("Alive") and n["NodeID"] != head]
+            return alive[0] if alive else None
+
+        worker = wait_for(worker_node, timeout=60, interval=0.5, message="the second node to join")
+
+        def parked_on_worker() -> bool:
+            # A parked run actor waits inside its __init__: Ray lists it as PENDING_CREATION.
+            actors = list_actors(filters=[("state", "=", "PENDING_CREATION")], limit=10000)
+            return sum(1 for actor in actors if (actor.name or "").startswith(f"runslot.{worker[:8]}.")) >= 2
+
+        wait_for(parked_on_worker, timeout=90, interval=0.5, message="parked run actors on the new node")
+
+        _, group_name = _counted_group(server, max_active=4, members=8)
+
+        def running_on_worker() -> list[str]:
+            return [run["metadata"]["name"] for run in runs_of(server, group_name)
+                    if run["status"]["phase"] == "Running"
+                    and (run["status"].get("sandbox") or {}).get("nodeId") == worker
+                    and any(step["kind"] == "command" and step["state"] == "Completed"
+                            for step in _steps(server, run["metadata"]["name"]))]
+
+        moved = wait_for(running_on_worker, timeout=120, interval=0.02,
+                         message="a run on the worker node past its command")
+        _kill_tree(node)
+        # The node's disk went with it: its runs' workspaces are gone.
+        for name in moved:
+            for path in (server.sandbox_root / "default" / name,
+                         server.sandbox_root / "default" / f".{name}.workspace"):
+                subprocess.run(["rm", "-rf", str(path)], check=True)
+
+        for run in runs_of(server, group_name):
+            settle(server, run["metadata"]["name"], timeout=240)
+        finished(server, group_name, timeout=240)
+        audit_group(server, group_name, members=8, max_active=4)
+        for name in moved:
+            status = _run(server, name)["status"]
+            assert status["attempts"] >= 2, (name, status)
+            assert status["sandbox"]["nodeId"] == head
+            assert status["sandbox"]["origin"] == "restored", status["sandbox"]
+    finally:
+        if node.poll() is None:
+            _kill_tree(node)
