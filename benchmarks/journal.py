@@ -1,0 +1,406 @@
+"""The journal's durable appends and bytes per step, beside SQLite doing the same inserts.
+
+A run's journal writes every record durably before the run acts on it: one Arrow IPC segment
+per record, written to a temporary name, fsync'd and renamed into place (`Storage.write_bytes`),
+because storage may be S3, which cannot append. This measures what that costs for a whole
+keep-alive conversation of ``--turns`` turns (default 100), and what SQLite costs for the same
+records with the same guarantee, in the same run:
+
+* **The record sequence** is what the real program writes. The real `Conversation` (over real
+  `Steps` and a real `Journal` on local storage, no Ray) runs a keep-alive conversation of
+  ``--turns`` turns: the first prompt, then one inbox message per further turn. Its model is a
+  seeded scripted provider with plausible sizes: per turn 0-2 rounds of ``bash`` tool calls
+  (1-2 commands each, a 60-250 byte preamble), then an answer of 300-800 bytes; usage follows
+  the conversation's bytes (mostly cache reads). Commands run in a stand-in sandbox whose output
+  is 100-300 bytes. Routing is the real jev router (three families allowed). So one turn writes
+  the user message, the inbox step (turns 2+), the route step, each model step's
+  ``Started`` / ``Completed`` (the whole response and its usage), the assistant message, each
+  command's ``Started`` / ``Completed`` (its output) and the tool-result message.
+* **Journal**: the captured records appended again, one by one, with `Journal.append` to a fresh
+  `Storage` directory (same step ids, kinds, states, attempts, payloads, costs).
+* **SQLite** (the baseline), ``PRAGMA synchronous=FULL``, once with ``journal_mode=DELETE`` (the
+  default) and once with ``WAL``: one table with the journal's columns (seq, step_id, kind,
+  state, attempt, payload as JSON text, cost_usd, at), one database per run as the journal has
+  one directory per run, one committed transaction per record (durable before the next, like
+  `Journal.append`). The payload's ``json.dumps`` is inside the timing on both sides.
+* **Reference row**: the same segment bytes written with `Storage.write_bytes` without Arrow
+  encoding: what the I/O alone costs (a new file, its fsync, the rename, the directory's fsync).
+
+Bytes per step: the total size of the run's files (segments; database, plus the WAL file before
+it is checkpointed away) divided by the steps (distinct non-message step ids, as the API's
+``steps`` lists them) and by the records. "on disk" is the allocated size (``st_blocks``): on a
+local file system each segment occupies at least one block. Load: `Journal.load` on a fresh
+`Journal` (list the directory, read and decode every segment) beside a fresh SQLite connection
+selecting every row in seq order and decoding each into the same `JournalRecord`; the files were
+just written, so both read from the page cache.
+
+    .venv/bin/python benchmarks/journal.py
+    .venv/bin/python benchmarks/journal.py --turns 100 --repeat 3 --dir /var/tmp/bench
+    .venv/bin/python benchmarks/journal.py --recovery-runs 1000   # and a full restart's recovery
+
+Prints a human summary to stderr and a Markdown table for benchmarks/RESULTS.md to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nodus_ray.billing import RunBudget  # noqa: E402
+from nodus_ray.conversation import AwaitingMessage, Conversation, ConversationSpec  # noqa: E402
+from nodus_ray.durable import Steps  # noqa: E402
+from nodus_ray.journal import Journal, JournalRecord, _encode_segment, step_views  # noqa: E402
+from nodus_ray.models.base import ModelRequest, ModelResponse, Usage  # noqa: E402
+from nodus_ray.prices import DEFAULT_PRICE_TABLE  # noqa: E402
+from nodus_ray.router import JevRouter  # noqa: E402
+from nodus_ray.sandbox import CommandResult  # noqa: E402
+from nodus_ray.spend import RunSpend  # noqa: E402
+from nodus_ray.storage import Storage  # noqa: E402
+
+PREFIX = "projects/default/agentruns/bench/journal"
+_WORDS = ("the", "run", "journal", "step", "model", "answer", "sandbox", "token", "file", "output",
+          "replay", "result", "command", "workspace", "build", "test", "error", "line", "we", "so",
+          "because", "function", "returns", "value", "config", "directory", "passes", "fails")
+_COMMANDS = ("ls -la", "pytest -q tests/test_api.py", "grep -rn TODO src", "cat setup.cfg", "git status",
+             "python3 -c 'import sys; print(sys.version)'", "wc -l src/*.py", "make lint", "du -sh .")
+
+
+def _words(rng: random.Random, low: int, high: int) -> str:
+    chars = rng.randint(low, high)
+    parts: list[str] = []
+    size = 0
+    while size < chars:
+        word = rng.choice(_WORDS)
+        parts.append(word)
+        size += len(word) + 1
+    return " ".join(parts)[:chars].strip()
+
+
+# --------------------------------------------------------------------------------------------
+# The conversation: the real program, a scripted model and a stand-in sandbox
+
+
+def _content_chars(messages: list[dict[str, Any]]) -> int:
+    return len(json.dumps(messages, separators=(",", ":")))
+
+
+class ScriptedProvider:
+    """A seeded model with plausible sizes: 0-2 tool rounds per turn, then a 300-800 byte answer."""
+
+    name = "scripted"
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.tool_ids = 0
+        self._rounds_left: int | None = None
+
+    def model_for_family(self, family: str) -> str:
+        return DEFAULT_PRICE_TABLE.family_models[family]
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        rng = self.rng
+        last = request.messages[-1]
+        new_prompt = last["role"] == "user" and isinstance(last["content"], str)
+        if new_prompt:
+            self._rounds_left = rng.choice((0, 1, 1, 1, 2))
+        total_in = _content_chars(request.messages) // 4 + len(request.system) // 4 + 300
+        read = int(total_in * rng.uniform(0.7, 0.95)) if len(request.messages) > 1 else 0
+        creation = int((total_in - read) * rng.uniform(0.3, 0.9))
+        if self._rounds_left:
+            self._rounds_left -= 1
+            content: list[dict[str, Any]] = [{"type": "text", "text": _words(rng, 60, 250)}]
+            for _ in range(1 if rng.random() < 0.75 else 2):
+                self.tool_ids += 1
+                content.append({"type": "tool_use", "id": f"toolu_{self.tool_ids:024d}", "name": "bash",
+                                "input": {"command": rng.choice(_COMMANDS)}})
+            stop = "tool_use"
+        else:
+            content = [{"type": "text", "text": _words(rng, 300, 800)}]
+            stop = "end_turn"
+        output = _content_chars(content) // 4 + rng.randint(5, 40)
+        usage = Usage(input_tokens=total_in - read - creation, output_tokens=output,
+                      cache_creation_input_tokens=creation, cache_read_input_tokens=read)
+        return ModelResponse(model=request.model, content=content, stop_reason=stop, usage=usage)
+
+
+@dataclass
+class StandInSandbox:
+    """Commands "run" instantly and print 100-300 bytes; the journal only sees their results."""
+
+    rng: random.Random
+    workspace: Path
+    backend: str = "bubblewrap"
+    note: str | None = None
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        lines = []
+        size, target = 0, self.rng.randint(100, 300)
+        while size < target:
+            line = _words(self.rng, 20, 70)
+            lines.append(line)
+            size += len(line) + 1
+        output = "\n".join(lines)[:target]
+        return CommandResult(exit_code=0 if self.rng.random() < 0.85 else 1, output=output, truncated=False,
+                             timed_out=False, cancelled=False,
+                             duration_seconds=round(self.rng.uniform(0.01, 2.0), 3), limit=None)
+
+    def cancel(self) -> None:
+        return None
+
+    def delete(self) -> None:
+        return None
+
+
+async def _nothing(*_args: Any) -> None:
+    return None
+
+
+async def conversation_records(turns: int, seed: int, storage: Storage) -> tuple[list[JournalRecord], float]:
+    """Run a keep-alive conversation of ``turns`` turns; its journal's records and its seconds."""
+    rng = random.Random(seed)
+    prompts = [_words(rng, 40, 300) + "?" for _ in range(turns)]
+    sandbox = StandInSandbox(random.Random(f"{seed}:sandbox"), Path("/tmp/workspace"))
+
+    async def inbox(after: int) -> dict[str, Any] | None:
+        if after + 1 >= turns:
+            return None
+        return {"seq": after + 1, "name": f"m-{after + 1}", "payload": prompts[after + 1], "messageKey": None}
+
+    journal = Journal(storage, PREFIX)
+    conversation = Conversation(
+        steps=Steps(journal),
+        provider=ScriptedProvider(random.Random(f"{seed}:model")),
+        spec=ConversationSpec(system="You are a careful engineer. Use the bash tool when a command helps, "
+                                     "and keep answers short.",
+                              families=["haiku", "sonnet", "opus"], model_name=None, max_tokens=4096,
+                              max_tool_calls=50, prompt=prompts[0], keep_alive=True),
+        spend=RunSpend(DEFAULT_PRICE_TABLE, "Nodus", RunBudget(Decimal(1000)), reserve_credits=_nothing),
+        router=JevRouter().route,
+        open_sandbox=lambda: sandbox,
+        on_progress=_nothing,
+        next_message=inbox,
+    )
+    started = time.perf_counter()
+    try:
+        await conversation.run()
+        raise RuntimeError("a keep-alive conversation should end waiting for a message")
+    except AwaitingMessage as waiting:
+        if waiting.turn != turns:
+            raise RuntimeError(f"stopped after turn {waiting.turn}, not {turns}") from None
+    return journal.records, time.perf_counter() - started
+
+
+# --------------------------------------------------------------------------------------------
+# The contenders: each appends every record durably, then loads them all back
+
+
+@dataclass
+class Trial:
+    append_seconds: list[float]
+    load_seconds: float
+    bytes_apparent: int
+    bytes_on_disk: int
+
+
+def _sizes(paths: list[Path]) -> tuple[int, int]:
+    stats = [path.stat() for path in paths if path.exists()]
+    return sum(s.st_size for s in stats), sum(s.st_blocks * 512 for s in stats)
+
+
+def journal_trial(records: list[JournalRecord], root: Path) -> Trial:
+    journal = Journal(Storage(str(root)), PREFIX)
+    times = []
+    for r in records:
+        started = time.perf_counter()
+        journal.append(r.step_id, r.kind, r.state, r.payload, attempt=r.attempt, cost_usd=r.cost_usd)  # type: ignore[arg-type]
+        times.append(time.perf_counter() - started)
+    files = sorted((root / PREFIX).glob("*.arrow"))
+    assert len(files) == len(records)
+    apparent, on_disk = _sizes(files)
+    started = time.perf_counter()
+    loaded = Journal(Storage(str(root)), PREFIX).load()
+    load = time.perf_counter() - started
+    assert [(r.step_id, r.state, r.payload) for r in loaded] == [(r.step_id, r.state, r.payload) for r in records]
+    return Trial(times, load, apparent, on_disk)
+
+
+def bytes_trial(segments: list[bytes], root: Path) -> Trial:
+    """The same segment bytes through `Storage.write_bytes`, with no encoding (the I/O alone)."""
+    storage = Storage(str(root))
+    times = []
+    for seq, data in enumerate(segments):
+        started = time.perf_counter()
+        storage.write_bytes(f"{PREFIX}/{seq:012d}.arrow", data)
+        times.append(time.perf_counter() - started)
+    apparent, on_disk = _sizes(sorted((root / PREFIX).glob("*.arrow")))
+    return Trial(times, float("nan"), apparent, on_disk)
+
+
+_SCHEMA = """CREATE TABLE journal (
+    seq INTEGER PRIMARY KEY, step_id TEXT NOT NULL, kind TEXT NOT NULL, state TEXT NOT NULL,
+    attempt INTEGER NOT NULL, payload TEXT, cost_usd TEXT, at INTEGER NOT NULL)"""
+
+
+def sqlite_trial(records: list[JournalRecord], root: Path, mode: str) -> Trial:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "journal.db"
+    # Autocommit off in the module's sense: each `with db:` is one transaction, committed at its end.
+    db = sqlite3.connect(path, isolation_level="DEFERRED")
+    db.execute(f"PRAGMA journal_mode={mode}")
+    db.execute("PRAGMA synchronous=FULL")
+    with db:
+        db.execute(_SCHEMA)
+    times = []
+    for seq, r in enumerate(records):
+        started = time.perf_counter()
+        at = datetime.now(UTC)
+        with db:
+            db.execute("INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (seq, r.step_id, r.kind, r.state, r.attempt, json.dumps(r.payload, separators=(",", ":")),
+                        r.cost_usd, int(at.timestamp() * 1_000_000)))
+        times.append(time.perf_counter() - started)
+    apparent, on_disk = _sizes([path, root / "journal.db-wal"])  # before close checkpoints the WAL away
+    db.close()
+    started = time.perf_counter()
+    reader = sqlite3.connect(path)
+    rows = reader.execute("SELECT seq, step_id, kind, state, attempt, payload, cost_usd, at FROM journal "
+                          "ORDER BY seq").fetchall()
+    loaded = [JournalRecord(seq=row[0], step_id=row[1], kind=row[2], state=row[3], attempt=row[4],
+                            payload=json.loads(row[5]) if row[5] is not None else None, cost_usd=row[6] or "0",
+                            at=datetime.fromtimestamp(row[7] / 1_000_000, UTC)) for row in rows]
+    load = time.perf_counter() - started
+    reader.close()
+    assert [(r.step_id, r.state, r.payload) for r in loaded] == [(r.step_id, r.state, r.payload) for r in records]
+    return Trial(times, load, apparent, on_disk)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    appends_per_second: float
+    p50_ms: float
+    p99_ms: float
+    total_seconds: float
+    bytes_apparent: int
+    bytes_on_disk: int
+    load_ms: float
+
+
+def summarize(name: str, trials: list[Trial]) -> Row:
+    """Medians over the repeats (each trial's own rate and percentiles, then the median of those)."""
+    def med(f: Callable[[Trial], float]) -> float:
+        return statistics.median(f(t) for t in trials)
+
+    return Row(
+        name=name,
+        appends_per_second=med(lambda t: len(t.append_seconds) / sum(t.append_seconds)),
+        p50_ms=med(lambda t: statistics.median(t.append_seconds) * 1000),
+        p99_ms=med(lambda t: _pct(t.append_seconds, 0.99) * 1000),
+        total_seconds=med(lambda t: sum(t.append_seconds)),
+        bytes_apparent=int(med(lambda t: t.bytes_apparent)),
+        bytes_on_disk=int(med(lambda t: t.bytes_on_disk)),
+        load_ms=med(lambda t: t.load_seconds * 1000),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3, help="trials per contender; the median is reported")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dir", help="where the files go (default: a temporary directory under /tmp, removed)")
+    parser.add_argument("--recovery-runs", type=int, default=0,
+                        help="also time a full restart with this many unfinished runs (benchmarks/recovery.py; "
+                             "starts and stops its own Ray cluster)")
+    args = parser.parse_args()
+    if args.turns < 1 or args.repeat < 1:
+        parser.error("--turns and --repeat must be at least 1")
+
+    base = Path(tempfile.mkdtemp(prefix="nodus-bench-journal-", dir=args.dir))
+    wall = time.perf_counter()
+    try:
+        records, conversation_seconds = asyncio.run(
+            conversation_records(args.turns, args.seed, Storage(str(base / "conversation"))))
+        steps = len(step_views(records))
+        segments = [_encode_segment([r]) for r in records]
+        trials: dict[str, list[Trial]] = {name: [] for name in (
+            "nodus journal (Arrow segment per record)", "SQLite FULL, journal_mode=DELETE",
+            "SQLite FULL, journal_mode=WAL", "ref: same bytes, no encoding")}
+        names = list(trials)
+        for attempt in range(args.repeat):  # interleaved, so drift in the disk hits all alike
+            trials[names[0]].append(journal_trial(records, base / f"journal-{attempt}"))
+            trials[names[1]].append(sqlite_trial(records, base / f"sqlite-delete-{attempt}", "DELETE"))
+            trials[names[2]].append(sqlite_trial(records, base / f"sqlite-wal-{attempt}", "WAL"))
+            trials[names[3]].append(bytes_trial(segments, base / f"bytes-{attempt}"))
+            for leftover in base.glob(f"*-{attempt}"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        rows = [summarize(name, found) for name, found in trials.items()]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    wall = time.perf_counter() - wall
+
+    kinds = Counter(f"{r.kind}/{r.state}" for r in records)
+    payload = [len(json.dumps(r.payload, separators=(",", ":"))) for r in records]
+    out = sys.stderr
+    print(f"{args.turns} turns (seed {args.seed}): {len(records)} records, {steps} steps, "
+          f"{len(records) / args.turns:.1f} records per turn; conversation with its durable journal "
+          f"{conversation_seconds:.2f} s; whole benchmark {wall:.1f} s, {os.cpu_count()} cores", file=out)
+    print("  records: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), file=out)
+    print(f"  payload JSON bytes per record: median {statistics.median(payload):.0f}, max {max(payload)}, "
+          f"total {sum(payload)}; Arrow segment bytes: median {statistics.median(map(len, segments)):.0f}",
+          file=out)
+    journal_row = rows[0]
+    for row in rows:
+        print(f"  {row.name}: {row.appends_per_second:,.0f} appends/s (p50 {row.p50_ms:.2f} ms, p99 "
+              f"{row.p99_ms:.2f} ms), {row.total_seconds:.2f} s for the conversation, "
+              f"{row.bytes_apparent / steps / 1024:.2f} KiB/step ({row.bytes_on_disk / steps / 1024:.2f} on disk)"
+              + (f", load {row.load_ms:.1f} ms" if row.load_ms == row.load_ms else ""), file=out)
+    print(f"  journal / SQLite DELETE, appends per second: "
+          f"{journal_row.appends_per_second / rows[1].appends_per_second:.2f}x; journal / WAL: "
+          f"{journal_row.appends_per_second / rows[2].appends_per_second:.2f}x", file=out)
+
+    print(f"| date | turns (records, steps) | store | durable appends/s | append p50 / p99 | all {len(records)} appends "
+          "| bytes / step (on disk) | bytes / record | load all |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        load = f"{row.load_ms:.1f} ms" if row.load_ms == row.load_ms else "-"
+        print(f"| {time.strftime('%Y-%m-%d')} | {args.turns} ({len(records)}, {steps}) | {row.name} "
+              f"| {row.appends_per_second:,.0f} | {row.p50_ms:.2f} / {row.p99_ms:.2f} ms | {row.total_seconds:.2f} s "
+              f"| {row.bytes_apparent / steps:,.0f} ({row.bytes_on_disk / steps:,.0f}) "
+              f"| {row.bytes_apparent / len(records):,.0f} | {load} |")
+    if args.recovery_runs > 0:
+        from recovery import main as recovery_main  # benchmarks/recovery.py, beside this file
+
+        sys.argv = [sys.argv[0], "--runs", str(args.recovery_runs)]
+        recovery_main()
+
+
+if __name__ == "__main__":
+    main()

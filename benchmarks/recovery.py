@@ -1,0 +1,137 @@
+"""How long a full restart takes to bring back N unfinished runs, beside a restart with none.
+
+The whole service runs on a Ray cluster of its own (a temporary HOME, storage and sandbox root,
+``nodus up`` on ``--port``), exactly as a user starts it. Then:
+
+1. **Baseline**: ``ray stop --force`` and ``nodus up`` on empty storage: what any restart costs
+   (a Ray head, the control plane, the router, the Serve app, the pool).
+2. An AgentGroup of ``--runs`` members (AgentRunList batches of 100) with ``maxActive`` 4, on the
+   offline model with a 120 s latency, so that when the cluster is stopped 4 runs are in the
+   middle of a model call and the rest are queued: every one of them unfinished.
+3. ``ray stop --force`` (every process of the cluster killed at once), then ``nodus up`` again,
+   timed from the start of ``nodus up`` to:
+   * **API ready**: ``nodus up`` returned; the control plane has read every resource and the
+     API answers;
+   * **all listed**: ``GET agentruns`` lists every run in the phase it had before the stop;
+   * **resumed**: each run that was running has a new actor (``status.attempts`` 2), which
+     replayed its journal and is calling the model again; the group's supervisor was rebuilt
+     from its members (its status shows the same counts).
+
+Run it on an idle machine: it starts and stops its own Ray cluster (``ray stop --force`` stops
+every Ray process of this user on the machine).
+
+    .venv/bin/python benchmarks/recovery.py --runs 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BIN = Path(sys.executable).parent
+V1 = "nodus.dev/v1"
+RUNS = "/v1/projects/default/agentruns"
+ACTIVE = 4
+
+
+def _wait(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _run(command: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {done.stdout}{done.stderr}")
+    return time.perf_counter() - started
+
+
+def _phases(http: httpx.Client) -> dict[str, str]:
+    return {run["metadata"]["name"]: run["status"]["phase"] for run in http.get(RUNS).json()["items"]}
+
+
+def recovery(runs: int, port: int) -> dict[str, float]:
+    base = Path(tempfile.mkdtemp(prefix="nodus-bench-recovery-"))
+    base.chmod(0o711)
+    for part in ("home", "storage", "sandboxes"):
+        (base / part).mkdir(mode=0o711)
+    env = {**os.environ, "HOME": str(base / "home"), "NODUS_STORAGE": str(base / "storage"),
+           "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "NODUS_OFFLINE_LATENCY": "120",
+           "RAY_USAGE_STATS_ENABLED": "0", "NODUS_API_URL": f"http://127.0.0.1:{port}"}
+    env.pop("ANTHROPIC_API_KEY", None)
+    nodus, ray = str(BIN / "nodus"), str(BIN / "ray")
+    up = [nodus, "up", "--port", str(port)]
+    figures: dict[str, float] = {}
+    try:
+        _run(up, env)
+        _run([ray, "stop", "--force"], env)
+        figures["baseline: nodus up, empty storage"] = _run(up, env)
+
+        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+        http.put("/v1/projects/default/agents/recovering", json={
+            "apiVersion": V1, "kind": "Agent", "metadata": {"name": "recovering"},
+            "spec": {"system": "x", "perRunMaxCostUSD": "0.01"}}).raise_for_status()
+        http.post("/v1/projects/default/agentgroups", json={
+            "apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "many"},
+            "spec": {"agent": "recovering", "limits": {"maxActive": ACTIVE}},
+        }).raise_for_status()
+        created = time.perf_counter()
+        for first in range(0, runs, 100):
+            items = [{"apiVersion": V1, "kind": "AgentRun",
+                      "spec": {"agent": "recovering", "group": "many", "taskKey": f"t{i}", "input": "What is 2 + 2?"}}
+                     for i in range(first, min(first + 100, runs))]
+            http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRunList", "items": items}).raise_for_status()
+        figures["creating the runs (batches of 100)"] = time.perf_counter() - created
+        _wait(lambda: list(_phases(http).values()).count("Running") == ACTIVE, 300, f"{ACTIVE} running runs")
+        before = _phases(http)
+        running = sorted(name for name, phase in before.items() if phase == "Running")
+
+        _run([ray, "stop", "--force"], env)
+        restarted = time.perf_counter()
+        _run(up, env)
+        figures[f"API ready ({runs} unfinished runs)"] = time.perf_counter() - restarted
+        _wait(lambda: _phases(http) == before, 300, "every run listed as before")
+        figures["all listed as before"] = time.perf_counter() - restarted
+
+        def resumed() -> bool:
+            return all(http.get(f"{RUNS}/{name}").json()["status"]["attempts"] >= 2 for name in running)
+
+        _wait(resumed, 300, "the running runs to have new actors")
+        figures["running runs resumed (new actors)"] = time.perf_counter() - restarted
+        http.close()
+    finally:
+        subprocess.run([nodus, "down"], env=env, capture_output=True, check=False)
+        shutil.rmtree(base, ignore_errors=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--port", type=int, default=18300)
+    args = parser.parse_args()
+    figures = recovery(args.runs, args.port)
+    print("| date | runs | measure | seconds |\n| --- | --- | --- | --- |")
+    for name, seconds in figures.items():
+        print(f"| {time.strftime('%Y-%m-%d')} | {args.runs} | {name} | {seconds:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
