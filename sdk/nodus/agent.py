@@ -597,16 +597,24 @@ class AgentRun(_ResourceHandle):
 
     _collection = "agentruns"
     _kind = "AgentRun"
+    # The sequence number of the last message this handle sent: a keep-alive run has caught up
+    # (its answer is the answer to that message) once it has read it.
+    _sent_seq = 0
+
+    def _caught_up(self, status: dict[str, Any]) -> bool:
+        read = (status.get("messages") or {}).get("read") or 0
+        return awaiting_message(status) and int(read) >= self._sent_seq
 
     def wait(self, timeout: float | None = None) -> View:
-        """Block until the run is terminal, or (keep-alive) waits for its next message; return its status.
+        """Block until the run is terminal, or (keep-alive) has answered every message this handle
+        sent and waits for the next; return its status.
 
         Raises `errors.AgentRunFailed` for Failed or Cancelled, and for a run parked at its cost
         cap (``Waiting``, ``MaxCostReached``), which only a cancel or its deadline can end; and
         `errors.WaitTimeout` after ``timeout`` seconds. A briefly unreachable API (a server restart) is waited out.
         """
         status = self._poll_status(
-            lambda now: now.get("phase") in TERMINAL_PHASES or at_cost_cap(now) or awaiting_message(now),
+            lambda now: now.get("phase") in TERMINAL_PHASES or at_cost_cap(now) or self._caught_up(now),
             timeout,
             lambda phase: f"agentrun/{self.name} is still {phase} after {timeout:g}s",
         )
@@ -621,7 +629,19 @@ class AgentRun(_ResourceHandle):
         return self.answer()
 
     def answer(self) -> str:
-        """The run's full answer text; raises `errors.Conflict` (``AnswerNotReady``) before there is one."""
+        """The run's full answer text, waiting while it is being written.
+
+        It waits until the run ends, waits for a person or for funds, or (keep-alive) has answered
+        the last message this handle sent, so ``run.send(...)`` then ``run.answer()`` gives the
+        answer to that message. Unlike `result` it does not raise for a failed run that has an
+        answer; a run that stopped without one raises `errors.Conflict` (``AnswerNotReady``).
+        """
+        self._poll_status(
+            lambda now: now.get("phase") in TERMINAL_PHASES or self._caught_up(now)
+            or (now.get("phase") == "Waiting" and now.get("reason") != "AwaitingMessage"),
+            None,
+            lambda phase: f"agentrun/{self.name} is still {phase}",
+        )
         return str(self._client.run_answer(self.name, project=self._project).get("answer") or "")
 
     def steps(self) -> list[View]:
@@ -647,8 +667,10 @@ class AgentRun(_ResourceHandle):
         `errors.Conflict` (code ``AgentRunFinished``). Non-text payloads travel JSON-encoded.
         """
         text = _encode_input(payload)
-        return View(self._client.send_message(self.name, text, message_key=message_key, message_name=name,
-                                              project=self._project))
+        sent = self._client.send_message(self.name, text, message_key=message_key, message_name=name,
+                                         project=self._project)
+        self._sent_seq = max(self._sent_seq, int(sent.get("seq") or 0))
+        return View(sent)
 
     def resolve(
         self,

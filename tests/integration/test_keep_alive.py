@@ -152,3 +152,18 @@ def test_the_sdk_submits_a_keep_alive_run_and_sends_it_messages(sdk_env: Server)
         assert refused.code == "AgentRunFinished"
     else:
         raise AssertionError("a cancelled run took a message")
+
+
+def test_the_keep_alive_snippet_of_document_001_answers_the_message_sent_right_after_submit(
+    sdk_env: Server,
+) -> None:
+    # Document 001's lines, with arithmetic the offline model answers: send at once, then
+    # answer() gives the answer to that message, not an error and not the first turn's answer.
+    agent = nodus.ClaudeAgent(unique("helper"), system="You are careful.", families=["haiku", "sonnet"])
+    run = agent.submit("What is 40 + 2?", keep_alive=True)
+    run.send("message", "What is 40 + 3?")
+    assert run.answer() == "40 + 3 = 43."
+    turns = [step for step in run.steps() if step.kind == "inbox"]
+    assert len(turns) == 1
+    run.cancel()
+    assert run.status().status.phase == "Cancelled"
