@@ -4,6 +4,13 @@ Each append writes one new object (a segment) named by its sequence number, so t
 works the same on a local disk and on S3, which cannot append. A segment is an Arrow IPC
 stream: typed, and readable by any Arrow tool (``pyarrow.ipc.open_stream``) for analysis.
 
+A run's journal would otherwise be as many objects as records (about 14 a turn), and every
+replay reads them all: 1,400 GETs on S3 for a 100-turn conversation, for each message a
+keep-alive run answers. So when a run's actor is done appending (it parks or ends), `compact`
+merges the single-record segments into one *chunk* named by its range (``{first}-{last}``),
+and merges the chunks into one when there are many. A chunk is written before the segments it
+replaces are deleted, so a crash in between leaves both, and `load` reads each seq once.
+
 Records are facts about steps: ``Started`` before an external effect, ``Completed`` or
 ``Failed`` with its result after, ``NeedsResolution`` when a restart found a step started
 and never ended. Conversation messages are records of their own (kind ``message``), each
@@ -43,6 +50,8 @@ JOURNAL_SCHEMA = pa.schema(
 )
 
 _SEGMENT_DIGITS = 12
+_COMPACT_SEGMENTS = 8  # single-record segments that make a chunk
+_MAX_CHUNKS = 16  # more chunks than this are merged into one
 
 
 @dataclass(frozen=True)
@@ -90,12 +99,18 @@ class Journal:
 
     def load(self) -> list[JournalRecord]:
         """Read every segment in order; the writer continues after the last one."""
-        records: list[JournalRecord] = []
-        for name in self._storage.list_dir(self._prefix):
-            if not name.endswith(".arrow"):
-                continue
-            records.extend(_decode_segment(self._storage.read_bytes(f"{self._prefix}/{name}")))
-        records.sort(key=lambda record: record.seq)
+        for attempt in range(3):
+            try:
+                by_seq: dict[int, JournalRecord] = {}
+                for name in _covering(self._storage.list_dir(self._prefix)):
+                    for record in _decode_segment(self._storage.read_bytes(f"{self._prefix}/{name}")):
+                        by_seq.setdefault(record.seq, record)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                # The writer compacted between our listing and our read: list again.
+        records = [by_seq[seq] for seq in sorted(by_seq)]
         with self._lock:
             self._records = records
             self._next_seq = records[-1].seq + 1 if records else 0
@@ -130,6 +145,69 @@ class Journal:
 
     def _segment_key(self, seq: int) -> str:
         return f"{self._prefix}/{seq:0{_SEGMENT_DIGITS}d}.arrow"
+
+    def compact(self) -> int:
+        """Merge single-record segments into a chunk, and many chunks into one; return how many
+        objects were replaced. Only the journal's writer calls this, when it appends no more."""
+        with self._lock:
+            spans = {name: span for name in self._storage.list_dir(self._prefix)
+                     if (span := _span(name)) is not None}
+            singles = [name for name, (first, last) in spans.items() if first == last and "-" not in name]
+            chunks = [name for name in spans if name not in singles]
+            replaced = 0
+            if len(singles) >= _COMPACT_SEGMENTS:
+                first = min(spans[name][0] for name in singles)
+                last = max(spans[name][1] for name in singles)
+                # A chunk inside the new one's range is left over from a crash mid-compaction.
+                inside = [c for c in chunks if first <= spans[c][0] and spans[c][1] <= last]
+                chunk = self._write_chunk(singles + inside, spans)
+                if chunk is not None:
+                    chunks = [c for c in chunks if c not in inside] + [chunk]
+                    spans[chunk] = (first, last)
+                    replaced += len(singles)
+            if len(chunks) > _MAX_CHUNKS and self._write_chunk(chunks, spans) is not None:
+                replaced += len(chunks)
+            return replaced
+
+    def _write_chunk(self, names: list[str], spans: dict[str, tuple[int, int]]) -> str | None:
+        """One object holding the records of ``names`` (from memory), then the old ones deleted;
+        None (nothing done) unless every record in their range is in memory."""
+        first = min(spans[name][0] for name in names)
+        last = max(spans[name][1] for name in names)
+        records = [record for record in self._records if first <= record.seq <= last]
+        if [record.seq for record in records] != list(range(first, last + 1)):
+            return None
+        name = f"{first:0{_SEGMENT_DIGITS}d}-{last:0{_SEGMENT_DIGITS}d}.arrow"
+        self._storage.write_bytes(f"{self._prefix}/{name}", _encode_segment(records))
+        for old in names:
+            if old != name:
+                self._storage.delete(f"{self._prefix}/{old}")
+        return name
+
+
+def _span(name: str) -> tuple[int, int] | None:
+    """The seq range an object holds: ``{seq}.arrow`` or a chunk ``{first}-{last}.arrow``."""
+    if not name.endswith(".arrow"):
+        return None
+    stem = name[: -len(".arrow")]
+    first, _, last = stem.partition("-")
+    if not first.isdigit() or (last and not last.isdigit()):
+        return None
+    return int(first), int(last or first)
+
+
+def _covering(names: list[str]) -> list[str]:
+    """The objects to read: the widest chunks first, then whatever they do not cover (after a
+    crash mid-compaction a chunk and the segments it replaced both exist)."""
+    spans = sorted(((span, name) for name in names if (span := _span(name)) is not None),
+                   key=lambda item: (item[0][0] - item[0][1], item[0][0]))
+    chosen: list[str] = []
+    covered: list[tuple[int, int]] = []
+    for (first, last), name in spans:
+        if not any(a <= first and last <= b for a, b in covered):
+            chosen.append(name)
+            covered.append((first, last))
+    return chosen
 
 
 def _encode_segment(records: list[JournalRecord]) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import shutil
 import socket
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from .timestamps import parse_timestamp, utc_now
 from .workspace_snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
 
 __all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
+
+logger = logging.getLogger(__name__)
 
 _ROUTER_TIMEOUT_SECONDS = 5.0
 _CONTROL_PLANE_PATIENCE_SECONDS = 120.0
@@ -93,6 +96,7 @@ class RunActor:
             enabled=config.workspace_snapshots,
         )
         self._workspace_states: tuple[int, ...] = ()
+        self._journal: Journal | None = None
         self._workspace_origin = "local"
 
     @staticmethod
@@ -184,8 +188,19 @@ class RunActor:
             raise CreditsExhausted(amount)
 
     async def _execute(self) -> dict[str, Any]:
+        outcome = await self._program()
+        # This actor appends no more: fold its records into a few objects, so the next replay
+        # (the next message of a keep-alive run, a restart) reads a few objects, not one per record.
+        if self._journal is not None:
+            try:
+                await asyncio.to_thread(self._journal.compact)
+            except Exception:  # noqa: BLE001 - the segments stay as they are, which is correct too
+                logger.warning("run %s: could not compact its journal", self.config.name, exc_info=True)
+        return outcome
+
+    async def _program(self) -> dict[str, Any]:
         config = self.config
-        journal = Journal(self._storage, f"{run_storage_prefix(config.project, config.name)}/journal")
+        journal = self._journal = Journal(self._storage, f"{run_storage_prefix(config.project, config.name)}/journal")
         await asyncio.to_thread(journal.load)
         self._workspace_states = accepted_states(_command_attempts(journal.records))
         steps = Steps(journal)

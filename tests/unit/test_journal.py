@@ -124,3 +124,63 @@ def test_messages_are_stored_once(tmp_path: Path) -> None:
     asyncio.run(again.record_message(0, {"role": "user", "content": "hi"}))
     assert again.messages() == [{"role": "user", "content": "hi"}]
     assert len(journal_at(tmp_path).records) == 1
+
+
+PREFIX = "projects/p/agentruns/r/journal"
+
+
+def test_compaction_makes_one_object_of_many_and_a_reload_reads_each_record_once(storage_uri: str) -> None:
+    journal = journal_at(storage_uri)
+    for i in range(20):
+        journal.append(f"s{i}", "route", "Completed", {"i": i})
+    assert journal.compact() == 20
+    storage = Storage(storage_uri)
+    assert storage.list_dir(PREFIX) == ["000000000000-000000000019.arrow"]
+    reloaded = journal_at(storage_uri)
+    assert [(r.seq, r.payload) for r in reloaded.records] == [(i, {"i": i}) for i in range(20)]
+    for i in range(20, 28):
+        assert reloaded.append(f"s{i}", "route", "Completed", {"i": i}).seq == i
+    assert reloaded.compact() == 8
+    assert storage.list_dir(PREFIX) == ["000000000000-000000000019.arrow", "000000000020-000000000027.arrow"]
+    assert [r.seq for r in journal_at(storage_uri).records] == list(range(28))
+    assert journal_at(storage_uri).compact() == 0, "a few new records are left as they are"
+
+
+def test_a_crash_between_writing_a_chunk_and_deleting_its_segments_loses_and_doubles_nothing(
+    tmp_path: Path,
+) -> None:
+    from nodus_ray.journal import _encode_segment
+
+    journal = journal_at(tmp_path)
+    for i in range(10):
+        journal.append(f"s{i}", "command", "Started", {"i": i})
+    storage = Storage(str(tmp_path / "store"))
+    # The chunk is written and the process dies before deleting what it replaces.
+    storage.write_bytes(f"{PREFIX}/000000000000-000000000009.arrow", _encode_segment(journal.records))
+    reloaded = journal_at(tmp_path)
+    assert [r.seq for r in reloaded.records] == list(range(10))
+    assert reloaded.append("next", "command", "Started").seq == 10
+    reloaded.compact()
+    assert storage.list_dir(PREFIX) == ["000000000000-000000000010.arrow"]
+    assert [r.seq for r in journal_at(tmp_path).records] == list(range(11))
+
+
+def test_many_chunks_are_merged_into_one(tmp_path: Path) -> None:
+    journal = journal_at(tmp_path)
+    for round_ in range(17):
+        for i in range(8):
+            journal.append(f"s{round_}-{i}", "route", "Completed", {})
+        journal.compact()
+    storage = Storage(str(tmp_path / "store"))
+    assert storage.list_dir(PREFIX) == ["000000000000-000000000135.arrow"]
+    assert len(journal_at(tmp_path).records) == 136
+
+
+def test_a_journal_missing_records_of_a_range_is_not_compacted_over_them(tmp_path: Path) -> None:
+    writer = journal_at(tmp_path)
+    for i in range(9):
+        writer.append(f"s{i}", "route", "Completed", {})
+    other = journal_at(tmp_path)  # another writer appended after this one loaded
+    other.append("late", "resolution", "Resolved", {})
+    assert writer.compact() == 0, "the writer does not hold seq 9, so it leaves the segments"
+    assert len(journal_at(tmp_path).records) == 10
