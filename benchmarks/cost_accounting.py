@@ -73,6 +73,8 @@ import anthropic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fakes, when run as a script
 
+from support import words  # noqa: E402
+
 from nodus.resources import FAMILIES  # noqa: E402
 from nodus_ray.billing import RunBudget, billed, max_input_tokens  # noqa: E402
 from nodus_ray.conversation import Conversation, ConversationSpec, RunFailure  # noqa: E402
@@ -163,13 +165,7 @@ class RandomResponder:
 
 
 def _words(rng: random.Random, chars: int) -> str:
-    parts: list[str] = []
-    size = 0
-    while size < chars:
-        word = rng.choice(_WORDS)
-        parts.append(word)
-        size += len(word) + 1
-    return " ".join(parts)[:chars].strip() or "ok"
+    return words(rng, chars, _WORDS) or "ok"
 
 
 def _inflated(answer: Reply, factor: int) -> Reply:

@@ -37,6 +37,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import httpx
+from support import wait_until
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
@@ -132,14 +133,7 @@ def _measure(http: httpx.Client, name: str, runs: int, max_active: int) -> Phase
 
 
 def _wait(condition, timeout: float = 600):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            sys.exit("timed out")
-        time.sleep(0.2)
+    return wait_until(condition, timeout, "the group")
 
 
 def admission_rate(runs: int) -> tuple[float, int]:

@@ -64,6 +64,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from support import words  # noqa: E402
+
 from nodus_ray.billing import RunBudget  # noqa: E402
 from nodus_ray.conversation import AwaitingMessage, Conversation, ConversationSpec  # noqa: E402
 from nodus_ray.durable import Steps  # noqa: E402
@@ -84,14 +86,7 @@ _COMMANDS = ("ls -la", "pytest -q tests/test_api.py", "grep -rn TODO src", "cat 
 
 
 def _words(rng: random.Random, low: int, high: int) -> str:
-    chars = rng.randint(low, high)
-    parts: list[str] = []
-    size = 0
-    while size < chars:
-        word = rng.choice(_WORDS)
-        parts.append(word)
-        size += len(word) + 1
-    return " ".join(parts)[:chars].strip()
+    return words(rng, rng.randint(low, high), _WORDS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,6 +213,9 @@ class Trial:
     load_seconds: float
     bytes_apparent: int
     bytes_on_disk: int
+    compacted_load_seconds: float = float("nan")
+    compacted_objects: int = 0
+    compact_seconds: float = float("nan")
 
 
 def _sizes(paths: list[Path]) -> tuple[int, int]:
@@ -239,7 +237,31 @@ def journal_trial(records: list[JournalRecord], root: Path) -> Trial:
     loaded = Journal(Storage(str(root)), PREFIX).load()
     load = time.perf_counter() - started
     assert [(r.step_id, r.state, r.payload) for r in loaded] == [(r.step_id, r.state, r.payload) for r in records]
-    return Trial(times, load, apparent, on_disk)
+    compacted, compact_seconds, objects = compacted_trial(records, root / "compacted")
+    return Trial(times, load, apparent, on_disk, compacted, objects, compact_seconds)
+
+
+def compacted_trial(records: list[JournalRecord], root: Path) -> tuple[float, float, int]:
+    """The same appends with `Journal.compact` at the end of every turn, as a keep-alive run's
+    actor does when it parks for the next message: (load seconds, compaction seconds, objects)."""
+    journal = Journal(Storage(str(root)), PREFIX)
+    compact_seconds = 0.0
+    turn = None
+    for r in records:
+        this_turn = r.step_id.split("/", 1)[0] if r.step_id.startswith("turn-") else turn
+        if turn is not None and this_turn != turn:
+            started = time.perf_counter()
+            journal.compact()
+            compact_seconds += time.perf_counter() - started
+        turn = this_turn
+        journal.append(r.step_id, r.kind, r.state, r.payload, attempt=r.attempt, cost_usd=r.cost_usd)  # type: ignore[arg-type]
+    journal.compact()
+    objects = len(list((root / PREFIX).glob("*.arrow")))
+    started = time.perf_counter()
+    loaded = Journal(Storage(str(root)), PREFIX).load()
+    load = time.perf_counter() - started
+    assert [r.seq for r in loaded] == [r.seq for r in records]
+    return load, compact_seconds, objects
 
 
 def bytes_trial(segments: list[bytes], root: Path) -> Trial:
@@ -311,6 +333,9 @@ class Row:
     bytes_apparent: int
     bytes_on_disk: int
     load_ms: float
+    compacted_load_ms: float = float("nan")
+    compacted_objects: int = 0
+    compact_ms: float = float("nan")
 
 
 def summarize(name: str, trials: list[Trial]) -> Row:
@@ -327,6 +352,9 @@ def summarize(name: str, trials: list[Trial]) -> Row:
         bytes_apparent=int(med(lambda t: t.bytes_apparent)),
         bytes_on_disk=int(med(lambda t: t.bytes_on_disk)),
         load_ms=med(lambda t: t.load_seconds * 1000),
+        compacted_load_ms=med(lambda t: t.compacted_load_seconds * 1000),
+        compacted_objects=int(med(lambda t: t.compacted_objects)),
+        compact_ms=med(lambda t: t.compact_seconds * 1000),
     )
 
 
@@ -395,6 +423,10 @@ def main() -> None:
               f"| {row.appends_per_second:,.0f} | {row.p50_ms:.2f} / {row.p99_ms:.2f} ms | {row.total_seconds:.2f} s "
               f"| {row.bytes_apparent / steps:,.0f} ({row.bytes_on_disk / steps:,.0f}) "
               f"| {row.bytes_apparent / len(records):,.0f} | {load} |")
+    print(f"\nCompacted at the end of every turn (as a parked keep-alive run's actor does): "
+          f"{journal_row.compacted_objects} objects instead of {len(records)}; load all "
+          f"{journal_row.compacted_load_ms:.1f} ms instead of {journal_row.load_ms:.1f} ms; compaction "
+          f"{journal_row.compact_ms / args.turns:.1f} ms a turn.")
     if args.recovery_runs > 0:
         from recovery import main as recovery_main  # benchmarks/recovery.py, beside this file
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from support import wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -45,14 +46,7 @@ ACTIVE = 4
 
 
 def _wait(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(condition, timeout, what, interval=0.05)
 
 
 def _run(command: list[str], env: dict[str, str]) -> float:
@@ -74,7 +68,8 @@ def recovery(runs: int, port: int) -> dict[str, float]:
         (base / part).mkdir(mode=0o711)
     env = {**os.environ, "HOME": str(base / "home"), "NODUS_STORAGE": str(base / "storage"),
            "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "NODUS_OFFLINE_LATENCY": "120",
-           "RAY_USAGE_STATS_ENABLED": "0", "NODUS_API_URL": f"http://127.0.0.1:{port}"}
+           "RAY_USAGE_STATS_ENABLED": "0", "NODUS_API_URL": f"http://127.0.0.1:{port}",
+           "NODUS_INITIAL_CREDITS": "10000"}
     env.pop("ANTHROPIC_API_KEY", None)
     nodus, ray = str(BIN / "nodus"), str(BIN / "ray")
     up = [nodus, "up", "--port", str(port)]
@@ -87,7 +82,7 @@ def recovery(runs: int, port: int) -> dict[str, float]:
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
         http.put("/v1/projects/default/agents/recovering", json={
             "apiVersion": V1, "kind": "Agent", "metadata": {"name": "recovering"},
-            "spec": {"system": "x", "perRunMaxCostUSD": "0.01"}}).raise_for_status()
+            "spec": {"system": "x", "perRunMaxCostUSD": "0.50"}}).raise_for_status()
         http.post("/v1/projects/default/agentgroups", json={
             "apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "many"},
             "spec": {"agent": "recovering", "limits": {"maxActive": ACTIVE}},

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 import ray
+from support import wait_until
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
@@ -69,14 +70,7 @@ def _baseline(count: int) -> float:
 
 
 def _wait(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            sys.exit(f"timed out waiting for {what}")
-        time.sleep(0.5)
+    return wait_until(condition, timeout, what, interval=0.5)
 
 
 def main() -> None:
