@@ -128,9 +128,11 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
             for (project, name), run in self._runs.items():
                 self.credits.record_run_spend(project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
             for key, run in self._runs.items():
-                if parked(run):
+                if run["status"]["phase"] in TERMINAL_PHASES:
+                    continue
+                if parked(run) or self._awaits_admission(run):
                     self._arm_deadline(key)
-                elif run["status"]["phase"] not in TERMINAL_PHASES and not self._awaits_admission(run):
+                else:
                     self._supervise(key)
             await self._start_groups()
             await self._refill_pool()
@@ -390,7 +392,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         finally:
             self._creating -= taken
         for key, resource in created:
-            if not resource["spec"].get("group"):
+            if resource["spec"].get("group"):
+                self._arm_deadline(key)  # a queued run's deadline runs while it waits to start
+            else:
                 self._supervise(key)
         return [result for result in results if result is not None]
 

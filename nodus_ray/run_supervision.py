@@ -53,6 +53,7 @@ class RunSupervision:
     # base class can shadow the real method in the control plane's MRO).
     _tell_group: Callable[[Key], Awaitable[None]]
     _unread: Callable[[Key, int], bool]  # provided by the run inbox side of the control plane
+    _awaits_admission: Callable[[dict[str, Any]], bool]  # provided by the group side
     _affordable: Callable[[str, str | None], bool]  # provided by the control plane's credits
 
     async def _persist_run(self, key: Key) -> None:  # provided by the control plane
@@ -244,7 +245,7 @@ class RunSupervision:
         return resume
 
     def _arm_deadline(self, key: Key) -> None:
-        """A parked run has no actor to watch its deadline; a timer does, without polling."""
+        """A parked or queued run has no actor to watch its deadline; a timer does, without polling."""
         run = self._runs.get(key)
         deadline_at = run["status"].get("deadlineAt") if run else None
         if deadline_at:
@@ -254,8 +255,10 @@ class RunSupervision:
         due = parse_timestamp(deadline_at)
         await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
         run = self._runs.get(key)
-        if run is None or not parked(run):
+        if run is None or run["status"]["phase"] in TERMINAL_PHASES:
             return
+        if not (parked(run) or self._awaits_admission(run)):
+            return  # it has an actor, which watches its own deadline
         await self._finish(key, {"phase": "Failed", "reason": "DeadlineExceeded",
                                  "message": f"the run passed its deadline ({run['spec'].get('deadline')}) "
                                             f"while waiting ({run['status'].get('reason')})"})

@@ -189,6 +189,31 @@ def test_a_failed_dependency_cancels_its_dependents_and_fails_the_group(server: 
                       "c": ("Cancelled", "DependencyCancelled")}
 
 
+def test_a_queued_run_whose_deadline_passes_fails_without_ever_starting(server: Server) -> None:
+    agent, group = unique("late"), unique("gd")
+    _agent(server, agent)
+    _group(server, group, agent, limits={"maxActive": 1})
+    slow = _member(group, agent, "slow", "Use the shell to run `sleep 6`")
+    late = _member(group, agent, "late")
+    late["spec"]["deadline"] = "2s"  # passes while "slow" holds the only place
+    assert _batch(server, [slow, late]).status_code == 201
+    _seal(server, group)
+
+    def late_failed() -> dict[str, Any] | None:
+        run = next(r for r in _runs_of(server, group) if r["spec"]["taskKey"] == "late")
+        return run if run["status"]["phase"] == "Failed" else None
+
+    run = wait_for(late_failed, timeout=30, message="the queued run to fail at its deadline")
+    assert run["status"]["reason"] == "DeadlineExceeded"
+    assert not run["status"].get("admittedAt") and run["status"]["attempts"] == 0, "it never started"
+    slow_run = next(r for r in _runs_of(server, group) if r["spec"]["taskKey"] == "slow")
+    assert slow_run["status"]["phase"] == "Running", "the deadline passed before the place came free"
+    final = _finished(server, group)["status"]
+    assert (final["phase"], final["counts"]["succeeded"], final["counts"]["failed"]) == ("Failed", 1, 1)
+    with server.http() as http:
+        assert http.get(f"{RUNS}/{run['metadata']['name']}/steps").json()["items"] == []
+
+
 def test_cancel_keeps_finished_runs_and_a_cancelled_dependency_cancels_dependents(server: Server) -> None:
     agent, group = unique("cancel"), unique("gx")
     _agent(server, agent)
