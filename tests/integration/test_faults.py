@@ -17,6 +17,7 @@ invariants:
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -146,6 +147,27 @@ def test_a_run_killed_between_a_model_call_and_its_record_calls_again_and_bills_
     model = next(step for step in _steps(server, name) if step["id"] == "turn-1/model-1")
     # A call on the server's key is safe to repeat: made again, recorded (and billed) once.
     assert model["state"] == "Completed" and model["attempts"] == 2
+
+
+def test_a_run_actor_killed_mid_command_waits_for_a_person_and_the_command_is_not_repeated(
+    server: Server, ray_driver: Any,
+) -> None:
+    from ray.util.state import list_actors
+
+    agent_name, name = unique("mid"), unique("mid-run")
+    agent(server, agent_name)
+    with server.http() as http:
+        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name}, "spec": {
+            "agent": agent_name, "input": "Use the shell to run `echo tick >> counter.txt; sleep 60`"}}).status_code == 201
+    wait_for(lambda: _counter(server, name) == "tick\n", timeout=60, message="the command's effect")
+    actor_name = _run(server, name)["status"]["actorName"]
+    actors = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
+    os.kill(int(actors[0].pid), signal.SIGKILL)  # in the middle of the command's sleep
+    run = wait_for(lambda: (r := _run(server, name))["status"].get("reason") == "NeedsResolution" and r,
+                   timeout=90, message="the run to wait for a resolution")
+    assert run["status"]["step"] == "turn-1/command-1-1"
+    settle(server, name)  # the operator sees the counter and records the command as Completed
+    audit_run(server, name)
 
 
 def test_a_supervisor_killed_mid_admission_rebuilds_and_keeps_the_limits(server: Server) -> None:
