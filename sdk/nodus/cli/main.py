@@ -39,6 +39,7 @@ from ..resources import (
 )
 from . import jsonpath
 from .durations import format_age, parse_timeout
+from .batch import batch_app
 from .manifests import load_manifests
 from .output import dump_json, dump_yaml, print_table, shorten
 
@@ -152,6 +153,7 @@ app.add_typer(agentrun_app, name="agentrun")
 credits_app = typer.Typer(help="The project's credits: what runs on the server's key may spend.",
                           invoke_without_command=True)
 app.add_typer(credits_app, name="credits")
+app.add_typer(batch_app, name="batch")
 
 ProjectOption = Annotated[
     str | None, typer.Option("--project", "-p", help=f"Project (default: ${ENV_PROJECT} or 'default').")
