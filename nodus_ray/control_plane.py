@@ -16,7 +16,7 @@ import contextlib
 import copy
 import logging
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -38,6 +38,7 @@ from nodus.resources import (
     validate_dns_label,
 )
 
+from . import metrics
 from .admission import AdmissionError
 from .credits import CreditLedger
 from .faults import crash_point
@@ -68,6 +69,7 @@ _VERSION = "0.1.0"
 # uses (200000-249999), so no two runs ever share a process budget or kill each other's work.
 _FIRST_SANDBOX_UID = 300_000
 _POOL_CHECK_SECONDS = 10.0  # how soon a node that joined gets parked run actors
+_METRICS_SECONDS = 5.0  # how often runs by phase are published (Prometheus scrapes every 10 s or so)
 
 Key = tuple[str, str]
 
@@ -108,6 +110,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         self._last_sandbox_uid: int | None = None
         self._started = False
         self._pool_keeper: asyncio.Task[None] | None = None
+        self._metrics_publisher: asyncio.Task[None] | None = None
         self._start_lock: asyncio.Lock | None = None
 
     def __repr__(self) -> str:
@@ -136,7 +139,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
                     self._supervise(key)
             await self._start_groups()
             await self._refill_pool()
-            self._pool_keeper = asyncio.get_running_loop().create_task(self._keep_pool_filled())
+            loop = asyncio.get_running_loop()
+            self._pool_keeper = loop.create_task(self._keep_pool_filled())
+            self._metrics_publisher = loop.create_task(self._publish_run_metrics())
             self._started = True
 
     def _load(self) -> None:
@@ -190,6 +195,15 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
                 await self._refill_pool()
             except Exception:  # noqa: BLE001 - the next round tries again
                 logger.warning("could not check the run pool", exc_info=True)
+
+    async def _publish_run_metrics(self) -> None:
+        """Runs by phase for Ray's metrics export (`metrics`); a project emptied shows zeros."""
+        projects: set[str] = set()
+        while True:
+            counts = Counter((project, run["status"]["phase"]) for (project, _), run in self._runs.items())
+            projects |= {project for project, _ in self._runs}
+            metrics.set_runs_by_phase(counts, projects)
+            await asyncio.sleep(_METRICS_SECONDS)
 
     async def claim_slot(self, slot: str) -> Any:
         """A pre-started run actor waits here (inside its ``__init__``) for the run it will serve."""

@@ -14,6 +14,7 @@ before its actor died.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -21,6 +22,7 @@ from typing import Any
 
 from nodus.resources import FAMILIES, Turn
 
+from . import metrics
 from .billing import max_input_tokens
 from .durable import Effect, StepFailed, Steps
 from .models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
@@ -240,7 +242,7 @@ class Conversation:
         call = 0
         while True:
             call += 1
-            response, charged = await self._model_call(f"{prefix}/model-{call}", routed["model"])
+            response, charged = await self._model_call(f"{prefix}/model-{call}", routed["model"], routed["family"])
             turn.inputTokens += response.usage.input_tokens
             turn.outputTokens += response.usage.output_tokens
             turn.cacheCreationTokens += response.usage.cache_creation_input_tokens
@@ -281,7 +283,7 @@ class Conversation:
             await self._add_message({"role": "user", "content": results})
             await self.on_progress(self.turns)
 
-    async def _model_call(self, step_id: str, model: str) -> tuple[ModelResponse, Decimal]:
+    async def _model_call(self, step_id: str, model: str, family: str) -> tuple[ModelResponse, Decimal]:
         request = self._request(model)
         bound = Decimal(0)
         if not self.steps.is_done(step_id):
@@ -289,11 +291,17 @@ class Conversation:
             await self.spend.before_call(bound, bound)
 
         async def call() -> dict[str, Any]:
+            began = time.monotonic()
             try:
                 response = await asyncio.to_thread(self.provider.complete, request)
             except ModelError as error:
                 raise StepFailed(step_id, {"reason": error.reason, "message": str(error)}) from error
             charged = self.spend.price(model, response.usage, bound)
+            usage = response.usage
+            metrics.model_call(model, family, self.spend.access, time.monotonic() - began, {
+                "input": usage.input_tokens, "output": usage.output_tokens,
+                "cache_read": usage.cache_read_input_tokens, "cache_creation": usage.cache_creation_input_tokens,
+            }, float(charged))
             return {**response.to_dict(), "billedUSD": str(charged)}
 
         # On the server's key a lost call is ours to pay for and safe to make again; on the user's
@@ -324,6 +332,7 @@ class Conversation:
 
         async def execute() -> dict[str, Any]:
             result = await asyncio.to_thread(sandbox.run, command)
+            metrics.command_ran(result.duration_seconds, result.exit_code)
             started = self.steps.recorded(step_id)
             if self.after_command is not None and started is not None:
                 await asyncio.to_thread(self.after_command, started.seq)

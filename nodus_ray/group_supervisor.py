@@ -28,6 +28,7 @@ from typing import Any
 
 import ray
 
+from . import metrics
 from .admission import Admission, AdmissionError, Decision, GroupLimits, GroupStatus, Member
 from .control_plane_client import ControlPlaneCaller
 from .faults import crash_point
@@ -185,6 +186,7 @@ class GroupSupervisor:
         return self._status.to_dict()
 
     def _take(self, decision: Decision) -> None:
+        metrics.admission_decisions(self.project, self.name, len(decision.start), len(decision.cancel))
         self._starts.extend(decision.start)
         self._cancels.extend(decision.cancel)
         if decision.status != self._status:
@@ -237,6 +239,7 @@ class GroupSupervisor:
     async def _publish(self) -> None:
         assert self._status is not None and self._admission is not None
         changed = self._admission.take_reason_changes()
+        metrics.set_group_runs(self.project, self.name, self._status.counts)
         try:
             await self._control_plane.ask("group_status", self.project, self.name, self._status.to_dict(), changed)
         except BaseException:

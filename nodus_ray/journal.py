@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from . import metrics
 from .storage import Storage
 from .timestamps import format_timestamp
 
@@ -138,7 +140,9 @@ class Journal:
                 cost_usd=cost_usd,
                 at=datetime.now(UTC),
             )
+            began = time.perf_counter()
             self._storage.write_bytes(self._segment_key(record.seq), _encode_segment([record]))
+            metrics.journal_write(time.perf_counter() - began)
             self._records.append(record)
             self._next_seq += 1
             return record

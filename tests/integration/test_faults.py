@@ -33,7 +33,21 @@ import pytest
 from nodus.client import Client
 
 from .conftest import Server, unique, wait_for
-from .kit import AGENTS, GROUPS, RUNS, V1, agent, batch, finished, get_group, group, member, most_at_once, runs_of, seal
+from .kit import (
+    AGENTS,
+    GROUPS,
+    RUNS,
+    V1,
+    agent,
+    batch,
+    finished,
+    get_group,
+    group,
+    member,
+    most_at_once,
+    runs_of,
+    seal,
+)
 
 COUNTED = "Use the shell to run `echo tick >> counter.txt`"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")

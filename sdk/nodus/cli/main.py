@@ -38,8 +38,8 @@ from ..resources import (
     parse_resource,
 )
 from . import jsonpath
-from .durations import format_age, parse_timeout
 from .batch import batch_app
+from .durations import format_age, parse_timeout
 from .manifests import load_manifests
 from .output import dump_json, dump_yaml, print_table, shorten
 
