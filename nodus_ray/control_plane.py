@@ -44,7 +44,7 @@ from .credits import CreditLedger
 from .faults import crash_point
 from .group_control import GroupControl, admission_refusal
 from .group_supervisor import member_wire
-from .journal import Journal, step_views
+from .journal import Journal, record_view, step_views
 from .patch import patched_document
 from .prices import PriceTable
 from .run_actor import run_storage_prefix
@@ -578,6 +578,13 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         journal = Journal(self.storage, f"{run_storage_prefix(project, name)}/journal")
         records = await asyncio.to_thread(journal.load)
         return step_views(records)
+
+    async def run_events(self, project: str, name: str, after_seq: int) -> dict[str, Any]:
+        """The run and its journal records from ``after_seq`` on: what the events stream sends."""
+        run = await self.get_run(project, name)
+        journal = Journal(self.storage, f"{run_storage_prefix(project, name)}/journal")
+        records = await asyncio.to_thread(journal.records_from, max(0, after_seq))
+        return {"run": run, "records": [record_view(r) for r in records if r.kind != "message"]}
 
     async def run_answer(self, project: str, name: str) -> dict[str, Any]:
         run = await self.get_run(project, name)

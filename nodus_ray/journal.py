@@ -34,7 +34,7 @@ from . import metrics
 from .storage import Storage
 from .timestamps import format_timestamp
 
-__all__ = ["StepState", "JournalRecord", "Journal", "JOURNAL_SCHEMA", "step_views"]
+__all__ = ["StepState", "JournalRecord", "Journal", "JOURNAL_SCHEMA", "record_view", "step_views"]
 
 StepState = Literal["Started", "Completed", "Failed", "NeedsResolution", "Resolved", "NoEffect"]
 
@@ -101,22 +101,31 @@ class Journal:
 
     def load(self) -> list[JournalRecord]:
         """Read every segment in order; the writer continues after the last one."""
-        for attempt in range(3):
-            try:
-                by_seq: dict[int, JournalRecord] = {}
-                for name in _covering(self._storage.list_dir(self._prefix)):
-                    for record in _decode_segment(self._storage.read_bytes(f"{self._prefix}/{name}")):
-                        by_seq.setdefault(record.seq, record)
-                break
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                # The writer compacted between our listing and our read: list again.
-        records = [by_seq[seq] for seq in sorted(by_seq)]
+        records = self.records_from(0)
         with self._lock:
             self._records = records
             self._next_seq = records[-1].seq + 1 if records else 0
         return list(records)
+
+    def records_from(self, seq: int) -> list[JournalRecord]:
+        """The records from ``seq`` on, reading only the objects that hold them (a reader that
+        follows the journal, like the events stream, reads what is new). Changes nothing."""
+        for attempt in range(3):
+            try:
+                by_seq: dict[int, JournalRecord] = {}
+                for name in _covering(self._storage.list_dir(self._prefix)):
+                    span = _span(name)
+                    if span is None or span[1] < seq:
+                        continue
+                    for record in _decode_segment(self._storage.read_bytes(f"{self._prefix}/{name}")):
+                        if record.seq >= seq:
+                            by_seq.setdefault(record.seq, record)
+                return [by_seq[key] for key in sorted(by_seq)]
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                # The writer compacted between our listing and our read: list again.
+        return []
 
     def append(
         self,
@@ -241,6 +250,17 @@ def _decode_segment(data: bytes) -> list[JournalRecord]:
 
 def _iso(moment: datetime | None) -> str | None:
     return format_timestamp(moment) if moment else None
+
+
+def record_view(record: JournalRecord) -> dict[str, Any]:
+    """One record as the events stream shows it: what happened to which step, never content
+    (a message's text, a command's output stay in ``steps`` and ``answer``)."""
+    payload = record.payload if isinstance(record.payload, dict) else {}
+    summary = payload.get("summary") or ""
+    if not summary and record.kind == "command" and record.state == "Started":
+        summary = f"$ {payload.get('command', '')}"
+    return {"seq": record.seq, "step": record.step_id, "kind": record.kind, "state": record.state,
+            "attempt": record.attempt, "summary": summary, "costUSD": record.cost_usd, "at": _iso(record.at)}
 
 
 def step_views(records: list[JournalRecord]) -> list[dict[str, Any]]:

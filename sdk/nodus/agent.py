@@ -15,7 +15,7 @@ import json
 import secrets as _secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol, Self
 
 from .client import Client
 from .errors import AgentRunFailed, Conflict, Invalid, Unavailable, Unsupported, WaitTimeout
+from .events import afollow_events, log_line
 from .resources import (
     API_VERSION,
     TERMINAL_PHASES,
@@ -715,8 +716,18 @@ class AgentRun(_ResourceHandle):
     def outputs(self) -> NoReturn:
         self._later("outputs")
 
-    def logs(self, follow: bool = False) -> NoReturn:
-        self._later("logs")
+    async def logs(self, follow: bool = False) -> AsyncIterator[str]:
+        """The run's log, line by line: its steps, phase changes, turns and answer.
+
+        With ``follow`` it goes on until the run ends (reconnecting by itself if the connection
+        drops, without losing or repeating a line); without, it ends once caught up.
+        """
+        path = self._client._path("agentruns", self._project, self.name, "events")
+        async with self._client.async_http() as http:
+            async for event in afollow_events(http, path, follow=follow):
+                line = log_line(event)
+                if line is not None:
+                    yield line
 
 
 

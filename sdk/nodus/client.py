@@ -9,7 +9,7 @@ server raised (rebuilt from ``{code, message, details}``), and every transport f
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -17,6 +17,7 @@ import httpx
 
 from .config import Settings, load_settings
 from .errors import Invalid, NodusError, Unavailable, error_from_response
+from .events import RunEvent, follow_events
 from .resources import API_VERSION, validate_dns_label
 
 __all__ = ["COLLECTIONS", "Applied", "Client"]
@@ -116,6 +117,10 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
+
+    def async_http(self) -> httpx.AsyncClient:
+        """An asyncio HTTP client to the same API with the same headers (for streams)."""
+        return httpx.AsyncClient(base_url=self.settings.api_url, headers=self._http.headers, timeout=_DEFAULT_TIMEOUT)
 
     def __enter__(self) -> Client:
         return self
@@ -301,6 +306,13 @@ class Client:
         """Decide a run's uncertain step: ``{step, decision, result?, evidence?, revision}``."""
         return self._json(self._request("POST", self._path("agentruns", project, name, "resolve"),
                                         json=dict(resolution)))
+
+    def run_events(self, name: str, *, follow: bool = True, last_event_id: str | None = None,
+                   project: str | None = None) -> Iterator[RunEvent]:
+        """The run's events (steps, phase, turns, answer) as they happen; with ``follow`` until
+        the run ends, else until caught up. Reconnects by itself (``Last-Event-ID``)."""
+        path = self._path("agentruns", project, name, "events")
+        return follow_events(self._http, path, follow=follow, last_event_id=last_event_id)
 
     def run_answer(self, name: str, *, project: str | None = None) -> dict[str, Any]:
         """``{name, phase, answer, bytes}``; raises `Conflict` (``AnswerNotReady``) before there is one."""

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray.exceptions import RayActorError, RayTaskError
 from starlette.exceptions import HTTPException
 
@@ -22,6 +22,8 @@ from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge, Unava
 from nodus.resources import API_VERSION, validate_dns_label
 from nodus_ray import faults
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
+
+from .events import parse_cursor, run_events
 
 __all__ = ["create_app"]
 
@@ -250,6 +252,15 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     @app.post("/v1/projects/{project}/agentruns/{name}/resolve")
     async def resolve_run(project: str, name: str, request: Request) -> dict[str, Any]:
         return await cp.call("resolve_run", _project(project), name, await _body(request))
+
+    @app.get("/v1/projects/{project}/agentruns/{name}/events")
+    async def run_events_stream(project: str, name: str, request: Request, follow: bool = True) -> StreamingResponse:
+        """Server-sent events of the run (`events`); resumable with Last-Event-ID."""
+        project = _project(project)
+        await cp.call("get_run", project, name)  # a missing run is a 404 before the stream starts
+        cursor = parse_cursor(request.headers.get("Last-Event-ID"))
+        return StreamingResponse(run_events(cp.call, project, name, cursor, follow), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/v1/projects/{project}/agentruns/{name}/steps")
     async def run_steps(project: str, name: str) -> dict[str, Any]:

@@ -203,7 +203,7 @@ def test_later_features_raise_unsupported(api: FakeAPI) -> None:
             call()
     run = nodus.AgentRun("helper-1", client=api.client())
     for call in (run.retry, run.suspend, run.resume, run.children,
-                 lambda: run.outputs, run.logs):
+                 lambda: run.outputs):
         with pytest.raises(errors.Unsupported):
             call()
     with pytest.raises(errors.Unsupported) as caught:

@@ -29,6 +29,7 @@ from ..agent import claude_agent_spec
 from ..client import Client
 from ..config import ENV_API_URL, ENV_PROJECT, Settings, load_settings
 from ..errors import NodusError, NotFound, Unavailable
+from ..events import log_line
 from ..resources import (
     API_VERSION,
     GROUP_TERMINAL_PHASES,
@@ -905,6 +906,23 @@ def agentrun_answer(
     """Print the run's full answer."""
     text = str(_client(project).run_answer(name).get("answer") or "")
     typer.echo(text, nl=not text.endswith("\n"))
+
+
+@agentrun_app.command("logs")
+def agentrun_logs(
+    name: Annotated[str, typer.Argument(help="The run.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
+    project: ProjectOption = None,
+) -> None:
+    """Print the run's steps, phase changes, turns and answer; with -f, as they happen."""
+    for event in _client(project).run_events(name, follow=follow):
+        line = log_line(event)
+        if line is None:
+            continue
+        if event.kind == "answer":  # chunks of one text: a newline only after the last
+            typer.echo(line, nl=bool(event.data.get("final")) and not line.endswith("\n"))
+        else:
+            typer.echo(line)
 
 
 @agentrun_app.command("send")
