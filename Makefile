@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps demo test unit integration bench down clean
+.PHONY: setup system-deps browser-deps demo test unit integration bench down clean
 
 $(BIN)/nodus: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,14 @@ demo: setup
 	$(BIN)/python examples/hello/main.py
 	$(BIN)/python examples/agents/parallel-agents/main.py
 
+# The console's tests drive a real headless browser.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing chromium (the console's browser tests) with apt"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+
 # The fault-injection suite runs a second time on S3 (a local moto server the tests start).
-test: setup
+test: setup browser-deps
 	$(BIN)/pytest -q
 	NODUS_TEST_STORAGE=s3 $(BIN)/pytest -q tests/integration/test_faults.py
 

@@ -7,14 +7,16 @@ It holds no state, so Serve may run any number of replicas.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from importlib import resources
 from typing import Any
 
 import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from ray.exceptions import RayActorError, RayTaskError
 from starlette.exceptions import HTTPException
 
@@ -29,7 +31,12 @@ __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_BODY_BYTES = 1024 * 1024  # a resource with a 256 KiB input, JSON-escaped, fits
+_MAX_BODY_BYTES = 1024 * 1024
+
+
+@functools.cache
+def _console_page() -> str:
+    return resources.files(__package__).joinpath("console.html").read_text(encoding="utf-8")  # a resource with a 256 KiB input, JSON-escaped, fits
 
 
 class ControlPlaneGateway:
@@ -196,6 +203,12 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
             response = await call_next(request)
             faults.crash_point("api-answering", f"{request.method} {request.url.path}")
             return response
+
+    @app.get("/console", response_class=HTMLResponse, include_in_schema=False)
+    async def console() -> HTMLResponse:
+        """The web console: groups and runs of a project (``?project=``), a run's turns, answer
+        and steps (``?run=``), updating live from the events stream."""
+        return HTMLResponse(_console_page())
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
