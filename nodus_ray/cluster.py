@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -64,13 +65,34 @@ def _init(address: str) -> Any:
     return ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
 
 
+def _join(address: str) -> Any:
+    """Connect to an existing cluster, never start one; a clear error when there is none.
+
+    A ``host:port`` that nothing listens on is refused at once: Ray itself would wait minutes
+    for a GCS that is not there.
+    """
+    if address not in ("auto", "local") and "://" not in address:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError):
+            raise Unavailable(f"no Ray cluster answers at {address}; start one with `ray start --head`, "
+                              "or run `nodus up` without --address to start a local one") from None
+    try:
+        return _init(address)
+    except ConnectionError as exc:
+        first = (str(exc).strip().splitlines() or ["no cluster"])[0]
+        raise Unavailable(f"no Ray cluster to join at {address!r} ({first}); start one with `ray start --head`, "
+                          "or run `nodus up` without --address to start a local one") from None
+
+
 def _connect(address: str | None) -> tuple[bool, Any]:
     """Connect this driver; start a local head first when there is no cluster.
 
     Returns whether a head was started, and Ray's context (which knows the dashboard URL).
     """
     if address:
-        return False, _init(address)
+        return False, _join(address)
     try:
         return False, _init("auto")
     except ConnectionError:
