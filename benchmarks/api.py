@@ -1,0 +1,147 @@
+"""The API's throughput and latency through Ray Serve, beside the same FastAPI app on plain uvicorn.
+
+One service (``nodus up`` on a temporary home and storage). The same app object
+(`nodus_serve.app.create_app`) is also run by uvicorn in a separate process that is a Ray driver
+of the same cluster, talking to the same control plane actor. Against each, for ``--seconds``
+with ``--clients`` concurrent clients (httpx, asyncio, one connection each):
+
+* ``GET`` a run (the control plane answers from memory);
+* ``POST`` a run into a group whose only place is taken by a run that waits 600 s for the
+  offline model, so a created run is stored (two fsync'd files), added to the group and
+  queued, and no actor starts: the figure is the API and the control plane, not Ray's actors.
+
+What separates the two columns is Serve's proxy, router and replica hops; the control plane
+call behind them is the same.
+
+    .venv/bin/python benchmarks/api.py --seconds 10 --clients 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from support import wait_until
+
+BIN = Path(sys.executable).parent
+V1 = "nodus.dev/v1"
+RUNS = "/v1/projects/default/agentruns"
+
+_UVICORN = """
+import ray, uvicorn
+ray.init(address="auto", namespace="nodus", logging_level="ERROR", log_to_driver=False)
+from nodus_serve.app import create_app
+uvicorn.run(create_app(), host="127.0.0.1", port={port}, log_level="warning")
+"""
+
+
+async def _load(base: str, clients: int, seconds: float, request: Callable[[httpx.AsyncClient], object]
+                ) -> tuple[float, list[float], int]:
+    """Requests per second, latencies (s) and failures of ``clients`` loops for ``seconds``."""
+    latencies: list[float] = []
+    failures = 0
+    deadline = time.monotonic() + seconds
+
+    async def loop() -> None:
+        nonlocal failures
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            while time.monotonic() < deadline:
+                began = time.perf_counter()
+                response = await request(http)  # type: ignore[misc]
+                latencies.append(time.perf_counter() - began)
+                if response.status_code >= 400:
+                    failures += 1
+
+    began = time.monotonic()
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    return len(latencies) / (time.monotonic() - began), latencies, failures
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--port", type=int, default=18400)
+    args = parser.parse_args()
+
+    base_dir = Path(tempfile.mkdtemp(prefix="nodus-bench-api-"))
+    base_dir.chmod(0o711)
+    for part in ("home", "storage", "sandboxes"):
+        (base_dir / part).mkdir(mode=0o711)
+    env = {**os.environ, "HOME": str(base_dir / "home"), "NODUS_STORAGE": str(base_dir / "storage"),
+           "NODUS_SANDBOX_ROOT": str(base_dir / "sandboxes"), "NODUS_OFFLINE_LATENCY": "600",
+           "NODUS_INITIAL_CREDITS": "10000", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("ANTHROPIC_API_KEY", None)
+    serve_url, plain_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
+    plain = None
+    try:
+        subprocess.run([str(BIN / "nodus"), "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
+        http = httpx.Client(base_url=serve_url, timeout=60)
+        http.put("/v1/projects/default/agents/api-bench", json={
+            "apiVersion": V1, "kind": "Agent", "metadata": {"name": "api-bench"},
+            "spec": {"system": "x", "perRunMaxCostUSD": "0.01"}}).raise_for_status()
+        http.post("/v1/projects/default/agentgroups", json={
+            "apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "api-bench"},
+            "spec": {"agent": "api-bench", "limits": {"maxActive": 1}}}).raise_for_status()
+        http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": "api-bench-read"},
+                              "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": "read",
+                                       "input": "What is 1 + 1?"}}).raise_for_status()
+        plain = subprocess.Popen([sys.executable, "-c", _UVICORN.format(port=args.port + 1)], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: _ready(plain_url), 120, "uvicorn to answer", interval=0.5)
+
+        def get(client: httpx.AsyncClient) -> object:
+            return client.get(f"{RUNS}/api-bench-read")
+
+        def post(client: httpx.AsyncClient) -> object:
+            key = uuid.uuid4().hex[:10]
+            return client.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun",
+                                           "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": key,
+                                                    "input": "What is 2 + 2?"}})
+
+        rows = []
+        for label, request in (("GET a run", get), ("POST a run", post)):
+            for where, url in (("Ray Serve", serve_url), ("plain uvicorn", plain_url)):
+                rate, latencies, failures = asyncio.run(_load(url, args.clients, args.seconds, request))
+                rows.append((label, where, rate, _pct(latencies, 0.5), _pct(latencies, 0.99), len(latencies),
+                             failures))
+                print(f"{label} via {where}: {rate:,.0f}/s, p50 {statistics.median(latencies) * 1000:.1f} ms",
+                      file=sys.stderr)
+    finally:
+        if plain is not None:
+            plain.terminate()
+            plain.wait(timeout=30)
+        subprocess.run([str(BIN / "nodus"), "down"], env=env, capture_output=True, check=False)
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+    print("| date | request | through | requests/s | p50 | p99 | requests | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label, where, rate, p50, p99, count, failures in rows:
+        print(f"| {time.strftime('%Y-%m-%d')} | {label} | {where} | {rate:,.0f} | {p50:.1f} ms | {p99:.1f} ms "
+              f"| {count} | {failures} |")
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
