@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nodus.errors import NodusError, Unavailable
 
+from .secret_box import install_configured_key
 from .settings import CONTROL_PLANE_NAME, NAMESPACE, SERVE_APP_NAME, ServerSettings
 
 __all__ = ["UpInfo", "up", "down"]
@@ -177,6 +178,10 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         raise NodusError(str(error), code="Invalid") from None
     if storage:
         settings = replace(settings, storage_uri=storage)
+    try:
+        install_configured_key(settings.secret_key_file)
+    except ValueError as error:
+        raise NodusError(str(error), code="Invalid") from None
     started, ray_context = _connect(address)
     try:
         control_plane, info = _ensure_control_plane(settings)

@@ -16,19 +16,53 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-__all__ = ["SecretBox", "load_or_create_key"]
+__all__ = ["SecretBox", "install_configured_key", "load_or_create_key"]
 
 _NONCE_BYTES = 12
 
 
+def _configured_key() -> bytes | None:
+    configured = os.environ.get("NODUS_SECRET_KEY")
+    if not configured:
+        return None
+    try:
+        key = base64.b64decode(configured, validate=True)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError("NODUS_SECRET_KEY must be the base64 of 32 random bytes")
+    return key
+
+
+def install_configured_key(path: str) -> bool:
+    """Put ``NODUS_SECRET_KEY`` (of ``nodus up``) into the key file the control plane reads.
+
+    The key is kept out of every Ray worker's environment, so the control plane, pinned to the
+    node of ``nodus up``, reads it from this file (0600), after a restart too. A file holding
+    another key is never overwritten: secrets sealed with one cannot be opened with the other.
+    Returns whether a key was configured.
+    """
+    key = _configured_key()
+    if key is None:
+        return False
+    file = Path(path).expanduser()
+    if file.exists():
+        if base64.b64decode(file.read_bytes().strip()) != key:
+            raise ValueError(f"NODUS_SECRET_KEY differs from the key in {file}; secrets sealed with one cannot "
+                             "be opened with the other: unset NODUS_SECRET_KEY or move the file away")
+        return True
+    file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(base64.b64encode(key) + b"\n")
+    return True
+
+
 def load_or_create_key(path: str) -> bytes:
     """``NODUS_SECRET_KEY`` (base64 of 32 bytes) if set, else the key file, created if missing."""
-    configured = os.environ.get("NODUS_SECRET_KEY")
-    if configured:
-        key = base64.b64decode(configured)
-        if len(key) != 32:
-            raise ValueError("NODUS_SECRET_KEY must be the base64 of 32 random bytes")
-        return key
+    configured = _configured_key()
+    if configured is not None:
+        return configured
     file = Path(path).expanduser()
     if file.exists():
         key = base64.b64decode(file.read_bytes().strip())

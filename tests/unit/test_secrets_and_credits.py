@@ -93,3 +93,24 @@ def test_adding_credits_makes_a_refused_hold_fit(tmp_path: Path) -> None:
     ledger.add("p", Decimal("2"))
     assert ledger.reserve("p", "a", Decimal("1.5"))
     assert ledger.view("p")["reservedUSD"] == "1.5"
+
+
+def test_the_operators_key_reaches_the_key_file_the_control_plane_reads(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodus_ray.secret_box import install_configured_key
+
+    key = bytes(range(32))
+    file = tmp_path / "nodus" / "secret.key"
+    monkeypatch.delenv("NODUS_SECRET_KEY", raising=False)
+    assert install_configured_key(str(file)) is False and not file.exists()
+    monkeypatch.setenv("NODUS_SECRET_KEY", base64.b64encode(key).decode())
+    assert install_configured_key(str(file)) is True
+    assert oct(file.stat().st_mode & 0o777) == "0o600"
+    monkeypatch.delenv("NODUS_SECRET_KEY")  # what the control plane sees: no variable, the file
+    assert load_or_create_key(str(file)) == key
+    monkeypatch.setenv("NODUS_SECRET_KEY", base64.b64encode(bytes(32)).decode())
+    with pytest.raises(ValueError, match="differs from the key"):
+        install_configured_key(str(file))
+    monkeypatch.setenv("NODUS_SECRET_KEY", "not base64!")
+    with pytest.raises(ValueError, match="base64 of 32 random bytes"):
+        install_configured_key(str(tmp_path / "other.key"))
