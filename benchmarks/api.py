@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from support import wait_until
+from support import NODUS, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -80,19 +77,35 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18400)
     args = parser.parse_args()
 
-    base_dir = Path(tempfile.mkdtemp(prefix="nodus-bench-api-"))
-    base_dir.chmod(0o711)
-    for part in ("home", "storage", "sandboxes"):
-        (base_dir / part).mkdir(mode=0o711)
-    env = {**os.environ, "HOME": str(base_dir / "home"), "NODUS_STORAGE": str(base_dir / "storage"),
-           "NODUS_SANDBOX_ROOT": str(base_dir / "sandboxes"), "NODUS_OFFLINE_LATENCY": "600",
-           "NODUS_INITIAL_CREDITS": "10000", "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("ANTHROPIC_API_KEY", None)
     serve_url, plain_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
-    plain = None
-    try:
-        subprocess.run([str(BIN / "nodus"), "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
-        http = httpx.Client(base_url=serve_url, timeout=60)
+    with temporary_service("nodus-bench-api-", NODUS_OFFLINE_LATENCY="600", NODUS_INITIAL_CREDITS="10000") as env:
+        subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
+        _prepare(serve_url)
+        plain = subprocess.Popen([sys.executable, "-c", _UVICORN.format(port=args.port + 1)], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: _ready(plain_url), 120, "uvicorn to answer", interval=0.5)
+            rows = []
+            for label, request in (("GET a run", _get), ("POST a run", _post)):
+                for where, url in (("Ray Serve", serve_url), ("plain uvicorn", plain_url)):
+                    rate, latencies, failures = asyncio.run(_load(url, args.clients, args.seconds, request))
+                    rows.append((label, where, rate, _pct(latencies, 0.5), _pct(latencies, 0.99), len(latencies),
+                                 failures))
+                    print(f"{label} via {where}: {rate:,.0f}/s, p50 {statistics.median(latencies) * 1000:.1f} ms",
+                          file=sys.stderr)
+        finally:
+            plain.terminate()
+            plain.wait(timeout=30)
+
+    print("| date | request | through | requests/s | p50 | p99 | requests | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label, where, rate, p50, p99, count, failures in rows:
+        print(f"| {time.strftime('%Y-%m-%d')} | {label} | {where} | {rate:,.0f} | {p50:.1f} ms | {p99:.1f} ms "
+              f"| {count} | {failures} |")
+
+
+def _prepare(url: str) -> None:
+    """An agent, a group whose one place a run holds for 600 s, and that run (the one read)."""
+    with httpx.Client(base_url=url, timeout=60) as http:
         http.put("/v1/projects/default/agents/api-bench", json={
             "apiVersion": V1, "kind": "Agent", "metadata": {"name": "api-bench"},
             "spec": {"system": "x", "perRunMaxCostUSD": "0.01"}}).raise_for_status()
@@ -102,38 +115,17 @@ def main() -> None:
         http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": "api-bench-read"},
                               "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": "read",
                                        "input": "What is 1 + 1?"}}).raise_for_status()
-        plain = subprocess.Popen([sys.executable, "-c", _UVICORN.format(port=args.port + 1)], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: _ready(plain_url), 120, "uvicorn to answer", interval=0.5)
 
-        def get(client: httpx.AsyncClient) -> object:
-            return client.get(f"{RUNS}/api-bench-read")
 
-        def post(client: httpx.AsyncClient) -> object:
-            key = uuid.uuid4().hex[:10]
-            return client.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun",
-                                           "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": key,
-                                                    "input": "What is 2 + 2?"}})
+def _get(client: httpx.AsyncClient) -> object:
+    return client.get(f"{RUNS}/api-bench-read")
 
-        rows = []
-        for label, request in (("GET a run", get), ("POST a run", post)):
-            for where, url in (("Ray Serve", serve_url), ("plain uvicorn", plain_url)):
-                rate, latencies, failures = asyncio.run(_load(url, args.clients, args.seconds, request))
-                rows.append((label, where, rate, _pct(latencies, 0.5), _pct(latencies, 0.99), len(latencies),
-                             failures))
-                print(f"{label} via {where}: {rate:,.0f}/s, p50 {statistics.median(latencies) * 1000:.1f} ms",
-                      file=sys.stderr)
-    finally:
-        if plain is not None:
-            plain.terminate()
-            plain.wait(timeout=30)
-        subprocess.run([str(BIN / "nodus"), "down"], env=env, capture_output=True, check=False)
-        shutil.rmtree(base_dir, ignore_errors=True)
 
-    print("| date | request | through | requests/s | p50 | p99 | requests | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for label, where, rate, p50, p99, count, failures in rows:
-        print(f"| {time.strftime('%Y-%m-%d')} | {label} | {where} | {rate:,.0f} | {p50:.1f} ms | {p99:.1f} ms "
-              f"| {count} | {failures} |")
+def _post(client: httpx.AsyncClient) -> object:
+    key = uuid.uuid4().hex[:10]
+    return client.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun",
+                                   "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": key,
+                                            "input": "What is 2 + 2?"}})
 
 
 def _ready(url: str) -> bool:

@@ -26,18 +26,15 @@ every Ray process of this user on the machine).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from support import wait_until
+from support import temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -62,58 +59,51 @@ def _phases(http: httpx.Client) -> dict[str, str]:
 
 
 def recovery(runs: int, port: int) -> dict[str, float]:
-    base = Path(tempfile.mkdtemp(prefix="nodus-bench-recovery-"))
-    base.chmod(0o711)
-    for part in ("home", "storage", "sandboxes"):
-        (base / part).mkdir(mode=0o711)
-    env = {**os.environ, "HOME": str(base / "home"), "NODUS_STORAGE": str(base / "storage"),
-           "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "NODUS_OFFLINE_LATENCY": "120",
-           "RAY_USAGE_STATS_ENABLED": "0", "NODUS_API_URL": f"http://127.0.0.1:{port}",
-           "NODUS_INITIAL_CREDITS": "10000"}
-    env.pop("ANTHROPIC_API_KEY", None)
+    with temporary_service("nodus-bench-recovery-", NODUS_OFFLINE_LATENCY="120", NODUS_INITIAL_CREDITS="10000",
+                           NODUS_API_URL=f"http://127.0.0.1:{port}") as env:
+        return _recover(env, runs, port)
+
+
+def _recover(env: dict[str, str], runs: int, port: int) -> dict[str, float]:
     nodus, ray = str(BIN / "nodus"), str(BIN / "ray")
     up = [nodus, "up", "--port", str(port)]
     figures: dict[str, float] = {}
-    try:
-        _run(up, env)
-        _run([ray, "stop", "--force"], env)
-        figures["baseline: nodus up, empty storage"] = _run(up, env)
+    _run(up, env)
+    _run([ray, "stop", "--force"], env)
+    figures["baseline: nodus up, empty storage"] = _run(up, env)
 
-        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
-        http.put("/v1/projects/default/agents/recovering", json={
-            "apiVersion": V1, "kind": "Agent", "metadata": {"name": "recovering"},
-            "spec": {"system": "x", "perRunMaxCostUSD": "0.50"}}).raise_for_status()
-        http.post("/v1/projects/default/agentgroups", json={
-            "apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "many"},
-            "spec": {"agent": "recovering", "limits": {"maxActive": ACTIVE}},
-        }).raise_for_status()
-        created = time.perf_counter()
-        for first in range(0, runs, 100):
-            items = [{"apiVersion": V1, "kind": "AgentRun",
-                      "spec": {"agent": "recovering", "group": "many", "taskKey": f"t{i}", "input": "What is 2 + 2?"}}
-                     for i in range(first, min(first + 100, runs))]
-            http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRunList", "items": items}).raise_for_status()
-        figures["creating the runs (batches of 100)"] = time.perf_counter() - created
-        _wait(lambda: list(_phases(http).values()).count("Running") == ACTIVE, 300, f"{ACTIVE} running runs")
-        before = _phases(http)
-        running = sorted(name for name, phase in before.items() if phase == "Running")
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    http.put("/v1/projects/default/agents/recovering", json={
+        "apiVersion": V1, "kind": "Agent", "metadata": {"name": "recovering"},
+        "spec": {"system": "x", "perRunMaxCostUSD": "0.50"}}).raise_for_status()
+    http.post("/v1/projects/default/agentgroups", json={
+        "apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "many"},
+        "spec": {"agent": "recovering", "limits": {"maxActive": ACTIVE}},
+    }).raise_for_status()
+    created = time.perf_counter()
+    for first in range(0, runs, 100):
+        items = [{"apiVersion": V1, "kind": "AgentRun",
+                  "spec": {"agent": "recovering", "group": "many", "taskKey": f"t{i}", "input": "What is 2 + 2?"}}
+                 for i in range(first, min(first + 100, runs))]
+        http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRunList", "items": items}).raise_for_status()
+    figures["creating the runs (batches of 100)"] = time.perf_counter() - created
+    _wait(lambda: list(_phases(http).values()).count("Running") == ACTIVE, 300, f"{ACTIVE} running runs")
+    before = _phases(http)
+    running = sorted(name for name, phase in before.items() if phase == "Running")
 
-        _run([ray, "stop", "--force"], env)
-        restarted = time.perf_counter()
-        _run(up, env)
-        figures[f"API ready ({runs} unfinished runs)"] = time.perf_counter() - restarted
-        _wait(lambda: _phases(http) == before, 300, "every run listed as before")
-        figures["all listed as before"] = time.perf_counter() - restarted
+    _run([ray, "stop", "--force"], env)
+    restarted = time.perf_counter()
+    _run(up, env)
+    figures[f"API ready ({runs} unfinished runs)"] = time.perf_counter() - restarted
+    _wait(lambda: _phases(http) == before, 300, "every run listed as before")
+    figures["all listed as before"] = time.perf_counter() - restarted
 
-        def resumed() -> bool:
-            return all(http.get(f"{RUNS}/{name}").json()["status"]["attempts"] >= 2 for name in running)
+    def resumed() -> bool:
+        return all(http.get(f"{RUNS}/{name}").json()["status"]["attempts"] >= 2 for name in running)
 
-        _wait(resumed, 300, "the running runs to have new actors")
-        figures["running runs resumed (new actors)"] = time.perf_counter() - restarted
-        http.close()
-    finally:
-        subprocess.run([nodus, "down"], env=env, capture_output=True, check=False)
-        shutil.rmtree(base, ignore_errors=True)
+    _wait(resumed, 300, "the running runs to have new actors")
+    figures["running runs resumed (new actors)"] = time.perf_counter() - restarted
+    http.close()
     return figures
 
 

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime
@@ -33,7 +30,7 @@ from typing import Any
 
 import httpx
 import psutil
-from support import wait_until
+from support import NODUS, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -116,17 +113,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18500)
     args = parser.parse_args()
 
-    base = Path(tempfile.mkdtemp(prefix="nodus-bench-scale-"))
-    base.chmod(0o711)
-    for part in ("home", "storage", "sandboxes"):
-        (base / part).mkdir(mode=0o711)
-    env = {**os.environ, "HOME": str(base / "home"), "NODUS_STORAGE": str(base / "storage"),
-           "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "NODUS_OFFLINE_LATENCY": str(args.latency),
-           "NODUS_INITIAL_CREDITS": "100000", "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("ANTHROPIC_API_KEY", None)
     results = []
-    try:
-        subprocess.run([str(BIN / "nodus"), "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
+    with temporary_service("nodus-bench-scale-", NODUS_OFFLINE_LATENCY=str(args.latency),
+                           NODUS_INITIAL_CREDITS="100000") as env:
+        subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
         with httpx.Client(base_url=f"http://127.0.0.1:{args.port}/v1/projects/default", timeout=120) as http:
             http.put("/agents/scale", json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": "scale"},
                                             "spec": {"system": "Answer briefly.", "perRunMaxCostUSD": "0.01",
@@ -135,9 +125,6 @@ def main() -> None:
                 result = _group(http, f"{label}-group", runs, args.max_active)
                 results.append((label, result))
                 print(f"{label}: {result}", file=sys.stderr, flush=True)
-    finally:
-        subprocess.run([str(BIN / "nodus"), "down"], env=env, capture_output=True, check=False)
-        shutil.rmtree(base, ignore_errors=True)
 
     print("| date | group | runs (succeeded) | maxActive | wall | admitted/s | admission -> first call p50 / p99 "
           "| submission -> first call p50 / p99 | PSS per active run |")

@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: waiting on a condition, and filler text of a given size.
+"""What the benchmark scripts share: a service of their own, waiting on a condition, filler text.
 
 The scripts run as ``python benchmarks/<name>.py``, so this module is imported by its name
 (the script's directory is on ``sys.path``).
@@ -6,13 +6,21 @@ The scripts run as ``python benchmarks/<name>.py``, so this module is imported b
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["wait_until", "words"]
+__all__ = ["NODUS", "temporary_service", "wait_until", "words"]
+
+NODUS = str(Path(sys.executable).parent / "nodus")
 
 T = TypeVar("T")
 
@@ -38,3 +46,22 @@ def words(rng: random.Random, chars: int, vocabulary: Sequence[str]) -> str:
         parts.append(word)
         size += len(word) + 1
     return " ".join(parts)[:chars].strip()
+
+
+@contextmanager
+def temporary_service(prefix: str, **settings: str) -> Iterator[dict[str, str]]:
+    """The environment of a nodus with its own home, storage and sandbox root (plus
+    ``settings``, e.g. ``NODUS_OFFLINE_LATENCY``); `nodus down` and the files removed after.
+    The caller runs ``nodus up`` with it (some benchmarks restart it on purpose)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    base.chmod(0o711)  # sandboxed commands run as another uid and must traverse to their workspace
+    for part in ("home", "storage", "sandboxes"):
+        (base / part).mkdir(mode=0o711)
+    env = {**os.environ, "HOME": str(base / "home"), "NODUS_STORAGE": str(base / "storage"),
+           "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "RAY_USAGE_STATS_ENABLED": "0", **settings}
+    env.pop("ANTHROPIC_API_KEY", None)
+    try:
+        yield env
+    finally:
+        subprocess.run([NODUS, "down"], env=env, capture_output=True, check=False)
+        shutil.rmtree(base, ignore_errors=True)

@@ -22,6 +22,8 @@ Without ``NODUS_FAULTS`` a point costs one dictionary lookup. The points:
                         (context: ``<project>/<first run>``)
 ``api-answering``       the API replica has the control plane's answer and has not sent it
                         (context: ``<method> <path>``)
+``run-ended-untold``    the control plane stored a run's end and has not told its group's
+                        supervisor (context: ``<project>/<run>``)
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from pathlib import Path
 
 __all__ = ["POINTS", "crash_point", "arm", "enabled"]
 
-POINTS = frozenset({"step-effect-done", "admission-decided", "batch-half-written", "api-answering"})
+POINTS = frozenset({"step-effect-done", "admission-decided", "batch-half-written", "api-answering",
+                    "run-ended-untold"})
 _ENV = "NODUS_FAULTS"
 
 

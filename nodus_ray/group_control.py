@@ -129,8 +129,25 @@ class GroupControl:
                 asyncio.get_running_loop().create_task(self._wake_supervisor(key))
 
     async def _wake_supervisor(self, key: Key) -> None:
+        """Bring the group's supervisor up and tell it every started member's recorded state.
+
+        A supervisor that outlived this control plane's crash kept its admission, but a report
+        the dead control plane had not yet forwarded (a run that finished just then) would be
+        lost with it, and the run would hold its ``maxActive`` place forever. Repeated reports
+        change nothing, so every started member is reported again.
+        """
+        reports = []
+        for name in self._group_members.get(key, []):
+            run = self._runs.get((key[0], name))
+            state = _admission_state(run) if run else "Queued"
+            if run is not None and state != "Queued":
+                reports.append({"run": name, "state": state, "spent": run["status"]["cost"].get("totalUSD") or "0",
+                                "reason": run["status"].get("reason")})
         try:
-            status = await self._supervisor(key).load.remote()
+            supervisor = self._supervisor(key)
+            status = await supervisor.load.remote()
+            if reports:
+                status = await supervisor.reconcile.remote(reports)
         except Exception:  # noqa: BLE001 - it rebuilds itself on its next call anyway
             logger.exception("supervisor of group %s/%s did not load", *key)
             return

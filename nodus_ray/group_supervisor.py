@@ -152,6 +152,13 @@ class GroupSupervisor:
             # A non-terminal report that arrives after the terminal one: the terminal one stands.
             logger.info("group %s/%s: stale report for %s ignored: %s", self.project, self.name, run, refused)
 
+    async def reconcile(self, reports: list[dict[str, Any]]) -> dict[str, Any]:
+        """Members' recorded states, sent again by a restarted control plane (see
+        `GroupControl._wake_supervisor`); what admission already knows changes nothing."""
+        for report in reports:
+            await self.progressed(report["run"], report["state"], report["spent"], report.get("reason"))
+        return self._status_view()
+
     async def configure(
         self, limits: dict[str, Any], sealed: bool, cancelled: bool
     ) -> dict[str, Any]:

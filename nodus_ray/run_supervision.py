@@ -22,6 +22,7 @@ from ray.exceptions import RayActorError
 
 from nodus.resources import TERMINAL_PHASES
 
+from .faults import crash_point
 from .run_actor import RemoteRunActor, RunConfig, run_actor_name, run_storage_prefix
 from .run_pool import RunActorPool
 from .settings import NAMESPACE, ServerSettings
@@ -239,6 +240,7 @@ class RunSupervision:
                 outcome["actorName"] = None  # given back on purpose: not a lost actor
             merge_status(run["status"], outcome)
             await self._persist_run(key)
+        crash_point("run-ended-untold", f"{key[0]}/{key[1]}")
         await self._tell_group(key)
         if parked(run):
             self._arm_deadline(key)

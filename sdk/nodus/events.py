@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from httpx_sse import aconnect_sse, connect_sse
+from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 
 from .errors import Unavailable, error_from_response
 
@@ -32,6 +32,25 @@ class RunEvent:
     id: str
     kind: str  # step, phase, turn, answer, end
     data: dict[str, Any]
+
+
+def _headers(last_event_id: str | None) -> dict[str, str]:
+    headers = {"Accept": "text/event-stream"}
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
+    return headers
+
+
+def _event(sse: ServerSentEvent) -> RunEvent:
+    return RunEvent(sse.id, sse.event, json.loads(sse.data) if sse.data else {})
+
+
+def _lost(since: float | None, exc: Exception) -> float:
+    """When the connection was first lost; raises once it has been lost too long to resume."""
+    since = since or time.monotonic()
+    if time.monotonic() - since > _RECONNECT_GRACE_SECONDS:
+        raise Unavailable(f"the events stream was lost and could not be resumed: {exc}") from None
+    return since
 
 
 def _check(response: httpx.Response) -> None:
@@ -50,25 +69,20 @@ def follow_events(http: httpx.Client, path: str, *, follow: bool = True,
     """The events at ``path``, reconnecting after a dropped connection; ends with the stream."""
     lost_since: float | None = None
     while True:
-        headers = {"Accept": "text/event-stream"}
-        if last_event_id:
-            headers["Last-Event-ID"] = last_event_id
         try:
-            with connect_sse(http, "GET", path, params={"follow": str(follow).lower()}, headers=headers,
-                             timeout=_STREAM_TIMEOUT) as source:
+            with connect_sse(http, "GET", path, params={"follow": str(follow).lower()},
+                             headers=_headers(last_event_id), timeout=_STREAM_TIMEOUT) as source:
                 _check(source.response)
                 lost_since = None
                 for sse in source.iter_sse():
                     last_event_id = sse.id or last_event_id
-                    event = RunEvent(sse.id, sse.event, json.loads(sse.data) if sse.data else {})
+                    event = _event(sse)
                     yield event
                     if event.kind == "end":
                         return
                 return  # the server closed a finished (or, without follow, caught-up) stream
         except httpx.TransportError as exc:
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since > _RECONNECT_GRACE_SECONDS:
-                raise Unavailable(f"the events stream was lost and could not be resumed: {exc}") from None
+            lost_since = _lost(lost_since, exc)
             time.sleep(_RECONNECT_DELAY_SECONDS)
 
 
@@ -77,27 +91,22 @@ async def afollow_events(http: httpx.AsyncClient, path: str, *, follow: bool = T
     """`follow_events` for asyncio."""
     lost_since: float | None = None
     while True:
-        headers = {"Accept": "text/event-stream"}
-        if last_event_id:
-            headers["Last-Event-ID"] = last_event_id
         try:
-            async with aconnect_sse(http, "GET", path, params={"follow": str(follow).lower()}, headers=headers,
-                                    timeout=_STREAM_TIMEOUT) as source:
+            async with aconnect_sse(http, "GET", path, params={"follow": str(follow).lower()},
+                                    headers=_headers(last_event_id), timeout=_STREAM_TIMEOUT) as source:
                 if not source.response.is_success:
                     await source.response.aread()
                     _check(source.response)
                 lost_since = None
                 async for sse in source.aiter_sse():
                     last_event_id = sse.id or last_event_id
-                    event = RunEvent(sse.id, sse.event, json.loads(sse.data) if sse.data else {})
+                    event = _event(sse)
                     yield event
                     if event.kind == "end":
                         return
                 return
         except httpx.TransportError as exc:
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since > _RECONNECT_GRACE_SECONDS:
-                raise Unavailable(f"the events stream was lost and could not be resumed: {exc}") from None
+            lost_since = _lost(lost_since, exc)
             await asyncio.sleep(_RECONNECT_DELAY_SECONDS)
 
 

@@ -59,10 +59,15 @@ def seal(server: Server, name: str) -> None:
 
 def finished(server: Server, name: str, timeout: float = 120) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
-        group = get_group(server, name)
-        return group if group["status"]["phase"] in ("Succeeded", "Failed", "Cancelled") else None
+        group = get_group(server, name)  # no status while a restarted control plane loads (503)
+        return group if (group.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled") else None
 
-    return wait_for(done, timeout=timeout, interval=0.1, message=f"group {name} to finish")
+    try:
+        return wait_for(done, timeout=timeout, interval=0.1, message=f"group {name} to finish")
+    except AssertionError as stuck:  # say where it stuck: the group's status and each run's
+        runs = [(r["metadata"]["name"], r["status"]["phase"], r["status"].get("reason"), r["status"].get("attempts"),
+                 r["status"].get("admittedAt"), r["status"].get("actorName")) for r in runs_of(server, name)]
+        raise AssertionError(f"{stuck}; group status {get_group(server, name).get('status')}; runs {runs}") from None
 
 
 def most_at_once(runs: list[dict[str, Any]]) -> int:

@@ -198,6 +198,22 @@ def test_a_supervisor_killed_mid_admission_rebuilds_and_keeps_the_limits(server:
     assert all(run["status"]["attempts"] == 1 for run in runs_of(server, group_name)), "no run started twice"
 
 
+def test_a_control_plane_killed_before_telling_a_group_a_run_ended_is_told_again_after_its_restart(
+    server: Server,
+) -> None:
+    agent_name, group_name = unique("untold"), unique("fu")
+    agent(server, agent_name)
+    group(server, group_name, agent_name, limits={"maxActive": 1}, maxCostUSD="0.50")
+    # The first run's end is stored, the control plane dies before its supervisor hears of it: the
+    # supervisor (alive all along) would hold that run's place forever if nobody told it again.
+    server.arm("run-ended-untold", f"default/{group_name}-t0")
+    assert batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(3)]).status_code == 201
+    seal(server, group_name)
+    finished(server, group_name, timeout=180)
+    assert server.fired("run-ended-untold")
+    audit_group(server, group_name, members=3, max_active=1)
+
+
 def test_a_control_plane_killed_mid_batch_keeps_none_of_it_and_the_retry_creates_it_once(
     server: Server,
 ) -> None:
@@ -383,9 +399,12 @@ def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspac
         wait_for(parked_on_worker, timeout=90, interval=0.5, message="parked run actors on the new node")
 
         _, group_name = _counted_group(server, max_active=4, members=8)
+        seen_nodes: set[str] = set()  # the nodes the group's runs were seen running on
 
         def running_on_worker() -> list[str]:
-            return [run["metadata"]["name"] for run in runs_of(server, group_name)
+            runs = runs_of(server, group_name)
+            seen_nodes.update(n for run in runs if (n := (run["status"].get("sandbox") or {}).get("nodeId")))
+            return [run["metadata"]["name"] for run in runs
                     if run["status"]["phase"] == "Running"
                     and (run["status"].get("sandbox") or {}).get("nodeId") == worker
                     and any(step["kind"] == "command" and step["state"] == "Completed"
@@ -404,6 +423,8 @@ def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspac
             settle(server, run["metadata"]["name"], timeout=240)
         finished(server, group_name, timeout=240)
         audit_group(server, group_name, members=8, max_active=4)
+        seen_nodes.update(run["status"]["sandbox"]["nodeId"] for run in runs_of(server, group_name))
+        assert {head, worker} <= seen_nodes, "the runs were spread over both nodes"
         for name in moved:
             status = _run(server, name)["status"]
             assert status["attempts"] >= 2, (name, status)
