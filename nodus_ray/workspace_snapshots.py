@@ -31,7 +31,7 @@ import io
 import os
 import shutil
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .storage import Storage
@@ -60,6 +60,7 @@ class WorkspaceSnapshots:
     limit_bytes: int = DEFAULT_SNAPSHOT_LIMIT_BYTES
     enabled: bool = True
     skipped_for_size: bool = False
+    _stored: int | None = field(default=None, init=False, repr=False)  # the snapshot this object wrote last
 
     @staticmethod
     def marker_of(workspace: Path) -> Path:
@@ -102,10 +103,20 @@ class WorkspaceSnapshots:
             self.skipped_for_size = True
             return
         self.skipped_for_size = False
-        self.storage.write_bytes(f"{self._folder}/{seq:0{_DIGITS}d}.tar.gz", data)
-        for name in self.storage.list_dir(self._folder):
-            if name.endswith(".tar.gz") and int(name.split(".", 1)[0]) < seq:
-                self.storage.delete(f"{self._folder}/{name}")
+        self.storage.write_bytes(self._key(seq), data)
+        # The older snapshots: listed once per actor (an earlier actor may have left several),
+        # then known, so a command costs one write and one delete, not a listing as well.
+        if self._stored is None:
+            older = [int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")]
+        else:
+            older = [self._stored]
+        for stale in older:
+            if stale < seq:
+                self.storage.delete(self._key(stale))
+        self._stored = seq
+
+    def _key(self, seq: int) -> str:
+        return f"{self._folder}/{seq:0{_DIGITS}d}.tar.gz"
 
     def ensure(self, accepted: tuple[int, ...]) -> str:
         """Make the local workspace one of the ``accepted`` states; say which way it got there.
@@ -130,7 +141,7 @@ class WorkspaceSnapshots:
         )
 
     def _restore(self, seq: int) -> None:
-        data = self.storage.read_bytes(f"{self._folder}/{seq:0{_DIGITS}d}.tar.gz")
+        data = self.storage.read_bytes(self._key(seq))
         shutil.rmtree(self.workspace, ignore_errors=True)
         self.workspace.mkdir(parents=True, mode=0o700)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:

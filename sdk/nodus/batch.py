@@ -304,15 +304,22 @@ def run_batch(
     result = BatchResult(group=name, out=out, submitted=len(missing))
     answers: dict[str, str | None] = {}
     last_write = 0.0
+    rows: list[dict[str, Any]] = []
+    listed_counts: Any = None
     while True:
         group_status = client.get("agentgroups", name).get("status") or {}
-        runs = {str((r.get("spec") or {}).get("taskKey")): r for r in client.group_runs(name)}
-        rows = _rows(client, keys, runs, previous, answers)
+        finished = group_status.get("phase") in GROUP_TERMINAL_PHASES
+        write_due = finished or time.monotonic() - last_write > _WRITE_EVERY_SECONDS
+        # The members are listed (every run of the group) only when the group's counts moved or
+        # a write is due: while they stand still the rows are what they were.
+        if write_due or group_status.get("counts") != listed_counts:
+            listed_counts = group_status.get("counts")
+            runs = {str((r.get("spec") or {}).get("taskKey")): r for r in client.group_runs(name)}
+            rows = _rows(client, keys, runs, previous, answers)
         progress = _progress(len(keys), rows, group_status)
         if on_progress is not None:
             on_progress(progress)
-        finished = group_status.get("phase") in GROUP_TERMINAL_PHASES
-        if finished or time.monotonic() - last_write > _WRITE_EVERY_SECONDS:
+        if write_due:
             _write_rows(out, [row for row in rows if row.get("phase") in TERMINAL_PHASES])
             last_write = time.monotonic()
         if finished:
