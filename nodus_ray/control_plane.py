@@ -41,6 +41,7 @@ from nodus.resources import (
 from . import metrics
 from .admission import AdmissionError
 from .credits import CreditLedger
+from .evaluation_control import Evaluation, EvaluationControl
 from .faults import crash_point
 from .group_control import GroupControl, admission_refusal
 from .group_supervisor import member_wire
@@ -86,7 +87,7 @@ def _agent_key(project: str, name: str) -> str:
     return f"projects/{project}/agents/{name}"
 
 
-class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
+class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, EvaluationControl):
     """Resources in memory, mirrored to storage; supervisors for unfinished runs and live groups."""
 
     def __init__(self, settings: ServerSettings):
@@ -100,6 +101,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         self._groups: dict[Key, dict[str, Any]] = {}
         self._group_members: defaultdict[Key, list[str]] = defaultdict(list)
         self._group_handles: dict[Key, Any] = {}
+        self._evaluations: dict[Key, Evaluation] = {}
         self._creating: set[Key] = set()  # run names taken by a batch that is being written
         self.batches = BatchRecords(self.storage)
         self.pool = RunActorPool(settings.run_pool_per_node)
@@ -358,6 +360,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         mode: str,
         idempotency_key: str | None = None,
         digest: str | None = None,
+        evaluation_member: bool = False,
     ) -> list[dict[str, Any]]:
         """Check every run, then write them all (behind a batch record when there are several).
 
@@ -395,7 +398,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
             async with contextlib.AsyncExitStack() as stack:
                 for group in groups:
                     await stack.enter_async_context(self._locks[("group", project, group)])
-                members = await self._check_members(project, fresh, groups)
+                members = await self._check_members(project, fresh, groups, evaluation_member)
                 created = await self._write_runs(project, fresh, idempotency_key, digest)
                 for (index, _, _), (_, resource) in zip(fresh, created, strict=True):
                     # As written: the answer a repeated Idempotency-Key replays must be the same.
@@ -424,9 +427,13 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         return agent
 
     async def _check_members(
-        self, project: str, fresh: list[tuple[int, AgentRun, dict[str, Any]]], groups: list[str]
+        self, project: str, fresh: list[tuple[int, AgentRun, dict[str, Any]]], groups: list[str],
+        evaluation_member: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
-        """Ask each group's supervisor whether it takes its new members; nothing is stored yet."""
+        """Ask each group's supervisor whether it takes its new members; nothing is stored yet.
+
+        An evaluation group takes only the members its evaluation creates (``evaluation_member``).
+        """
         members: dict[str, list[dict[str, Any]]] = {}
         positions: dict[str, list[int]] = {}
         for index, run, agent in fresh:
@@ -443,6 +450,11 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
                 raise Invalid(f"{where}spec.agent: the runs of group {group_name!r} use its agent "
                               f"{group['spec']['agent']!r}, not {run.spec.agent!r}", code="AgentMismatch",
                               details={"field": "spec.agent", "index": index})
+            if group["spec"].get("evaluation") and not evaluation_member:
+                raise Conflict(f"{where}agentgroup {group_name!r} is an evaluation group: it creates its own runs "
+                               f"from {group['spec']['evaluation']['environment']} and takes none submitted",
+                               code="EvaluationGroup", details={"kind": "AgentGroup", "name": group_name,
+                                                                 "field": "spec.group", "index": index})
             closed = ("GroupCancelled", "cancelled") if group["spec"].get("state") == "Cancelled" else (
                 ("GroupSealed", "sealed") if group["spec"].get("sealed") else None)
             if closed is not None:
@@ -533,6 +545,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl):
         if group_index is not None:
             status["groupIndex"] = group_index  # creation order in the group, which admission follows
             status["reason"] = "DependencyWait" if run.spec.dependsOn else "GroupWait"
+            status.update(self._member_status(project, run))  # an evaluation's deadline and seed
         return {
             "apiVersion": run.apiVersion,
             "kind": "AgentRun",

@@ -24,6 +24,10 @@ Without ``NODUS_FAULTS`` a point costs one dictionary lookup. The points:
                         (context: ``<method> <path>``)
 ``run-ended-untold``    the control plane stored a run's end and has not told its group's
                         supervisor (context: ``<project>/<run>``)
+``evaluation-unsealed`` the control plane created an evaluation's runs and has not sealed its
+                        group (context: ``<project>/<group>``)
+``case-graded-unrecorded`` the grader graded a case and the control plane has not stored the
+                        record (context: ``<project>/<run>``)
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pathlib import Path
 __all__ = ["POINTS", "crash_point", "arm", "enabled"]
 
 POINTS = frozenset({"step-effect-done", "admission-decided", "batch-half-written", "api-answering",
-                    "run-ended-untold"})
+                    "run-ended-untold", "evaluation-unsealed", "case-graded-unrecorded"})
 _ENV = "NODUS_FAULTS"
 
 

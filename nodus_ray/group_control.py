@@ -93,6 +93,17 @@ class GroupControl:
     _supervise: Callable[[Key], None]
     _cancel: Callable[[Key, str, str], Awaitable[dict[str, Any]]]
     _delete_run_now: Callable[[Key], Awaitable[None]]
+    # Provided by `evaluation_control.EvaluationControl`.
+    _evaluations: dict[Key, Any]
+    _load_evaluation: Callable[[Key], Any]
+    _open_evaluation: Callable[[Key, list[Any]], Any]
+    _plan_evaluation: Callable[..., Awaitable[tuple[dict[str, Any], list[Any]]]]
+    _prepare_evaluation: Callable[..., Awaitable[None]]
+    _resume_evaluation: Callable[[Key], Awaitable[None]]
+    _cancel_grading: Callable[[Key], Awaitable[None]]
+    _release_grader: Callable[[Key], None]
+    _member_ended: Callable[[Key, str], None]
+    _evaluation_status: Callable[[Key, str | None], dict[str, Any]]
 
     # -- loading and starting ---------------------------------------------------------------
 
@@ -121,11 +132,22 @@ class GroupControl:
         return bool(run["spec"].get("group")) and not run["status"].get("admittedAt")
 
     async def _start_groups(self) -> None:
-        """After a (re)start: finish interrupted deletions, bring every live group's supervisor up."""
+        """After a (re)start: finish interrupted deletions, bring every live group's supervisor up.
+
+        A live evaluation's cases are loaded before its supervisor reports, because the group's
+        phase depends on them (it stays Running while cases are being graded).
+        """
         for key, group in list(self._groups.items()):
             if group["metadata"].get("deletionTimestamp"):
                 asyncio.get_running_loop().create_task(self._finish_delete(key))
             elif group["status"]["phase"] not in GROUP_TERMINAL_PHASES:
+                if group["spec"].get("evaluation"):
+                    try:
+                        await asyncio.to_thread(self._load_evaluation, key)
+                    except Exception:  # noqa: BLE001 - e.g. its Environment was uninstalled: that group only
+                        logger.exception("evaluation of group %s/%s could not be loaded", *key)
+                        continue
+                    asyncio.get_running_loop().create_task(self._resume_evaluation(key))
                 asyncio.get_running_loop().create_task(self._wake_supervisor(key))
 
     async def _wake_supervisor(self, key: Key) -> None:
@@ -208,17 +230,23 @@ class GroupControl:
                 raise Conflict(f"agentgroup {name!r} is being deleted", code="GroupDeleting",
                                details={"kind": "AgentGroup", "name": name})
             if existing is None:
-                return await self._create_group(key, parsed, spec)
-            if mode == "create":
-                raise Conflict(f"agentgroup {name!r} already exists", code="AlreadyExists",
-                               details={"kind": "AgentGroup", "name": name})
-            # The one-way switches are often flipped by a patch after the file was applied:
-            # applying the same file again (without them) keeps them instead of refusing.
-            given = document.get("spec") if isinstance(document.get("spec"), dict) else {}
-            for switch in ("sealed", "state"):
-                if switch not in given:
-                    spec[switch] = existing["spec"].get(switch, spec[switch])
-            return await self._update_group(key, existing, spec, parsed.metadata.labels)
+                outcome = await self._create_group(key, parsed, spec)
+            else:
+                if mode == "create":
+                    raise Conflict(f"agentgroup {name!r} already exists", code="AlreadyExists",
+                                   details={"kind": "AgentGroup", "name": name})
+                # The one-way switches are often flipped by a patch after the file was applied:
+                # applying the same file again (without them) keeps them instead of refusing.
+                given = document.get("spec") if isinstance(document.get("spec"), dict) else {}
+                for switch in ("sealed", "state"):
+                    if switch not in given:
+                        spec[switch] = existing["spec"].get(switch, spec[switch])
+                return await self._update_group(key, existing, spec, parsed.metadata.labels)
+        if spec.get("evaluation"):
+            # Outside the group's lock, which creating members takes. The group is stored first,
+            # so a crash from here on is finished by the next start (`_resume_evaluation`).
+            await self._prepare_evaluation(key)
+        return outcome
 
     async def _create_group(self, key: Key, parsed: AgentGroup, spec: dict[str, Any]) -> dict[str, Any]:
         project, name = key
@@ -229,26 +257,37 @@ class GroupControl:
         if spec.get("state") == "Cancelled":
             raise Invalid("spec.state: a group is created Running; cancel it once it exists",
                           details={"field": "spec.state"})
+        created = utc_now()
+        evaluation, tasks = None, None
+        if spec.get("evaluation"):
+            if spec.get("sealed"):
+                raise Invalid("spec.sealed: an evaluation group creates its own runs and seals itself; "
+                              "leave spec.sealed out", code="EvaluationGroup", details={"field": "spec.sealed"})
+            evaluation, tasks = await self._plan_evaluation(name, spec, created)
         status = AgentGroupStatus(
             phase="Running",
             message="sealed with no runs" if spec.get("sealed") else None,
             cost=GroupCost(limitUSD=parsed.spec.maxCostUSD),
             agentRevision=agent["status"]["revision"],
         ).model_dump(mode="json")
+        status["evaluation"] = evaluation
         resource = {
             "apiVersion": API_VERSION,
             "kind": "AgentGroup",
             "metadata": ObjectMeta(name=name, project=project, uid=uuid.uuid4().hex, generation=1,
-                                   creationTimestamp=utc_now(), labels=parsed.metadata.labels
+                                   creationTimestamp=created, labels=parsed.metadata.labels
                                    ).model_dump(mode="json"),
             "spec": spec,
             "status": status,
         }
         self._groups[key] = resource
+        if tasks is not None:
+            self._open_evaluation(key, tasks)
         try:
             await self._persist_group(key)
         except BaseException:
             self._groups.pop(key, None)
+            self._evaluations.pop(key, None)
             raise
         await self._take_status(key, await self._supervisor(key).load.remote(), {})
         return {"resource": resource, "result": "created"}
@@ -270,6 +309,8 @@ class GroupControl:
                 self._limits_wire(spec), bool(spec.get("sealed")), spec.get("state") == "Cancelled"
             )
             await self._take_status(key, status, {})
+            if spec.get("evaluation") and spec.get("state") == "Cancelled":
+                await self._cancel_grading(key)
         return {"resource": existing, "result": "configured"}
 
     @staticmethod
@@ -282,6 +323,10 @@ class GroupControl:
             raise Invalid(f"agentgroup {name!r} spec.agent: the agent of a group cannot change "
                           f"(its runs use {old['agent']!r})", code="FieldImmutable",
                           details={"kind": "AgentGroup", "name": name, "field": "spec.agent"})
+        if new.get("evaluation") != old.get("evaluation"):
+            raise Invalid(f"agentgroup {name!r} spec.evaluation: an evaluation is fixed when its group is created "
+                          "(create another group to evaluate again)", code="FieldImmutable",
+                          details={"kind": "AgentGroup", "name": name, "field": "spec.evaluation"})
         old_cap, new_cap = old.get("maxCostUSD"), new.get("maxCostUSD")
         if old_cap is None and new_cap is not None:
             refuse("spec.maxCostUSD", "CapLowered", "a group without a cost cap cannot be given one: "
@@ -304,6 +349,10 @@ class GroupControl:
 
     async def patch_group(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         current = await self.get_group(project, name)
+        if current["spec"].get("evaluation") and "sealed" in (patch.get("spec") or {}):
+            raise Conflict(f"agentgroup {name!r} is an evaluation group: it creates its own runs and seals itself, "
+                           "so it takes no seal", code="EvaluationGroup",
+                           details={"kind": "AgentGroup", "name": name, "field": "spec.sealed"})
         return await self.apply_group(project, patched_document(current, patch, name), mode="apply")
 
     async def cancel_group(self, project: str, name: str) -> dict[str, Any]:
@@ -328,6 +377,8 @@ class GroupControl:
 
     async def _finish_delete(self, key: Key) -> None:
         self._release_supervisor(key)
+        self._release_grader(key)
+        self._evaluations.pop(key, None)
         limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
 
         async def delete_member(run: str) -> None:
@@ -409,13 +460,17 @@ class GroupControl:
         if previous in GROUP_TERMINAL_PHASES:
             return  # final; a late push from a supervisor that is being released changes nothing
         group["status"].update(status)
-        phase = status.get("phase")
+        if key in self._evaluations:
+            # An evaluation ends when its cases do, not when its runs do: grading comes after.
+            group["status"].update(self._evaluation_status(key, status.get("phase")))
+        phase = group["status"].get("phase")
         if phase != previous:
             if phase in GROUP_TERMINAL_PHASES:
                 group["status"]["finishedAt"] = utc_now()
             await self._persist_group(key)
             if phase in GROUP_TERMINAL_PHASES:
                 self._release_supervisor(key)
+                self._release_grader(key)
 
     # -- members' progress ------------------------------------------------------------------
 
@@ -433,6 +488,8 @@ class GroupControl:
         state = _admission_state(run)
         if state == "Queued":
             return
+        if run["status"]["phase"] in TERMINAL_PHASES:
+            self._member_ended(key, run_key[1])
         try:
             await self._supervisor(key).progressed.remote(
                 run_key[1], state, run["status"]["cost"].get("totalUSD") or "0", run["status"].get("reason")

@@ -76,6 +76,7 @@ class RunConfig:
     prices_file: str | None = None
     group: str | None = None
     workspace_snapshots: bool = True
+    workspace_seeded: bool = False  # an evaluation task's files are its first workspace
 
 
 class RunActor:
@@ -93,7 +94,7 @@ class RunActor:
         self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
         self._workspace = WorkspaceSnapshots(
             self._storage, run_storage_prefix(config.project, config.name), Path(config.workspace),
-            enabled=config.workspace_snapshots,
+            enabled=config.workspace_snapshots, seeded=config.workspace_seeded,
         )
         self._workspace_states: tuple[int, ...] = ()
         self._journal: Journal | None = None
@@ -264,7 +265,7 @@ class RunActor:
                 await asyncio.to_thread(self._sandbox.cancel)
             await asyncio.to_thread(self._delete_sandbox)
             return self._outcome("Failed", "DeadlineExceeded",
-                                 f"the run passed its deadline ({config.run_spec.get('deadline')})", conversation)
+                                 f"the run passed its deadline ({config.run_spec.get('deadline') or config.deadline_at})", conversation)
         await self._write_answer(answer)
         reason = "MaxTokensReached" if conversation.stop_reason == "max_tokens" else "Completed"
         message = ("the answer was cut at maxTokens" if reason == "MaxTokensReached" else None)

@@ -140,6 +140,7 @@ class RunSupervision:
             prices_file=self.settings.prices_file,
             group=run["spec"].get("group"),
             workspace_snapshots=self.settings.workspace_snapshots,
+            workspace_seeded=bool(run["status"].get("workspaceSeeded")),
         )
 
     def _is_over(self, key: Key) -> bool:
@@ -262,7 +263,7 @@ class RunSupervision:
         if not (parked(run) or self._awaits_admission(run)):
             return  # it has an actor, which watches its own deadline
         await self._finish(key, {"phase": "Failed", "reason": "DeadlineExceeded",
-                                 "message": f"the run passed its deadline ({run['spec'].get('deadline')}) "
+                                 "message": f"the run passed its deadline ({run['spec'].get('deadline') or run['status'].get('deadlineAt')}) "
                                             f"while waiting ({run['status'].get('reason')})"})
         await asyncio.to_thread(self._remove_workspace, *key)
 

@@ -21,6 +21,11 @@ that does, else raises `WorkspaceLost`: the run fails and says why instead of co
 the wrong files. If the last command was interrupted (its outcome is unknown, the run will
 park for a resolution), the state just before it is accepted too.
 
+A run may start from a *seed*: files its evaluation task gives the agent, stored as
+``<run prefix>/seed.tar.gz`` before the run is created (`pack_files`). A seeded run's first
+workspace is the seed, unpacked beside the workspace and renamed into place, so a crash
+mid-unpack never leaves half a seed that looks like a whole one.
+
 A workspace over ``limit_bytes`` is not snapshotted (the local directory still works; only a
 move to another node then fails with `WorkspaceLost`, naming the limit).
 """
@@ -37,11 +42,31 @@ from pathlib import Path
 from .storage import Storage
 
 __all__ = ["WorkspaceLost", "WorkspaceSnapshots", "DEFAULT_SNAPSHOT_LIMIT_BYTES", "NO_COMMAND",
-           "accepted_states"]
+           "accepted_states", "seed_key", "pack_files"]
 
 DEFAULT_SNAPSHOT_LIMIT_BYTES = 64 * 1024 * 1024
 NO_COMMAND = -1  # the state of a workspace before the run's first command
 _DIGITS = 12
+
+
+def seed_key(prefix: str) -> str:
+    """Where a seeded run's first workspace is stored (under the run's storage prefix)."""
+    return f"{prefix}/seed.tar.gz"
+
+
+def pack_files(files: dict[str, str]) -> bytes:
+    """A seed: ``{relative path: text}`` as a tar.gz (paths are checked to stay inside)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
+        for path, text in sorted(files.items()):
+            parts = Path(path).parts
+            if not parts or Path(path).is_absolute() or ".." in parts:
+                raise ValueError(f"seed file path {path!r} must be relative and stay in the workspace")
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name=str(Path(*parts)))
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 class WorkspaceLost(Exception):
@@ -59,6 +84,7 @@ class WorkspaceSnapshots:
     workspace: Path
     limit_bytes: int = DEFAULT_SNAPSHOT_LIMIT_BYTES
     enabled: bool = True
+    seeded: bool = False  # the run starts from ``seed.tar.gz`` instead of an empty workspace
     skipped_for_size: bool = False
     _stored: int | None = field(default=None, init=False, repr=False)  # the snapshot this object wrote last
 
@@ -118,6 +144,17 @@ class WorkspaceSnapshots:
     def _key(self, seq: int) -> str:
         return f"{self._folder}/{seq:0{_DIGITS}d}.tar.gz"
 
+    snapshot_key = _key
+
+    def _seed(self) -> None:
+        data = self.storage.read_bytes(seed_key(self.prefix))
+        staging = self.workspace.with_name(f".{self.workspace.name}.seeding")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True, mode=0o700)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            archive.extractall(staging, filter="data")
+        os.rename(staging, self.workspace)
+
     def ensure(self, accepted: tuple[int, ...]) -> str:
         """Make the local workspace one of the ``accepted`` states; say which way it got there.
 
@@ -125,6 +162,9 @@ class WorkspaceSnapshots:
         one is created by the sandbox). Returns ``"local"`` or ``"restored"`` (`SandboxStatus.origin`).
         """
         local = self.local_seq()
+        if self.seeded and local is None and (not accepted or NO_COMMAND in accepted):
+            self._seed()
+            return "restored"
         if not accepted or local in accepted or (local is None and NO_COMMAND in accepted):
             return "local"
         stored = self.stored_seq() if self.enabled else None

@@ -23,7 +23,7 @@ from .resources import API_VERSION, validate_dns_label
 __all__ = ["COLLECTIONS", "Applied", "Client"]
 
 # The REST collections this server serves; the CLI maps kinds onto these.
-COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns", "agentgroups", "secrets", "credits"})
+COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns", "agentgroups", "secrets", "credits", "environments"})
 
 # Only connection failures of idempotent GETs are retried: the request never reached the server,
 # so a retry cannot double an effect. Writes are left to the caller, who knows whether the
@@ -353,3 +353,13 @@ class Client:
     def group_runs(self, name: str, *, project: str | None = None) -> list[dict[str, Any]]:
         """The group's member runs, in creation order."""
         return self.list("agentruns", project=project, params={"group": name})
+
+    def group_results(self, name: str, *, project: str | None = None) -> dict[str, Any]:
+        """An evaluation group's cases (``items``) and its ``evaluation`` status."""
+        return self._json(self._request("GET", self._path("agentgroups", project, name, "results")))
+
+    # -- environments -----------------------------------------------------------------------
+
+    def environments(self, *, project: str | None = None) -> list[dict[str, Any]]:
+        """Every Environment the server can evaluate on, at every installed version."""
+        return self.list("environments", project=project)

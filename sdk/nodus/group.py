@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NoReturn, Self
+from typing import Any, Self
 
 from .agent import (
     _POLL_FIRST_DELAY,
@@ -68,11 +68,19 @@ def _group_manifest(
     max_active: int | None = None,
     max_pending: int | None = None,
     max_cost: Any = None,
+    evaluation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The AgentGroup manifest, validated here so a bad limit is refused before anything is sent."""
     _whole_number(max_active, "max_active")
     _whole_number(max_pending, "max_pending")
     spec: dict[str, Any] = {"agent": agent}
+    if evaluation is not None:
+        if not isinstance(evaluation, Mapping):
+            raise Invalid("evaluation must be a dict such as {\"environment\": \"nodus/arithmetic-v2@2.0.0\", "
+                          "\"tasks\": 10, \"seed\": 42}", details={"field": "evaluation"})
+        for number in ("tasks", "repetitions", "seed"):
+            _whole_number(evaluation.get(number), f"evaluation.{number}")
+        spec["evaluation"] = dict(evaluation)
     limits = {key: value for key, value in (("maxActive", max_active), ("maxPending", max_pending))
               if value is not None}
     if limits:  # left out, the server's defaults apply (and stay its to change)
@@ -222,16 +230,16 @@ class AgentGroup(_ResourceHandle):
         ``agent`` is an `Agent` (deployed first if `Agent.deploy` was not called; its client and
         project are used unless given) or the name of a deployed agent. ``max_cost`` caps the
         runs' Claude usage together; their sandboxes are billed apart. Raises `errors.Conflict`
-        (``AlreadyExists``) when the name is taken. ``max_held`` and ``evaluation`` raise
-        `errors.Unsupported` before anything is sent.
+        (``AlreadyExists``) when the name is taken. ``max_held`` raises `errors.Unsupported`
+        before anything is sent.
+
+        ``evaluation={"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 10, "seed": 42}``
+        makes an evaluation group: the server generates the Environment's fixed task batch
+        (``split`` "test", ``repetitions`` 1, ``timeout`` "30m" unless given), runs it and
+        grades the answers; there is nothing to submit or seal. Read `results` after `wait`.
         """
         if max_held is not None:
             raise _unsupported("AgentGroup.create(max_held=...)", "the API does not hold workers", "max_held")
-        if evaluation is not None:
-            raise _unsupported(
-                "AgentGroup.create(evaluation=...)", "group evaluations arrive in a later release",
-                "evaluation",
-            )
         if isinstance(agent, Agent):
             agent_name = agent.name
             project = project if project is not None else agent._project
@@ -240,7 +248,8 @@ class AgentGroup(_ResourceHandle):
         else:
             raise Invalid("agent must be an Agent or the name of one", details={"field": "agent"})
         manifest = _group_manifest(
-            name, agent_name, max_active=max_active, max_pending=max_pending, max_cost=max_cost
+            name, agent_name, max_active=max_active, max_pending=max_pending, max_cost=max_cost,
+            evaluation=evaluation,
         )
         if isinstance(agent, Agent):
             client = client or agent.client
@@ -347,7 +356,8 @@ class AgentGroup(_ResourceHandle):
         """
 
         def still(phase: str) -> str:
-            unsealed = phase != "unknown" and not (self._resource.get("spec") or {}).get("sealed")
+            spec = self._resource.get("spec") or {}
+            unsealed = phase != "unknown" and not spec.get("sealed") and not spec.get("evaluation")
             hint = "; it is not sealed, and finishes only once sealed" if unsealed else ""
             return f"agentgroup/{self.name} is still {phase} after {timeout:g}s{hint}"
 
@@ -358,10 +368,16 @@ class AgentGroup(_ResourceHandle):
         items = self._client.group_runs(self.name, project=self._project)
         return [AgentRun(item, project=self._project, client=self._client) for item in items]
 
-    def results(self) -> NoReturn:
-        raise _unsupported(
-            "AgentGroup.results", "it reports group evaluations, which arrive in a later release", "results"
-        )
+    def results(self) -> list[View]:
+        """One record per case of an evaluation group, in case order, as the server has it now.
+
+        Each has ``task_id``, ``repetition``, ``run``, ``state`` (Pending, Grading, Scored or
+        an unscored state such as RunFailed), ``verdict``, ``reward`` and the grader's
+        ``evidence``; never the task's payload or its hidden answer. Raises `errors.Conflict`
+        (``NotAnEvaluation``) for a group that is not an evaluation.
+        """
+        answer = self._client.group_results(self.name, project=self._project)
+        return [View(item) for item in answer.get("items") or []]
 
 
 # -- Agent.map --------------------------------------------------------------------------------

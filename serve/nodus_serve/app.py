@@ -299,6 +299,19 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     async def cancel_group(project: str, name: str) -> dict[str, Any]:
         return await cp.call("cancel_group", _project(project), name)
 
+    @app.get("/v1/projects/{project}/agentgroups/{name}/results")
+    async def group_results(project: str, name: str) -> dict[str, Any]:
+        """An evaluation's cases: task id, repetition, run, state, verdict, reward, evidence."""
+        answer = await cp.call("group_results", _project(project), name)
+        return {"apiVersion": "nodus.dev/v1", "kind": "EvaluationResultList", **answer}
+
+    # -- environments: what an evaluation group can run ------------------------------------
+
+    @app.get("/v1/projects/{project}/environments")
+    async def list_environments(project: str) -> dict[str, Any]:
+        items = await cp.call("list_environments", _project(project))
+        return {"apiVersion": "nodus.dev/v1", "kind": "EnvironmentList", "items": items}
+
     # -- secrets: values go in, only keys come out -----------------------------------------
 
     @app.get("/v1/projects/{project}/secrets")

@@ -297,6 +297,60 @@ def test_byok_a_model_call_whose_record_was_lost_waits_for_a_person(server: Serv
         assert http.get(f"{RUNS}/{name}/answer").json()["answer"] == "second"
 
 
+# -- evaluations -----------------------------------------------------------------------------------
+
+
+def _evaluation(server: Server, tasks: int) -> tuple[str, dict[str, Any]]:
+    """An arithmetic evaluation's group name and its POST body, on an agent of its own."""
+    agent_name, group_name = unique("judged"), unique("fe")
+    agent(server, agent_name)
+    return group_name, {"apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": group_name},
+                        "spec": {"agent": agent_name, "limits": {"maxActive": 2},
+                                 "evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": tasks,
+                                                "seed": 5}}}
+
+
+def audit_evaluation(server: Server, name: str, tasks: int) -> None:
+    """Every case has exactly one run, ran once, and is scored; the counts add up."""
+    group_now = finished(server, name, timeout=240)
+    assert group_now["status"]["phase"] == "Succeeded", group_now["status"]
+    runs = runs_of(server, name)
+    assert len(runs) == tasks and all(run["status"]["attempts"] == 1 for run in runs)
+    with server.http() as http:
+        items = http.get(f"{GROUPS}/{name}/results").json()["items"]
+    assert [item["state"] for item in items] == ["Scored"] * tasks
+    assert [item["run"] for item in items] == [run["metadata"]["name"] for run in runs]
+    evaluation = group_now["status"]["evaluation"]
+    assert (evaluation["scored"], evaluation["pending"], evaluation["unscored"]) == (tasks, 0, 0)
+    assert evaluation["passed"] == sum(item["verdict"] == "pass" for item in items)
+    assert len(server.store().list_dir(f"projects/default/agentgroups/{name}/evaluation/cases")) == tasks
+
+
+def test_a_control_plane_killed_before_sealing_an_evaluation_finishes_it_after_its_restart(server: Server) -> None:
+    name, body = _evaluation(server, tasks=3)
+    server.arm("evaluation-unsealed", f"default/{name}")
+    with server.http() as http:
+        created = http.post(GROUPS, json=body)
+        assert created.status_code == 503 and created.json()["code"] == "Unavailable", created.text
+        assert server.fired("evaluation-unsealed")
+        wait_for(lambda: http.get("/readyz").status_code == 200, timeout=120, interval=0.25,
+                 message="the control plane to come back")
+        # The group and its runs were stored before the crash; the restart sealed it.
+        again = http.post(GROUPS, json=body)
+        assert again.status_code == 409 and again.json()["code"] == "AlreadyExists"
+    audit_evaluation(server, name, tasks=3)
+    assert get_group(server, name)["spec"]["sealed"] is True
+
+
+def test_a_control_plane_killed_after_grading_a_case_grades_it_again_and_records_it_once(server: Server) -> None:
+    name, body = _evaluation(server, tasks=3)
+    server.arm("case-graded-unrecorded", f"default/{name}-test-001")
+    with server.http() as http:
+        assert http.post(GROUPS, json=body).status_code == 201
+    audit_evaluation(server, name, tasks=3)
+    assert server.fired("case-graded-unrecorded")
+
+
 # -- the whole cluster -----------------------------------------------------------------------------
 
 

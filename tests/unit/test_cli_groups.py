@@ -201,9 +201,16 @@ def test_get_ag_wide(api: GroupAPI) -> None:
     api.store[("agentgroups", "done")]["spec"]["sealed"] = True
     lines = invoke("get", "ag", "-o", "wide").stdout.splitlines()
     assert lines[0].split() == ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE",
-                                "MAX-ACTIVE", "SEALED", "REASON", "BLOCKED"]
-    assert lines[1].split()[-4:] == ["2", "false", "-", "DependencyWait=1,MaxCostReached=2"]
-    assert lines[2].split()[-4:] == ["2", "true", "RunsFailed", "-"]
+                                "MAX-ACTIVE", "SEALED", "REASON", "BLOCKED", "EVALUATION"]
+    assert lines[1].split()[-5:] == ["2", "false", "-", "DependencyWait=1,MaxCostReached=2", "-"]
+    assert lines[2].split()[-5:] == ["2", "true", "RunsFailed", "-", "-"]
+
+
+def test_get_ag_wide_shows_an_evaluations_progress(api: GroupAPI) -> None:
+    api.put("agentgroups", group("eval", phase="Running"))
+    api.store[("agentgroups", "eval")]["status"]["evaluation"] = {
+        "scored": 10, "passed": 7, "unscored": 2, "pending": 1}
+    assert invoke("get", "ag", "-o", "wide").stdout.splitlines()[1].split()[-1] == "pass=7/10,unscored=2,pending=1"
 
 
 def test_get_ag_yaml_name_and_jsonpath(api: GroupAPI) -> None:

@@ -255,14 +255,36 @@ def test_create_deploys_the_agent_and_sends_the_limits(api: FakeGroupsAPI) -> No
         nodus.AgentGroup.create("batch", "helper", client=api.client())
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 10}}, "evaluation"),
-    ({"max_held": 2}, "max_held"),
-])
-def test_create_unsupported_settings_send_nothing(api: FakeGroupsAPI, kwargs: dict[str, Any], field: str) -> None:
+def test_create_unsupported_settings_send_nothing(api: FakeGroupsAPI) -> None:
     agent = nodus.ClaudeAgent("helper", client=api.client())
     with pytest.raises(errors.Unsupported) as caught:
-        nodus.AgentGroup.create("g", agent, **kwargs)
+        nodus.AgentGroup.create("g", agent, max_held=2)
+    assert caught.value.details["field"] == "max_held"
+    assert api.requests == []
+
+
+def test_create_an_evaluation_sends_it_as_written(api: FakeGroupsAPI) -> None:
+    api.agents["helper"] = {"metadata": {"name": "helper"}}
+    evaluation = {"environment": "nodus/arithmetic-v2@2.0.0", "split": "test", "tasks": 2, "repetitions": 1,
+                  "seed": 42, "timeout": "10m"}
+    nodus.AgentGroup.create("parallel-agents-eval", "helper", max_active=2, max_cost="0.20", evaluation=evaluation,
+                            client=api.client())
+    sent = next(body for method, path, _, body, _ in api.requests if method == "POST")
+    assert sent["spec"]["evaluation"] == evaluation
+
+
+@pytest.mark.parametrize("evaluation, field", [
+    ({"environment": "nodus/arithmetic-v2", "tasks": 2}, "spec.evaluation.environment"),
+    ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": True}, "evaluation.tasks"),
+    ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 60, "repetitions": 2}, "spec.evaluation"),
+    ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 2, "timeout": "2d"}, "spec.evaluation.timeout"),
+    ("nodus/arithmetic-v2@2.0.0", "evaluation"),
+])
+def test_a_bad_evaluation_is_refused_before_anything_is_sent(
+    api: FakeGroupsAPI, evaluation: Any, field: str
+) -> None:
+    with pytest.raises(errors.Invalid) as caught:
+        nodus.AgentGroup.create("g", "helper", evaluation=evaluation, client=api.client())
     assert caught.value.details["field"] == field
     assert api.requests == []
 
@@ -278,10 +300,23 @@ def test_create_invalid_limits_send_nothing(api: FakeGroupsAPI, kwargs: dict[str
     assert api.requests == []
 
 
-def test_results_is_unsupported(api: FakeGroupsAPI) -> None:
-    with pytest.raises(errors.Unsupported) as caught:
-        nodus.AgentGroup("g", client=api.client()).results()
-    assert caught.value.details["field"] == "results"
+def test_results_reads_the_cases_with_snake_case_names() -> None:
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return httpx.Response(200, json={"kind": "EvaluationResultList", "evaluation": {"passRate": 0.5}, "items": [
+            {"taskId": "test-000", "repetition": 1, "run": "e-test-000", "state": "Scored", "verdict": "pass",
+             "reward": 1.0, "evidence": "ok"},
+            {"taskId": "test-001", "repetition": 1, "run": "e-test-001", "state": "RunFailed", "verdict": None,
+             "reward": None, "evidence": ""},
+        ]})
+
+    client = Client(api_url="http://nodus.test", project="default", transport=httpx.MockTransport(handle))
+    results = nodus.AgentGroup("e", client=client).results()
+    assert seen == ["/v1/projects/default/agentgroups/e/results"]
+    assert [(r.task_id, r.state, r.get("verdict")) for r in results] == [
+        ("test-000", "Scored", "pass"), ("test-001", "RunFailed", None)]
 
 
 # -- submit_many -------------------------------------------------------------------------------

@@ -59,7 +59,8 @@ _ABORTS: tuple[type[BaseException], ...] = tuple(
 _NO_ARGS_HELP: Any = getattr(_click_exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 
 _SETTINGS = "nodus.settings"
-_KIND_HELP = "agent (agents), agentrun (agentruns, ar), agentgroup (agentgroups, ag), secret (secrets)"
+_KIND_HELP = ("agent (agents), agentrun (agentruns, ar), agentgroup (agentgroups, ag), secret (secrets), "
+              "environment (environments, env)")
 
 
 class CliError(ClickException):
@@ -394,9 +395,26 @@ def create_agentgroup(
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="Cost cap of the whole group in USD, e.g. 0.60.")
     ] = None,
+    environment: Annotated[
+        str | None,
+        typer.Option("--environment", help="Evaluate on this Environment, e.g. nodus/arithmetic-v2@2.0.0."),
+    ] = None,
+    tasks: Annotated[int | None, typer.Option("--tasks", help="Evaluation: tasks to generate.")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="Evaluation: the split (default test).")] = None,
+    repetitions: Annotated[
+        int | None, typer.Option("--repetitions", help="Evaluation: runs per task (default 1).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Evaluation: the batch's seed (default 0).")] = None,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="Evaluation: deadline from creation, 1m to 24h (default 30m).")
+    ] = None,
     project: ProjectOption = None,
 ) -> None:
-    """Create an AgentGroup: runs of one agent under one concurrency limit and one cost cap."""
+    """Create an AgentGroup: runs of one agent under one concurrency limit and one cost cap.
+
+    With --environment it is an evaluation group: it generates the Environment's task batch,
+    runs and grades it, and needs no runs and no seal (see `nodus evaluation results`).
+    """
     spec: dict[str, Any] = {"agent": agent}
     limits = {key: value for key, value in (("maxActive", max_active), ("maxPending", max_pending))
               if value is not None}
@@ -404,6 +422,14 @@ def create_agentgroup(
         spec["limits"] = limits
     if max_cost is not None:
         spec["maxCostUSD"] = max_cost
+    evaluation = {key: value for key, value in (("environment", environment), ("tasks", tasks), ("split", split),
+                                                 ("repetitions", repetitions), ("seed", seed), ("timeout", timeout))
+                  if value is not None}
+    if evaluation and environment is None:
+        flags = ", ".join(f"--{key}" for key in evaluation)
+        raise UsageError(f"{flags} describe an evaluation: add --environment OWNER/NAME@VERSION")
+    if evaluation:
+        spec["evaluation"] = evaluation
     _create("AgentGroup", "agentgroups", name, spec, project)
 
 
@@ -556,7 +582,29 @@ def _group_row(group: dict[str, Any], wide: bool) -> list[str]:
             "true" if spec.get("sealed") else "false",
             status.get("reason") or "-",
             _blocked(status),
+            _evaluation_text(status),
         ]
+    return row
+
+
+def _evaluation_text(status: dict[str, Any]) -> str:
+    """``pass=7/10,unscored=2,pending=1``: an evaluation group's progress, in BLOCKED's style."""
+    evaluation = status.get("evaluation")
+    if not isinstance(evaluation, dict):
+        return "-"
+    text = f"pass={evaluation.get('passed', 0)}/{evaluation.get('scored', 0)}"
+    for key in ("unscored", "pending"):
+        if evaluation.get(key):
+            text += f",{key}={evaluation[key]}"
+    return text
+
+
+def _environment_row(environment: dict[str, Any], wide: bool) -> list[str]:
+    row = [f"{environment.get('owner', '')}/{environment.get('name', '')}", str(environment.get("version", "")),
+           ",".join(environment.get("splits") or []), str(environment.get("maxTasks", "")),
+           environment.get("description") or ""]
+    if wide:
+        row.append(environment.get("image") or "-")
     return row
 
 
@@ -580,9 +628,10 @@ _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], 
     ),
     "AgentGroup": (
         ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE"],
-        ["MAX-ACTIVE", "SEALED", "REASON", "BLOCKED"],
+        ["MAX-ACTIVE", "SEALED", "REASON", "BLOCKED", "EVALUATION"],
         _group_row,
     ),
+    "Environment": (["NAME", "VERSION", "SPLITS", "MAX-TASKS", "DESCRIPTION"], ["IMAGE"], _environment_row),
 }
 
 # Field selectors on agentruns the server also filters by (``?agent=``, ``?group=``).
@@ -656,6 +705,9 @@ def get(
     selectors = _field_selector(field_selector) if field_selector else []
     client = _client(project)
     kind, collection, _ = targets[0]
+    if collection == "environments":
+        _get_environments(client, [name for _, _, name in targets if name], output)
+        return
     if targets[0][2] is None:
         params = {}
         for path, equal, value in selectors:
@@ -677,6 +729,63 @@ def get(
         typer.echo(f"No {collection} matched --field-selector.", err=True)
         return
     _print_resources(kind, selected, output, single=len(targets) == 1)
+
+
+def _get_environments(client: Client, names: list[str], output: str | None) -> None:
+    """Environments are named ``owner/name@version``; a name without the version lists every version."""
+    items = client.environments()
+    if names:
+        wanted = set(names)
+        items = [item for item in items if item.get("ref") in wanted
+                 or f"{item.get('owner')}/{item.get('name')}" in wanted]
+        found = {item.get("ref") for item in items} | {f"{item.get('owner')}/{item.get('name')}" for item in items}
+        missing = sorted(wanted - found)
+        if missing:
+            raise NotFound(f"environment {missing[0]!r} is not installed on the server (`nodus get environments` "
+                           "lists those that are)", details={"kind": "Environment", "name": missing[0]})
+    if not items and output not in ("yaml", "json"):
+        typer.echo("No environments are installed on the server.", err=True)
+        return
+    _print_resources("Environment", items, output, single=False)
+
+
+# -- evaluation -------------------------------------------------------------------------------
+
+evaluation_app = typer.Typer(help="Read an evaluation group's graded cases.", no_args_is_help=True)
+app.add_typer(evaluation_app, name="evaluation")
+
+
+def _case_row(record: dict[str, Any], wide: bool, repeated: bool) -> list[str]:
+    case = str(record.get("taskId", ""))
+    if repeated:
+        case += f"#{record.get('repetition')}"
+    reward = record.get("reward")
+    row = [case, str(record.get("run", "")), str(record.get("state", "")), record.get("verdict") or "-",
+           "-" if reward is None else f"{float(reward):g}"]
+    if wide:
+        row += [record.get("reason") or "-", record.get("evidence") or "-"]
+    return row
+
+
+@evaluation_app.command("results")
+def evaluation_results(
+    name: Annotated[str, typer.Argument(help="The evaluation group.")],
+    output: OutputOption = None,
+    project: ProjectOption = None,
+) -> None:
+    """One line per case: task, run, state, verdict and reward (-o wide adds the grader's evidence)."""
+    if output not in (None, "wide", "yaml", "json"):
+        raise UsageError(f"--output {output!r} is not one of wide, yaml, json")
+    answer = _client(project).group_results(name)
+    items = list(answer.get("items") or [])
+    if output in ("yaml", "json"):
+        value = {"apiVersion": API_VERSION, "kind": "EvaluationResultList",
+                 "evaluation": answer.get("evaluation"), "items": items}
+        typer.echo(dump_yaml(value) if output == "yaml" else dump_json(value), nl=output == "json")
+        return
+    headers = ["CASE", "RUN", "STATE", "VERDICT", "REWARD"] + (["REASON", "EVIDENCE"] if output == "wide" else [])
+    repeated = any(int(item.get("repetition") or 1) > 1 for item in items)
+    print_table(headers, [_case_row(item, output == "wide", repeated) for item in items])
 
 
 # -- wait -------------------------------------------------------------------------------------
