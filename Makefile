@@ -31,6 +31,8 @@ demo: setup
 	$(BIN)/nodus agentrun steps hello-agent-run
 	$(BIN)/python examples/hello/main.py
 	$(BIN)/python examples/agents/parallel-agents/main.py
+	$(BIN)/nodus apply -f examples/agents/parallel-agents/agent.yaml
+	$(BIN)/python examples/evaluation/evaluation.py
 
 # The console's tests drive a real headless browser.
 browser-deps:

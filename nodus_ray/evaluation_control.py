@@ -168,8 +168,13 @@ class EvaluationControl:
             return
         book = self._evaluations.get(key) or await asyncio.to_thread(self._load_evaluation, key)
         tasks = book.tasks
-        cancelled = group["spec"].get("state") == "Cancelled"
-        missing = [] if cancelled else [case for case in book.cases if (project, case.run) not in self._runs]
+        missing = [case for case in book.cases if (project, case.run) not in self._runs]
+        if group["spec"].get("state") == "Cancelled":
+            # Cancelled before its runs existed (between a crash and the restart): no run will come.
+            for case in missing:
+                await self._record(key, final_record(case, "RunCancelled", reason="GroupCancelled", at=utc_now(),
+                                                     evidence="the group was cancelled before this case's run was created"))
+            missing = []
         for case in missing:
             files = dict(tasks[case.task_index].files)
             if files:
@@ -392,7 +397,12 @@ class EvaluationControl:
         if not group["spec"].get("evaluation"):
             raise Conflict(f"agentgroup {name!r} is not an evaluation group; it has no results (read its runs)",
                            code="NotAnEvaluation", details={"kind": "AgentGroup", "name": name})
-        await asyncio.to_thread(self._load_evaluation, (project, name))
+        try:
+            await asyncio.to_thread(self._load_evaluation, (project, name))
+        except EnvironmentNotFound as error:
+            raise Conflict(f"agentgroup {name!r}: its cases cannot be listed: {error}", code="EnvironmentNotFound",
+                           details={"kind": "AgentGroup", "name": name, "field": "spec.evaluation.environment"}
+                           ) from None
         records = self._case_records((project, name))
         return {"evaluation": group["status"].get("evaluation"), "items": records}
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import shutil
+import stat
 import tarfile
 import time
 from pathlib import Path
@@ -116,7 +118,7 @@ class Grader:
         local_seq = local.local_seq()
         stored_seq = local.stored_seq()
         if local_seq is not None and local_seq >= (stored_seq if stored_seq is not None else NO_COMMAND):
-            shutil.copytree(local.workspace, into, symlinks=True)
+            shutil.copytree(local.workspace, into, symlinks=True, copy_function=_copy_regular)
         elif stored_seq is not None:
             _unpack(self._storage.read_bytes(local.snapshot_key(stored_seq)), into)
         elif int(case.get("commands") or 0) > 0:
@@ -151,6 +153,12 @@ class _MissingWorkspace(GradingWorkspace):
 
     def run(self, command: str, *, timeout: float = 30.0) -> Any:
         raise GraderError(self._WHY)
+
+
+def _copy_regular(source: str, target: str) -> None:
+    """Regular files only: opening a FIFO the agent left would block the grader for good."""
+    if stat.S_ISREG(os.lstat(source).st_mode):
+        shutil.copy2(source, target)
 
 
 def _unpack(data: bytes, into: Path) -> None:

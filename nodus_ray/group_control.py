@@ -145,9 +145,10 @@ class GroupControl:
                     try:
                         await asyncio.to_thread(self._load_evaluation, key)
                     except Exception:  # noqa: BLE001 - e.g. its Environment was uninstalled: that group only
+                        # Its runs still go on (as a plain group's would); they are not graded.
                         logger.exception("evaluation of group %s/%s could not be loaded", *key)
-                        continue
-                    asyncio.get_running_loop().create_task(self._resume_evaluation(key))
+                    else:
+                        asyncio.get_running_loop().create_task(self._resume_evaluation(key))
                 asyncio.get_running_loop().create_task(self._wake_supervisor(key))
 
     async def _wake_supervisor(self, key: Key) -> None:

@@ -78,3 +78,18 @@ def test_a_runs_page_shows_its_turns_answer_and_steps_and_the_screenshot_shows_t
     assert (16, 24, 40) in pixels, "the header bar is drawn"
     # The phase "Succeeded" is drawn in the console's green (antialiased text near #067647).
     assert any(r < 60 and 90 < g < 140 and 50 < b < 100 for r, g, b in pixels), "a phase is shown in green"
+
+
+def test_an_evaluation_groups_results_view_shows_its_cases_and_rates(server: Server, finished_work: Any) -> None:
+    name = unique("ce")
+    group(server, name, finished_work["agent"],
+          evaluation={"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 3, "seed": 42})
+    evaluation = finished(server, name)["status"]["evaluation"]
+    page = _chromium("--dump-dom", url=f"{server.api_url}/console?project=default&group={name}")
+    assert page.returncode == 0, page.stderr[-2000:]
+    dom = page.stdout
+    assert f"{evaluation['passed']}/3 pass" in dom  # the groups list
+    rate = f"{evaluation['passRate'] * 100:.1f}%"
+    assert f"pass rate {rate}, mean reward {evaluation['meanReward']:.3f}; 3 scored, 0 pending, 0 unscored" in dom
+    for index in range(3):
+        assert f"<td>test-00{index}</td><td>{name}-test-00{index}</td><td class=\"state-Scored\">Scored</td>" in dom
