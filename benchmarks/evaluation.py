@@ -90,8 +90,12 @@ def _evaluation(http: httpx.Client, name: str, cases: int, max_active: int) -> d
     results = http.get(f"/agentgroups/{name}/results").json()
     ends = {run["metadata"]["name"]: _epoch(run["status"]["finishedAt"])
             for run in runs if run["status"].get("finishedAt")}
-    to_final = [_epoch(item["finishedAt"]) - ends[item["run"]] for item in results["items"]
-                if item.get("finishedAt") and item["run"] in ends]
+    latencies = sorted(((_epoch(item["finishedAt"]) - ends[item["run"]], ends[item["run"]] - began, item["taskId"])
+                        for item in results["items"] if item.get("finishedAt") and item["run"] in ends), reverse=True)
+    to_final = [latency for latency, _, _ in latencies]
+    for latency, run_end, task in latencies[:3]:  # the slowest: is it the grader actor's start?
+        print(f"  {name}: case {task}: run ended at {run_end:.1f} s, final {latency * 1000:.0f} ms later",
+              file=sys.stderr, flush=True)
     evaluation = group["status"]["evaluation"]
     problems = [f"{name}: case {item['taskId']} (run {item['run']}) is {item['state']}: reason={item.get('reason')!r}, "
                 f"evidence={item.get('evidence')!r}" for item in results["items"] if item["state"] != "Scored"]

@@ -201,6 +201,14 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
             dashboard_url=f"http://{dashboard}" if dashboard else None,
             started_ray=started,
         )
+    except BaseException:
+        # A head this call started and that does not serve is stopped again: left running, with
+        # no state file to say `nodus up` started it, the next `nodus up` would join it (and its
+        # workers would keep this call's environment) and `nodus down` would leave it running.
+        ray.shutdown()
+        if started:
+            subprocess.run([_ray_executable(), "stop", "--force"], capture_output=True, text=True, check=False)
+        raise
     finally:
         ray.shutdown()
     previous = _read_state()

@@ -361,13 +361,15 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         idempotency_key: str | None = None,
         digest: str | None = None,
         evaluation_member: bool = False,
+        pinned_agent: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Check every run, then write them all (behind a batch record when there are several).
 
         Names are taken synchronously (no await between the check and the taking), so two
         concurrent batches can never both create one name. Group members are checked by their
         group's supervisor first and handed to it after they are stored; other runs get their
-        actor at once.
+        actor at once. ``pinned_agent`` (an evaluation's runs) is the Agent revision they run,
+        instead of the current one.
         """
         results: list[dict[str, Any] | None] = [None] * len(runs)
         fresh: list[tuple[int, AgentRun, dict[str, Any]]] = []
@@ -388,7 +390,8 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
                                    details={"kind": "AgentRun", "name": name, "index": index})
                 raise Conflict(f"{where}agentrun {name!r} already exists", code="AlreadyExists",
                                details={"kind": "AgentRun", "name": name, "index": index})
-            fresh.append((index, run, self._check_new_run(project, run, index, where)))
+            agent = self._check_new_run(project, run, index, where)
+            fresh.append((index, run, pinned_agent or agent))
             taken.add(key)
         if not fresh:
             return [result for result in results if result is not None]

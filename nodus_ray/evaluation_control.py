@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 
-from nodus.errors import Conflict, Invalid, NotFound
+from nodus.errors import Conflict, Invalid, NodusError, NotFound
 from nodus.resources import (
     API_VERSION,
     GROUP_TERMINAL_PHASES,
@@ -152,6 +152,10 @@ class EvaluationControl:
             raise Invalid(f"metadata.name: an evaluation's runs are named <group>-<case> ({longest[:70]!r}...), "
                           f"which must fit in 63 characters; use a group name of at most "
                           f"{63 - (len(longest) - len(name))} characters", details={"field": "metadata.name"})
+        max_pending = int((spec.get("limits") or {}).get("maxPending", 10000))
+        if len(cases) > max_pending:
+            raise Invalid(f"spec.limits.maxPending: the evaluation runs {len(cases)} cases, more than the group's "
+                          f"maxPending {max_pending}", details={"field": "spec.limits.maxPending"})
         deadline = parse_timestamp(created) + parse_duration(evaluation.get("timeout", "30m"))
         status = EvaluationStatus(
             environment=ref, version=environment.version, imageDigest=None, split=split,
@@ -182,8 +186,20 @@ class EvaluationControl:
                 seed = await asyncio.to_thread(pack_files, files)
                 await asyncio.to_thread(self.storage.write_bytes, seed_key(run_storage_prefix(project, case.run)), seed)
         runs = [self._member(group, case, tasks[case.task_index]) for case in missing]
-        for start in range(0, len(runs), 100):
-            await self._create_runs(project, runs[start:start + 100], mode="create", evaluation_member=True)
+        if runs:
+            # Every case runs the Agent revision of the group's creation, even when its runs are
+            # created only after a restart and the Agent has changed since.
+            pinned = await asyncio.to_thread(
+                self.storage.read_json,
+                f"projects/{project}/agents/{group['spec']['agent']}/revisions/{int(group['status']['agentRevision']):06d}.json")
+            try:
+                await self._create_runs(project, runs, mode="create", evaluation_member=True, pinned_agent=pinned)
+            except NodusError as refusal:  # e.g. the agent was stopped in between: these cases cannot run
+                logger.warning("evaluation %s/%s could not create its runs: %s", project, name, refusal)
+                for case in missing:
+                    await asyncio.to_thread(self.storage.delete, seed_key(run_storage_prefix(project, case.run)))
+                    await self._record(key, final_record(case, "RunFailed", reason=refusal.code, at=utc_now(),
+                                                         evidence=f"its run could not be created: {refusal.message}"))
         crash_point("evaluation-unsealed", f"{project}/{name}")
         if not group["spec"].get("sealed"):
             group["spec"]["sealed"] = True

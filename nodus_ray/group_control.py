@@ -261,6 +261,10 @@ class GroupControl:
         created = utc_now()
         evaluation, tasks = None, None
         if spec.get("evaluation"):
+            if agent["spec"].get("state") == "Stopped":
+                raise Conflict(f"spec.agent: agent {parsed.spec.agent!r} is stopped (spec.state: Stopped); an "
+                               "evaluation's runs could not start", code="AgentStopped",
+                               details={"kind": "Agent", "name": parsed.spec.agent, "field": "spec.agent"})
             if spec.get("sealed"):
                 raise Invalid("spec.sealed: an evaluation group creates its own runs and seals itself; "
                               "leave spec.sealed out", code="EvaluationGroup", details={"field": "spec.sealed"})

@@ -117,6 +117,8 @@ def test_an_evaluation_from_the_cli_grades_every_case_and_records_it(server: Ser
     assert {run["status"]["deadlineAt"] for run in runs} == {evaluation["deadlineAt"]}
     tasks = _environment(ARITHMETIC).tasks("test", 42, 10)
     assert [run["spec"]["input"] for run in runs] == [task.prompt for task in tasks]  # only the prompt
+    for run, task in zip(runs, tasks, strict=True):  # whose numbers never contain the answer's digits
+        assert str(abs(task.answer)) not in run["spec"]["input"], task.id
 
     expected = _expected(ARITHMETIC, "test", 42, 10, _answers(server, runs))
     items = _results(server, name)["items"]
@@ -167,12 +169,21 @@ def test_bad_evaluations_are_refused_clearly_and_create_nothing(server: Server) 
          "1m to 24h"),
         (create({"environment": ARITHMETIC, "tasks": 2, "split": "holdout"}), 422, "spec.evaluation.split", "test"),
         (create({"environment": ARITHMETIC, "tasks": 2}, sealed=True), 422, "spec.sealed", "seals itself"),
+        (create({"environment": ARITHMETIC, "tasks": 3}, limits={"maxPending": 2}), 422, "spec.limits.maxPending",
+         "3 cases"),
     ]
     for response, status, field, words in refusals:
         assert response.status_code == status, response.text
         body = response.json()
         assert body["details"]["field"] == field and words in body["message"], body
+    stopped = unique("stopped")
+    kit.agent(server, stopped)
     with server.http() as http:
+        assert http.patch(f"{kit.AGENTS}/{stopped}", json={"spec": {"state": "Stopped"}}).status_code == 200
+        refused = http.post(kit.GROUPS, json={"apiVersion": kit.V1, "kind": "AgentGroup", "metadata": {"name": name},
+                                               "spec": {"agent": stopped,
+                                                        "evaluation": {"environment": ARITHMETIC, "tasks": 1}}})
+        assert refused.status_code == 409 and refused.json()["code"] == "AgentStopped", refused.text
         assert http.get(f"{kit.GROUPS}/{name}").status_code == 404
     assert not server.store().list_dir(f"projects/default/agentgroups/{name}")
 

@@ -504,3 +504,50 @@ def test_wait_group_cancelling_will_not_succeed_but_may_be_cancelled(api: GroupA
 def test_wait_group_delete(api: GroupAPI) -> None:
     result = invoke("wait", "ag/gone", "--for=delete")
     assert result.exit_code == 0 and result.stdout == "agentgroup/gone condition met\n"
+
+
+def test_create_agentgroup_with_an_environment_sends_the_evaluation(api: GroupAPI) -> None:
+    result = invoke("create", "agentgroup", "eval-1", "--agent", "parallel-agents-worker", "--max-active", "2",
+                    "--max-cost", "0.20", "--environment", "nodus/arithmetic-v2@2.0.0", "--tasks", "10",
+                    "--seed", "42", "--timeout", "10m")
+    assert result.exit_code == 0, result.output
+    (_, _, body), = api.writes()
+    assert body["spec"] == {"agent": "parallel-agents-worker", "limits": {"maxActive": 2}, "maxCostUSD": "0.20",
+                            "evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 10, "seed": 42,
+                                           "timeout": "10m"}}
+
+
+def test_evaluation_flags_without_an_environment_are_refused_before_sending(api: GroupAPI) -> None:
+    result = invoke("create", "agentgroup", "eval-1", "--agent", "a", "--tasks", "10", "--seed", "1")
+    assert result.exit_code != 0
+    assert "--tasks, --seed describe an evaluation: add --environment" in one_error_line(result)
+    assert api.writes() == []
+
+
+def test_evaluation_results_prints_one_line_per_case(api: GroupAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [{"taskId": "test-000", "repetition": 1, "run": "e-test-000-r1", "state": "Scored", "verdict": "pass",
+              "reward": 1.0, "evidence": "matches", "reason": None},
+             {"taskId": "test-000", "repetition": 2, "run": "e-test-000-r2", "state": "RunFailed", "verdict": None,
+              "reward": None, "evidence": "", "reason": "DeadlineExceeded"}]
+    monkeypatch.setattr(Client, "group_results", lambda self, name, project=None: {"evaluation": {}, "items": items})
+    lines = invoke("evaluation", "results", "e").stdout.splitlines()
+    assert [line.split() for line in lines] == [["CASE", "RUN", "STATE", "VERDICT", "REWARD"],
+                                                ["test-000#1", "e-test-000-r1", "Scored", "pass", "1"],
+                                                ["test-000#2", "e-test-000-r2", "RunFailed", "-", "-"]]
+    wide = invoke("evaluation", "results", "e", "-o", "wide").stdout.splitlines()
+    assert wide[2].split()[-2:] == ["DeadlineExceeded", "-"] and wide[1].split()[-1] == "matches"
+    assert "kind: EvaluationResultList" in invoke("evaluation", "results", "e", "-o", "yaml").stdout
+
+
+def test_get_environments_lists_versions_and_filters_by_name(api: GroupAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = [{"ref": f"nodus/{name}@{version}", "owner": "nodus", "name": name, "version": version,
+                  "splits": ["train", "test"], "maxTasks": 1000, "description": "d", "image": None}
+                 for name, version in (("arithmetic-v2", "2.0.0"), ("python-fix", "1.0.0"), ("python-fix", "1.1.0"))]
+    monkeypatch.setattr(Client, "environments", lambda self, project=None: installed)
+    rows = [line.split()[:3] for line in invoke("get", "environments").stdout.splitlines()]
+    assert rows == [["NAME", "VERSION", "SPLITS"], ["nodus/arithmetic-v2", "2.0.0", "train,test"],
+                    ["nodus/python-fix", "1.0.0", "train,test"], ["nodus/python-fix", "1.1.0", "train,test"]]
+    versions = [line.split()[1] for line in invoke("get", "env", "nodus/python-fix").stdout.splitlines()[1:]]
+    assert versions == ["1.0.0", "1.1.0"]
+    missing = invoke("get", "environments", "acme/none@1.0.0")
+    assert missing.exit_code != 0 and "'acme/none@1.0.0' is not installed" in one_error_line(missing)

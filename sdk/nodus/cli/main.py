@@ -701,6 +701,10 @@ def get(
             jsonpath.parse(output.removeprefix("jsonpath="))
         except jsonpath.JsonPathError as exc:
             raise UsageError(str(exc)) from None
+    if target and SHORT_NAMES.get(target[0].strip().lower(), ("", ""))[1] == "environments":
+        # Environment names hold a '/' themselves (owner/name@version): `get env nodus/python-fix`.
+        _get_environments(_client(project), list(target[1:]), output)
+        return
     targets = _targets(target, need_name=False)
     selectors = _field_selector(field_selector) if field_selector else []
     client = _client(project)
