@@ -660,6 +660,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
 
     async def report(self, project: str, name: str, patch: dict[str, Any]) -> None:
         """Merge a run actor's progress into the run's status; late reports of a finished run are dropped."""
+        await self._ensure_started()  # a report that reaches a just-restarted control plane is not lost
         key = (project, name)
         async with self._locks[key]:
             run = self._runs.get(key)

@@ -419,7 +419,13 @@ class GroupControl:
                 "cancelled": spec.get("state") == "Cancelled", "members": members}
 
     async def start_member(self, project: str, name: str) -> bool:
-        """Admitted by its supervisor: record the admission, then give the run its actor. Idempotent."""
+        """Admitted by its supervisor: record the admission, then give the run its actor. Idempotent.
+
+        The supervisor retries a start that a dying control plane did not answer onto the
+        restarted one, which must have loaded its runs first: an unknown run would read as gone,
+        and its admitted place would be held forever.
+        """
+        await self._ensure_started()
         key = (project, name)
         async with self._locks[key]:
             run = self._runs.get(key)
@@ -433,6 +439,7 @@ class GroupControl:
 
     async def cancel_member(self, project: str, name: str, reason: str) -> None:
         """Cancelled by its supervisor: a failed or cancelled dependency, or a group cancel."""
+        await self._ensure_started()
         messages = {
             "DependencyFailed": "a run it depends on failed",
             "DependencyCancelled": "a run it depends on was cancelled",
@@ -444,6 +451,7 @@ class GroupControl:
     async def group_status(
         self, project: str, name: str, status: dict[str, Any], queued_reasons: dict[str, str]
     ) -> None:
+        await self._ensure_started()
         await self._take_status((project, name), status, queued_reasons)
 
     async def _take_status(self, key: Key, status: dict[str, Any], queued_reasons: dict[str, str]) -> None:

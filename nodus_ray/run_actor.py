@@ -120,7 +120,9 @@ class RunActor:
         return config
 
     def __repr__(self) -> str:
-        c = self.config
+        c = getattr(self, "config", None)
+        if c is None:  # a parked actor whose claim failed in __init__: Ray still asks its repr
+            return "RunActor(unclaimed)"
         group = f", group={c.group}" if c.group else ""
         return f"RunActor(run={c.project}/{c.name}{group}, agent={c.agent}@{c.agent_revision}, phase={self.phase})"
 
