@@ -90,7 +90,7 @@ def at_cost_cap(status: dict[str, Any]) -> bool:
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DECIMAL = re.compile(r"^\d{1,7}(\.\d{1,6})?$")
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_DURATION = re.compile(r"^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$", re.ASCII)
 _MAX_DEADLINE = timedelta(days=30)
 
 
@@ -122,7 +122,10 @@ def parse_duration(value: str) -> timedelta:
     if not value or not match or not any(match.groups()):
         raise ValueError(f"{value!r} is not a duration such as \"30m\", \"2h\" or \"1h30m\"")
     hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+    try:
+        return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+    except OverflowError:  # "99999999999999999999h": a refusal, not a crash
+        raise ValueError(f"{value!r} is longer than any duration nodus takes") from None
 
 
 def _validate_deadline(value: str) -> str:

@@ -78,9 +78,10 @@ def _read(path: str, stdin: TextIO) -> tuple[str, str]:
 
 def _documents(source: str, text: str) -> list[tuple[int, Any]]:
     """``(line, document)`` pairs; empty documents (a stray ``---``) are skipped."""
-    loader = yaml.SafeLoader(text)
     found: list[tuple[int, Any]] = []
+    loader: yaml.SafeLoader | None = None
     try:
+        loader = yaml.SafeLoader(text)  # refuses control characters already (a ReaderError)
         while loader.check_node():
             node = loader.get_node()
             if node is None:
@@ -96,7 +97,8 @@ def _documents(source: str, text: str) -> list[tuple[int, Any]]:
     except yaml.YAMLError as exc:
         raise Invalid(f"{source}: {' '.join(str(exc).split())}", details={"file": source}) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return found
 
 
