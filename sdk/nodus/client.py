@@ -32,6 +32,10 @@ _GET_RETRY_DELAYS: tuple[float, ...] = (0.2, 0.5)
 # A write made safe to repeat by its idempotency key waits out a replaced API replica (seconds).
 _IDEMPOTENT_WRITE_RETRY_DELAYS: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)
 _DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+# A 429 means the API shed the request before doing anything: any request may be sent again,
+# after Retry-After (capped), for up to this long in all.
+_SHED_RETRY_BUDGET_SECONDS = 120.0
+_SHED_RETRY_AFTER_CAP_SECONDS = 10.0
 
 
 class Applied(NamedTuple):
@@ -41,6 +45,17 @@ class Applied(NamedTuple):
     created: bool
     # "created", "configured" or "unchanged" as the server decided it (X-Nodus-Result), if said.
     result: str | None = None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """How long to wait before sending a shed request (429) again; None for any other answer."""
+    if response.status_code != 429:
+        return None
+    try:
+        seconds = float(response.headers.get("Retry-After", "1"))
+    except ValueError:  # an HTTP date, or nonsense: a second is a fair guess
+        seconds = 1.0
+    return min(max(seconds, 0.05), _SHED_RETRY_AFTER_CAP_SECONDS)
 
 
 def _display_url(url: str) -> str:
@@ -157,9 +172,14 @@ class Client:
     ) -> httpx.Response:
         delays: Iterable[float] = _GET_RETRY_DELAYS if method == "GET" else ()
         delays = iter(delays)
+        shed_until = time.monotonic() + _SHED_RETRY_BUDGET_SECONDS
         while True:
             try:
                 response = self._http.request(method, path, json=json, params=params, headers=headers)
+                pause = _retry_after(response)
+                if pause is not None and time.monotonic() + pause < shed_until:
+                    time.sleep(pause)
+                    continue
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 delay = next(delays, None)

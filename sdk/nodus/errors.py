@@ -19,6 +19,7 @@ __all__ = [
     "Conflict",
     "PayloadTooLarge",
     "Unavailable",
+    "TooManyRequests",
     "WaitTimeout",
     "AgentRunFailed",
     "error_from_response",
@@ -99,6 +100,14 @@ class Unavailable(NodusError):
     default_code = "Unavailable"
 
 
+class TooManyRequests(NodusError):
+    """The API sheds load: it has as many requests in flight as it takes. Nothing was done;
+    retry after ``details["retryAfter"]`` seconds (the SDK does, by itself)."""
+
+    status = 429
+    default_code = "TooManyRequests"
+
+
 class WaitTimeout(NodusError):
     """A client-side wait reached its timeout before the condition held."""
 
@@ -118,6 +127,7 @@ _BY_STATUS: dict[int, type[NodusError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     422: Invalid,
+    429: TooManyRequests,
     400: BadRequest,
     503: Unavailable,
 }

@@ -26,6 +26,8 @@ from nodus_ray import faults
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 
 from .events import parse_cursor, run_events
+from .load_shedding import LoadShedder, max_inflight_from_env
+from .openapi import install as install_openapi
 
 __all__ = ["create_app"]
 
@@ -164,11 +166,18 @@ def _resource_routes(app: FastAPI, cp: ControlPlaneGateway, plural: str, *, appl
     app.add_api_route(f"{collection}/{{name}}", remove, methods=["DELETE"], name=f"delete_{plural}")
 
 
-def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
-    """The FastAPI app; Serve's ingress wraps it, tests may call it directly."""
+def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int | None = None) -> FastAPI:
+    """The FastAPI app; Serve's ingress wraps it, tests may call it directly.
+
+    ``max_inflight``: requests in flight past which it answers 429 (`load_shedding`); by
+    default ``NODUS_API_MAX_INFLIGHT`` or 128.
+    """
     cp = gateway or ControlPlaneGateway()
     app = FastAPI(title="nodus", version="0.1.0",
                   description="Durable agent runs on Ray. Errors are JSON {code, message, details}.")
+    app.add_middleware(LoadShedder, limit=max_inflight or max_inflight_from_env())
+
+    install_openapi(app)
 
     @app.exception_handler(NodusError)
     async def _nodus_error(_: Request, error: NodusError) -> JSONResponse:
@@ -266,7 +275,8 @@ def create_app(gateway: ControlPlaneGateway | None = None) -> FastAPI:
     async def resolve_run(project: str, name: str, request: Request) -> dict[str, Any]:
         return await cp.call("resolve_run", _project(project), name, await _body(request))
 
-    @app.get("/v1/projects/{project}/agentruns/{name}/events")
+    @app.get("/v1/projects/{project}/agentruns/{name}/events", response_class=StreamingResponse,
+             responses={200: {"description": "server-sent events", "content": {"text/event-stream": {}}}})
     async def run_events_stream(project: str, name: str, request: Request, follow: bool = True) -> StreamingResponse:
         """Server-sent events of the run (`events`); resumable with Last-Event-ID."""
         project = _project(project)

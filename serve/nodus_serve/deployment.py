@@ -18,7 +18,9 @@ fastapi_app = create_app()
 @serve.deployment(
     name="nodus-api",
     num_replicas=1,
-    max_ongoing_requests=256,
+    # Above the app's own limit (NODUS_API_MAX_INFLIGHT, default 128), which answers 429 past
+    # it: Serve's queue would only hold requests longer, and event streams are not counted.
+    max_ongoing_requests=1024,
     ray_actor_options={"num_cpus": 0},
 )
 @serve.ingress(fastapi_app)
