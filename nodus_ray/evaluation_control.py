@@ -290,37 +290,42 @@ class EvaluationControl:
         run = self._runs.get((key[0], run_name))
         if case is None or run is None or run_name in book.records or run_name in book.grading:
             return
-        status = run["status"]
-        phase = status["phase"]
-        if phase not in TERMINAL_PHASES:
+        if run["status"]["phase"] not in TERMINAL_PHASES:
             return
+        # Taken before the first await: a run's end is reported more than once, and the
+        # second report must not grade the case a second time beside the first.
+        book.grading.add(run_name)
+        try:
+            record = await self._final_record(key, group, case, run["status"])
+        finally:
+            book.grading.discard(run_name)
+        crash_point("case-graded-unrecorded", f"{key[0]}/{run_name}")
+        await self._record(key, record)
+
+    async def _final_record(self, key: Key, group: dict[str, Any], case: Case, status: dict[str, Any]
+                            ) -> dict[str, Any]:
+        """What the case comes to: unscored for a run that failed or left no answer, else graded."""
+        phase = status["phase"]
         if phase != "Succeeded":
             state = "RunFailed" if phase == "Failed" else "RunCancelled"
-            await self._record(key, final_record(case, state, reason=status.get("reason"),
-                                                 evidence=status.get("message") or "", at=utc_now()))
-            return
+            return final_record(case, state, reason=status.get("reason"), evidence=status.get("message") or "",
+                                at=utc_now())
         if group["spec"].get("state") == "Cancelled":
-            await self._record(key, final_record(case, "GradingCancelled", evidence="the group was cancelled",
-                                                 at=utc_now()))
-            return
-        answer = await self._answer_text(key[0], run_name) if status.get("answer") else ""
+            return final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
+        answer = await self._answer_text(key[0], case.run) if status.get("answer") else ""
         if not answer.strip():
-            await self._record(key, final_record(case, "MissingAnswer", evidence="the run ended without an answer",
-                                                 at=utc_now()))
-            return
+            return final_record(case, "MissingAnswer", evidence="the run ended without an answer", at=utc_now())
         left = self._seconds_left(group)
         if left <= 0:
-            await self._record(key, final_record(case, "EvaluationTimeout", at=utc_now(),
-                                                 evidence="the run answered, but not in time to be graded"))
-            return
-        book.grading.add(run_name)
+            return final_record(case, "EvaluationTimeout", at=utc_now(),
+                                evidence="the run answered, but not in time to be graded")
         await self._take_status(key, {}, {})  # shows the case as Grading
         evaluation = group["status"]["evaluation"]
         request = {
             "environment": evaluation["environment"], "split": evaluation["split"], "seed": evaluation["seed"],
-            "tasks": evaluation["tasks"], "taskIndex": case.task_index, "run": run_name,
-            "runPrefix": run_storage_prefix(key[0], run_name),
-            "localWorkspace": str(Path(self.settings.sandbox_root) / key[0] / run_name),
+            "tasks": evaluation["tasks"], "taskIndex": case.task_index, "run": case.run,
+            "runPrefix": run_storage_prefix(key[0], case.run),
+            "localWorkspace": str(Path(self.settings.sandbox_root) / key[0] / case.run),
             "commands": sum(int(turn.get("toolCalls") or 0) for turn in status.get("turns") or []),
             "uid": _grader_uid(status),
             "answer": answer,
@@ -328,25 +333,18 @@ class EvaluationControl:
         try:
             outcome = await asyncio.wait_for(self._grader(key).grade.remote(request), timeout=left)
         except TimeoutError:
-            record = final_record(case, "EvaluationTimeout", at=utc_now(),
-                                  evidence="grading did not finish by the evaluation's deadline")
+            return final_record(case, "EvaluationTimeout", at=utc_now(),
+                                evidence="grading did not finish by the evaluation's deadline")
         except Exception as error:  # noqa: BLE001 - a grader that died (or was released) unscored the case
-            logger.warning("grading %s/%s failed: %s", key[1], run_name, type(error).__name__)
+            logger.warning("grading %s/%s failed: %s", key[1], case.run, type(error).__name__)
             if group["spec"].get("state") == "Cancelled" or key not in self._groups:
-                record = final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
-            else:
-                record = final_record(case, "GraderFailed", evidence="the grader process failed", at=utc_now())
-        else:
-            if outcome["outcome"] == "scored":
-                record = final_record(case, "Scored", verdict=outcome["verdict"], reward=outcome["reward"],
-                                      evidence=outcome["evidence"], seconds=outcome["seconds"], at=utc_now())
-            else:
-                record = final_record(case, "GraderFailed", evidence=outcome["evidence"],
-                                      seconds=outcome.get("seconds"), at=utc_now())
-        finally:
-            book.grading.discard(run_name)
-        crash_point("case-graded-unrecorded", f"{key[0]}/{run_name}")
-        await self._record(key, record)
+                return final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
+            return final_record(case, "GraderFailed", evidence="the grader process failed", at=utc_now())
+        if outcome["outcome"] == "scored":
+            return final_record(case, "Scored", verdict=outcome["verdict"], reward=outcome["reward"],
+                                evidence=outcome["evidence"], seconds=outcome["seconds"], at=utc_now())
+        return final_record(case, "GraderFailed", evidence=outcome["evidence"], seconds=outcome.get("seconds"),
+                            at=utc_now())
 
     async def _cancel_grading(self, key: Key) -> None:
         """The group was cancelled: grading stops, and what was being graded is unscored."""
