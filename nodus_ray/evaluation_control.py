@@ -56,6 +56,7 @@ from .evaluation import (
 )
 from .faults import crash_point
 from .grader import RemoteGrader, grader_name, grader_options
+from .group_control import group_storage_prefix
 from .run_actor import run_storage_prefix
 from .settings import NAMESPACE
 from .timestamps import format_timestamp, parse_timestamp, utc_now
@@ -97,7 +98,7 @@ def _grader_uid(status: dict[str, Any]) -> int | None:
 
 
 def _prefix(key: Key) -> str:
-    return f"projects/{key[0]}/agentgroups/{key[1]}/evaluation"
+    return f"{group_storage_prefix(*key)}/evaluation"
 
 
 class EvaluationControl:
@@ -115,6 +116,7 @@ class EvaluationControl:
     _release_supervisor: Any
     _hidden_paths: Any
     _limits_wire: Any
+    run_answer: Any
 
     # -- environments -----------------------------------------------------------------------
 
@@ -182,7 +184,6 @@ class EvaluationControl:
         for case in missing:
             files = dict(tasks[case.task_index].files)
             if files:
-                book.seeded.add(case.run)
                 seed = await asyncio.to_thread(pack_files, files)
                 await asyncio.to_thread(self.storage.write_bytes, seed_key(run_storage_prefix(project, case.run)), seed)
         runs = [self._member(group, case, tasks[case.task_index]) for case in missing]
@@ -231,7 +232,8 @@ class EvaluationControl:
 
     def _open_evaluation(self, key: Key, tasks: list[Task]) -> Evaluation:
         status = self._groups[key]["status"]["evaluation"]
-        book = Evaluation(plan_cases(key[1], [task.id for task in tasks], int(status["repetitions"])), tasks=tasks)
+        cases = plan_cases(key[1], [task.id for task in tasks], int(status["repetitions"]))
+        book = Evaluation(cases, tasks=tasks, seeded={case.run for case in cases if tasks[case.task_index].files})
         self._evaluations[key] = book
         return book
 
@@ -246,15 +248,14 @@ class EvaluationControl:
             return book
         status = self._groups[key]["status"]["evaluation"]
         environment = resolve(status["environment"])
-        tasks = environment.tasks(status["split"], int(status["seed"]), int(status["tasks"]))
-        book = Evaluation(plan_cases(key[1], [task.id for task in tasks], int(status["repetitions"])), tasks=tasks)
-        book.seeded = {case.run for case in book.cases if tasks[case.task_index].files}
         folder = f"{_prefix(key)}/cases"
-        for file in self.storage.list_dir(folder):
-            if file.endswith(".json"):
-                record = self.storage.read_json(f"{folder}/{file}")
-                book.records[record["run"]] = record
-        return self._evaluations.setdefault(key, book)
+        records = [self.storage.read_json(f"{folder}/{file}") for file in self.storage.list_dir(folder)
+                   if file.endswith(".json")]
+        if key in self._evaluations:  # opened meanwhile (this runs in a thread)
+            return self._evaluations[key]
+        book = self._open_evaluation(key, environment.tasks(status["split"], int(status["seed"]), int(status["tasks"])))
+        book.records.update({record["run"]: record for record in records})
+        return book
 
     def _evaluation(self, key: Key) -> Evaluation:
         book = self._evaluations.get(key)
@@ -312,7 +313,10 @@ class EvaluationControl:
                                 at=utc_now())
         if group["spec"].get("state") == "Cancelled":
             return final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
-        answer = await self._answer_text(key[0], case.run) if status.get("answer") else ""
+        try:
+            answer = (await self.run_answer(key[0], case.run))["answer"] if status.get("answer") else ""
+        except FileNotFoundError:  # an answer status without its file: no answer to grade
+            answer = ""
         if not answer.strip():
             return final_record(case, "MissingAnswer", evidence="the run ended without an answer", at=utc_now())
         left = self._seconds_left(group)
@@ -380,13 +384,6 @@ class EvaluationControl:
             ray.kill(ray.get_actor(grader_name(*key), namespace=NAMESPACE), no_restart=True)
         except ValueError:
             pass
-
-    async def _answer_text(self, project: str, run_name: str) -> str:
-        try:
-            data = await asyncio.to_thread(self.storage.read_bytes, f"{run_storage_prefix(project, run_name)}/answer.txt")
-        except FileNotFoundError:
-            return ""
-        return data.decode("utf-8", errors="replace")
 
     @staticmethod
     def _seconds_left(group: dict[str, Any]) -> float:
