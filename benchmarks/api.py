@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from support import NODUS, temporary_service, wait_until
+from support import NODUS, auth_headers, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -43,8 +43,8 @@ uvicorn.run(create_app(), host="127.0.0.1", port={port}, log_level="warning")
 """
 
 
-async def _load(base: str, clients: int, seconds: float, request: Callable[[httpx.AsyncClient], object]
-                ) -> tuple[float, list[float], int]:
+async def _load(base: str, headers: dict[str, str], clients: int, seconds: float,
+                request: Callable[[httpx.AsyncClient], object]) -> tuple[float, list[float], int]:
     """Requests per second, latencies (s) and failures of ``clients`` loops for ``seconds``."""
     latencies: list[float] = []
     failures = 0
@@ -52,7 +52,7 @@ async def _load(base: str, clients: int, seconds: float, request: Callable[[http
 
     async def loop() -> None:
         nonlocal failures
-        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=30, headers=headers) as http:
             while time.monotonic() < deadline:
                 began = time.perf_counter()
                 response = await request(http)  # type: ignore[misc]
@@ -80,7 +80,7 @@ def main() -> None:
     serve_url, plain_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
     with temporary_service("nodus-bench-api-", NODUS_OFFLINE_LATENCY="600", NODUS_INITIAL_CREDITS="10000") as env:
         subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
-        _prepare(serve_url)
+        _prepare(serve_url, auth_headers(env))
         plain = subprocess.Popen([sys.executable, "-c", _UVICORN.format(port=args.port + 1)], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -88,7 +88,7 @@ def main() -> None:
             rows = []
             for label, request in (("GET a run", _get), ("POST a run", _post)):
                 for where, url in (("Ray Serve", serve_url), ("plain uvicorn", plain_url)):
-                    rate, latencies, failures = asyncio.run(_load(url, args.clients, args.seconds, request))
+                    rate, latencies, failures = asyncio.run(_load(url, auth_headers(env), args.clients, args.seconds, request))
                     rows.append((label, where, rate, _pct(latencies, 0.5), _pct(latencies, 0.99), len(latencies),
                                  failures))
                     print(f"{label} via {where}: {rate:,.0f}/s, p50 {statistics.median(latencies) * 1000:.1f} ms",
@@ -103,9 +103,9 @@ def main() -> None:
               f"| {count} | {failures} |")
 
 
-def _prepare(url: str) -> None:
+def _prepare(url: str, headers: dict[str, str]) -> None:
     """An agent, a group whose one place a run holds for 600 s, and that run (the one read)."""
-    with httpx.Client(base_url=url, timeout=60) as http:
+    with httpx.Client(base_url=url, timeout=60, headers=headers) as http:
         http.put("/v1/projects/default/agents/api-bench", json={
             "apiVersion": V1, "kind": "Agent", "metadata": {"name": "api-bench"},
             "spec": {"system": "x", "perRunMaxCostUSD": "0.01"}}).raise_for_status()

@@ -41,7 +41,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from support import NODUS, temporary_service, wait_until
+from support import NODUS, auth_headers, temporary_service, wait_until
 
 V1 = "nodus.dev/v1"
 ENVIRONMENT = "nodus/arithmetic-v2@2.0.0"
@@ -163,7 +163,8 @@ def main() -> None:
                             timeout=300, check=False)
         if up.returncode != 0:
             sys.exit(f"nodus up failed ({up.returncode}): {up.stderr}")
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=120) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=120,
+                          headers=auth_headers(env)) as http:
             http.put(f"/agents/{AGENT}", json={
                 "apiVersion": V1, "kind": "Agent", "metadata": {"name": AGENT},
                 "spec": {"system": "Answer in one sentence.", "perRunMaxCostUSD": "0.10",

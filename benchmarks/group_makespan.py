@@ -37,7 +37,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import httpx
-from support import wait_until
+from support import auth_headers, wait_until
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
@@ -92,7 +92,8 @@ def _phase(name: str, pool: int, runs: int, max_active: int, latency: float, por
     env.pop("ANTHROPIC_API_KEY", None)
     _up(env, port)
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=60) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=60,
+                          headers=auth_headers(env)) as http:
             return _measure(http, name, runs, max_active)
     finally:
         _down(env)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support import temporary_service, wait_until
+from support import auth_headers, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -72,7 +72,7 @@ def _recover(env: dict[str, str], runs: int, port: int) -> dict[str, float]:
     _run([ray, "stop", "--force"], env)
     figures["baseline: nodus up, empty storage"] = _run(up, env)
 
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120, headers=auth_headers(env))
     http.put("/v1/projects/default/agents/recovering", json={
         "apiVersion": V1, "kind": "Agent", "metadata": {"name": "recovering"},
         "spec": {"system": "x", "perRunMaxCostUSD": "0.50"}}).raise_for_status()

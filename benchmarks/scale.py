@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 import psutil
-from support import NODUS, temporary_service, wait_until
+from support import NODUS, auth_headers, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -117,7 +117,8 @@ def main() -> None:
     with temporary_service("nodus-bench-scale-", NODUS_OFFLINE_LATENCY=str(args.latency),
                            NODUS_INITIAL_CREDITS="100000") as env:
         subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
-        with httpx.Client(base_url=f"http://127.0.0.1:{args.port}/v1/projects/default", timeout=120) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{args.port}/v1/projects/default", timeout=120,
+                          headers=auth_headers(env)) as http:
             http.put("/agents/scale", json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": "scale"},
                                             "spec": {"system": "Answer briefly.", "perRunMaxCostUSD": "0.01",
                                                      "model": {"families": ["haiku"]}}}).raise_for_status()

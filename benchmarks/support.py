@@ -18,11 +18,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["NODUS", "temporary_service", "wait_until", "words"]
+__all__ = ["NODUS", "auth_headers", "temporary_service", "wait_until", "words"]
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 
 T = TypeVar("T")
+
+
+def auth_headers(env: dict[str, str]) -> dict[str, str]:
+    """The operator token `nodus up` stored in the service's home, as a request header."""
+    import json
+
+    stored = json.loads((Path(env["HOME"]) / ".nodus" / "credentials.json").read_text())
+    (entry,) = stored["servers"].values()  # one service per temporary home
+    return {"Authorization": f"Bearer {entry['token']}"}
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 import ray
-from support import wait_until
+from support import auth_headers, wait_until
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
@@ -101,7 +101,7 @@ def main() -> None:
         cp_before, used_before = _rss_mb(int(control_plane.pid)), _used_memory_mb()
         api = f"http://127.0.0.1:{args.port}/v1/projects/default"
         started = time.monotonic()
-        with httpx.Client(base_url=api, timeout=60) as http:
+        with httpx.Client(base_url=api, timeout=60, headers=auth_headers(env)) as http:
             http.put("/agents/waiter", json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": "waiter"},
                                              "spec": {"system": "Answer briefly."}}).raise_for_status()
             for first in range(0, args.runs, args.wave):

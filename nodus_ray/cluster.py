@@ -23,6 +23,7 @@ import httpx
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from nodus import credentials
 from nodus.errors import NodusError, Unavailable
 
 from .secret_box import install_configured_key
@@ -43,6 +44,7 @@ class UpInfo:
     ray_address: str
     dashboard_url: str | None
     started_ray: bool
+    credentials_file: str | None = None  # where the local user's operator token is kept
 
 
 def _ray_executable() -> str:
@@ -143,6 +145,18 @@ def _configure_model_key(control_plane: Any) -> str:
     return str(ray.get(control_plane.configure_model_key.remote(os.environ.get("ANTHROPIC_API_KEY") or None)))
 
 
+def _keep_operator_token(control_plane: Any, api_url: str) -> str:
+    """The local user's operator token, in the credentials file the CLI and SDK read (0600).
+
+    The token travels over Ray's RPC and lands only in that file; storage keeps its hash.
+    """
+    stored = credentials.lookup(api_url)
+    token = ray.get(control_plane.ensure_operator_token.remote(stored["token"] if stored else None))
+    if stored is None or stored["token"] != token:
+        credentials.remember(api_url, token)
+    return str(credentials.credentials_file())
+
+
 def _deploy_api(port: int) -> None:
     from ray import serve
 
@@ -189,6 +203,7 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         _ensure_router()
         _deploy_api(port)
         api_url = f"http://127.0.0.1:{port}"
+        token_file = _keep_operator_token(control_plane, api_url)
         _wait_ready(api_url)
         context = ray.get_runtime_context()
         dashboard = getattr(ray_context, "dashboard_url", None)
@@ -200,6 +215,7 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
             ray_address=context.gcs_address,
             dashboard_url=f"http://{dashboard}" if dashboard else None,
             started_ray=started,
+            credentials_file=token_file,
         )
     except BaseException:
         # A head this call started and that does not serve is stopped again: left running, with

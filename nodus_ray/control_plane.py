@@ -39,6 +39,8 @@ from nodus.resources import (
 )
 
 from . import metrics
+from .access_control import AccessControl
+from .access_tokens import TokenStore
 from .admission import AdmissionError
 from .credits import CreditLedger
 from .evaluation_control import Evaluation, EvaluationControl
@@ -87,7 +89,7 @@ def _agent_key(project: str, name: str) -> str:
     return f"projects/{project}/agents/{name}"
 
 
-class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, EvaluationControl):
+class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, EvaluationControl, AccessControl):
     """Resources in memory, mirrored to storage; supervisors for unfinished runs and live groups."""
 
     def __init__(self, settings: ServerSettings):
@@ -95,6 +97,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         self.storage = Storage(settings.storage_uri)
         self.prices = PriceTable.load(settings.prices_file)
         self.secrets = SecretStore(self.storage, SecretBox(load_or_create_key(settings.secret_key_file)))
+        self.tokens = TokenStore(self.storage)
         self.credits = CreditLedger(self.storage, Decimal(settings.initial_credits_usd))
         self._agents: dict[Key, dict[str, Any]] = {}
         self._runs: dict[Key, dict[str, Any]] = {}
@@ -130,6 +133,7 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
                 return
             await asyncio.to_thread(self._load)
             await asyncio.to_thread(self.secrets.load)
+            await asyncio.to_thread(self.tokens.load)
             for (project, name), run in self._runs.items():
                 self.credits.record_run_spend(project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
             for key, run in self._runs.items():

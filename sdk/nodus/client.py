@@ -23,7 +23,8 @@ from .resources import API_VERSION, validate_dns_label
 __all__ = ["COLLECTIONS", "Applied", "Client"]
 
 # The REST collections this server serves; the CLI maps kinds onto these.
-COLLECTIONS: frozenset[str] = frozenset({"agents", "agentruns", "agentgroups", "secrets", "credits", "environments"})
+COLLECTIONS: frozenset[str] = frozenset(
+    {"agents", "agentruns", "agentgroups", "secrets", "credits", "environments", "tokens"})
 
 # Only connection failures of idempotent GETs are retried: the request never reached the server,
 # so a retry cannot double an effect. Writes are left to the caller, who knows whether the
@@ -247,6 +248,21 @@ class Client:
     def info(self) -> dict[str, Any]:
         """``GET /v1/info``: server version, storage, model backend and sandbox kind."""
         return self._json(self._request("GET", "/v1/info"))
+
+    def whoami(self) -> dict[str, Any]:
+        """``GET /v1/whoami``: the token's ``name``, ``project`` (``*``: every project) and ``role``."""
+        return self._json(self._request("GET", "/v1/whoami"))
+
+    # -- tokens -----------------------------------------------------------------------------
+
+    def create_token(self, name: str, *, role: str = "read", expires_in: str | None = None,
+                     project: str | None = None) -> dict[str, Any]:
+        """A new token of the project; ``status.token`` holds its value, shown this once only."""
+        spec: dict[str, Any] = {"role": role}
+        if expires_in is not None:
+            spec["expiresIn"] = expires_in
+        return self.create("tokens", {"apiVersion": API_VERSION, "kind": "Token", "metadata": {"name": name},
+                                      "spec": spec}, project=project)
 
     # -- generic resources ------------------------------------------------------------------
 

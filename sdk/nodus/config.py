@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .credentials import lookup
+
 __all__ = [
     "DEFAULT_API_URL",
     "DEFAULT_PROJECT",
@@ -47,7 +49,8 @@ def load_settings(
     token: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Build `Settings` from explicit values, then ``NODUS_*`` variables, then defaults.
+    """Build `Settings` from explicit values, then ``NODUS_*`` variables, then the token stored
+    for that API URL (`credentials`), then defaults.
 
     Empty strings count as unset, because ``NODUS_PROJECT=`` in a shell usually means "clear it".
     """
@@ -59,9 +62,11 @@ def load_settings(
                 return value.strip()
         return default
 
-    url = pick(api_url, ENV_API_URL, DEFAULT_API_URL) or DEFAULT_API_URL
+    url = (pick(api_url, ENV_API_URL, DEFAULT_API_URL) or DEFAULT_API_URL).rstrip("/")
+    chosen_token = pick(token, ENV_TOKEN, None)
+    stored = lookup(url) if chosen_token is None else None  # `nodus up` / `nodus login` stored it
     return Settings(
-        api_url=url.rstrip("/"),
-        project=pick(project, ENV_PROJECT, DEFAULT_PROJECT) or DEFAULT_PROJECT,
-        token=pick(token, ENV_TOKEN, None),
+        api_url=url,
+        project=pick(project, ENV_PROJECT, None) or (stored or {}).get("project") or DEFAULT_PROJECT,
+        token=chosen_token or (stored or {}).get("token"),
     )

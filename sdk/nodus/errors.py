@@ -16,6 +16,8 @@ __all__ = [
     "BadRequest",
     "Unsupported",
     "NotFound",
+    "Unauthorized",
+    "Forbidden",
     "Conflict",
     "PayloadTooLarge",
     "Unavailable",
@@ -81,6 +83,20 @@ class NotFound(NodusError):
     default_code = "NotFound"
 
 
+class Unauthorized(NodusError):
+    """No bearer token, or one the server does not accept (unknown, revoked or expired)."""
+
+    status = 401
+    default_code = "Unauthorized"
+
+
+class Forbidden(NodusError):
+    """The token is valid for this project but its role does not allow the request."""
+
+    status = 403
+    default_code = "Forbidden"
+
+
 class Conflict(NodusError):
     """The request is well-formed but the resource's state refuses it (AgentStopped, ...)."""
 
@@ -123,6 +139,8 @@ class AgentRunFailed(NodusError):
 
 
 _BY_STATUS: dict[int, type[NodusError]] = {
+    401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,

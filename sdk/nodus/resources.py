@@ -57,6 +57,11 @@ __all__ = [
     "AgentGroup",
     "Secret",
     "SecretStatus",
+    "ROLES",
+    "Role",
+    "TokenSpec",
+    "TokenStatus",
+    "Token",
     "Resource",
     "KINDS",
     "SHORT_NAMES",
@@ -480,10 +485,48 @@ class Secret(_Strict):
     status: SecretStatus | None = None
 
 
-Resource = Agent | AgentRun | AgentGroup | Secret
+# What a token may do in its project: ``read`` (every GET), ``write`` (read, and every change
+# to agents, runs, groups and secrets), ``admin`` (write, and the project's tokens).
+Role = Literal["read", "write", "admin"]
+ROLES: tuple[str, ...] = ("read", "write", "admin")
+_MAX_TOKEN_LIFETIME = timedelta(days=366)
+
+
+def _validate_token_lifetime(value: str) -> str:
+    duration = parse_duration(value)
+    if duration < timedelta(minutes=1) or duration > _MAX_TOKEN_LIFETIME:
+        raise ValueError("must be from 1m to 8784h (a year)")
+    return value
+
+
+class TokenSpec(_Strict):
+    role: Role = "read"
+    # How long the token is accepted after it is created; unset: until it is revoked.
+    expiresIn: Annotated[str, AfterValidator(_validate_token_lifetime)] | None = None
+
+
+class TokenStatus(_Open):
+    # The token itself, in the answer to its creation only: the server keeps a hash.
+    token: str | None = Field(default=None, repr=False)
+    prefix: str | None = None  # the first characters, to tell tokens apart in a list
+    createdAt: str | None = None
+    expiresAt: str | None = None
+
+
+class Token(_Strict):
+    """An API bearer token of one project, with a role; created by POST, revoked by DELETE."""
+
+    apiVersion: Literal["nodus.dev/v1"] = API_VERSION
+    kind: Literal["Token"] = "Token"
+    metadata: ObjectMeta
+    spec: TokenSpec = Field(default_factory=TokenSpec)
+    status: TokenStatus | None = None
+
+
+Resource = Agent | AgentRun | AgentGroup | Secret | Token
 
 KINDS: dict[str, type[_Strict]] = {
-    "Agent": Agent, "AgentRun": AgentRun, "AgentGroup": AgentGroup, "Secret": Secret,
+    "Agent": Agent, "AgentRun": AgentRun, "AgentGroup": AgentGroup, "Secret": Secret, "Token": Token,
 }
 
 # kubectl-style names the CLI accepts, mapped to the kind and the REST collection.
@@ -498,6 +541,8 @@ SHORT_NAMES: dict[str, tuple[str, str]] = {
     "ag": ("AgentGroup", "agentgroups"),
     "secret": ("Secret", "secrets"),
     "secrets": ("Secret", "secrets"),
+    "token": ("Token", "tokens"),
+    "tokens": ("Token", "tokens"),
     # Read-only: the Environments installed on the server (`nodus get environments`).
     "environment": ("Environment", "environments"),
     "environments": ("Environment", "environments"),

@@ -25,6 +25,7 @@ from nodus.resources import API_VERSION, validate_dns_label
 from nodus_ray import faults
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 
+from .auth import Authenticator, PrincipalCache
 from .events import parse_cursor, run_events
 from .load_shedding import LoadShedder, max_inflight_from_env
 from .openapi import install as install_openapi
@@ -175,6 +176,9 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     cp = gateway or ControlPlaneGateway()
     app = FastAPI(title="nodus", version="0.1.0",
                   description="Durable agent runs on Ray. Errors are JSON {code, message, details}.")
+    principals = PrincipalCache()
+    # Starlette runs the middleware added last first: load is shed before a token is looked up.
+    app.add_middleware(Authenticator, lookup=functools.partial(cp.call, "authenticate"), cache=principals)
     app.add_middleware(LoadShedder, limit=max_inflight or max_inflight_from_env())
 
     install_openapi(app)
@@ -346,5 +350,34 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     @app.get("/v1/prices")
     async def prices() -> dict[str, Any]:
         return await cp.call("price_table")
+
+    # -- tokens: who may call this API (`auth`) ---------------------------------------------
+
+    @app.get("/v1/whoami")
+    async def whoami(request: Request) -> dict[str, Any]:
+        """The token this request was sent with: its name, project (``*``: every project) and role."""
+        return request.state.principal.to_dict()
+
+    @app.get("/v1/projects/{project}/tokens")
+    async def list_tokens(project: str) -> dict[str, Any]:
+        return _listing("TokenList", await cp.call("list_tokens", _project(project)))
+
+    @app.post("/v1/projects/{project}/tokens", status_code=201)
+    async def create_token(project: str, request: Request) -> JSONResponse:
+        """A new token; the answer's ``status.token`` is the only time its value is shown."""
+        principal = request.state.principal
+        created = await cp.call("create_token", _project(project), await _body(request),
+                                f"{principal.project}/{principal.name}")
+        return JSONResponse(status_code=201, content=created, headers={"Cache-Control": "no-store"})
+
+    @app.get("/v1/projects/{project}/tokens/{name}")
+    async def get_token(project: str, name: str) -> dict[str, Any]:
+        return await cp.call("get_token", _project(project), name)
+
+    @app.delete("/v1/projects/{project}/tokens/{name}")
+    async def revoke_token(project: str, name: str) -> dict[str, Any]:
+        revoked = await cp.call("revoke_token", _project(project), name)
+        principals.clear()  # this replica refuses it at once; others within the cache's seconds
+        return revoked
 
     return app

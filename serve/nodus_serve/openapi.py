@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
-from nodus.resources import Agent, AgentGroup, AgentRun, AgentRunList, Secret
+from nodus.resources import Agent, AgentGroup, AgentRun, AgentRunList, Secret, Token
 
 __all__ = ["ErrorBody", "install"]
 
@@ -33,6 +33,8 @@ class ErrorBody(BaseModel):
 
 _ERRORS = {
     "400": "the body is not a JSON object",
+    "401": "no bearer token, or one that is unknown, revoked or expired",
+    "403": "the token's role (or project) does not allow this request",
     "404": "no such resource (or path)",
     "409": "a conflict with the resource's state (AlreadyExists, GroupSealed, ...)",
     "413": "the body or an input is too large",
@@ -40,7 +42,7 @@ _ERRORS = {
     "429": "the API is at its limit of requests in flight; nothing was done, retry after Retry-After",
     "503": "the control plane is (re)starting; try again",
 }
-_MODELS: tuple[type[BaseModel], ...] = (Agent, AgentRun, AgentRunList, AgentGroup, Secret, ErrorBody)
+_MODELS: tuple[type[BaseModel], ...] = (Agent, AgentRun, AgentRunList, AgentGroup, Secret, Token, ErrorBody)
 _ANY_OBJECT = {"type": "object"}
 
 
@@ -62,6 +64,7 @@ _BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("put", "/v1/projects/{project}/agentgroups/{name}"): _json_body(_ref("AgentGroup")),
     ("post", "/v1/projects/{project}/secrets"): _json_body(_ref("Secret")),
     ("put", "/v1/projects/{project}/secrets/{name}"): _json_body(_ref("Secret")),
+    ("post", "/v1/projects/{project}/tokens"): _json_body(_ref("Token")),
     ("patch", "/v1/projects/{project}/agents/{name}"): _json_body(_ANY_OBJECT, "application/merge-patch+json"),
     ("patch", "/v1/projects/{project}/agentgroups/{name}"): _json_body(_ANY_OBJECT, "application/merge-patch+json"),
     ("post", "/v1/projects/{project}/agentruns/{name}/messages"): _json_body({
@@ -103,7 +106,9 @@ def install(app: FastAPI) -> None:
             return app.openapi_schema
         document = get_openapi(title=app.title, version=app.version, description=app.description,
                                routes=app.routes)
-        document.setdefault("components", {}).setdefault("schemas", {}).update(_schemas())
+        components = document.setdefault("components", {})
+        components.setdefault("schemas", {}).update(_schemas())
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         error = {"content": {"application/json": {"schema": _ref("ErrorBody")}}}
         for path, operations in document["paths"].items():
             for method, operation in operations.items():
@@ -113,6 +118,8 @@ def install(app: FastAPI) -> None:
                 responses = operation.setdefault("responses", {})
                 responses.update(_EXTRA_SUCCESS.get((method, path), {}))
                 responses.pop("422", None)  # FastAPI's own validation shape: ours is ErrorBody
+                if path.startswith("/v1/"):
+                    operation["security"] = [{"bearer": []}]
                 for status, description in _ERRORS.items():
                     responses.setdefault(status, {"description": description, **error})
         app.openapi_schema = document

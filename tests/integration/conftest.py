@@ -11,6 +11,7 @@ appended. Tests that look at storage use `Server.store`, so they pass on either.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -38,6 +39,7 @@ class Server:
     env: dict[str, str]
     faults: Path
     storage_uri: str  # NODUS_STORAGE: the local directory `storage`, or an s3:// URI
+    token: str  # the operator token `nodus up` stored for the session's user (every project, admin)
 
     def store(self) -> Any:
         """The service's storage, read the way the service reads it (local disk or S3)."""
@@ -59,8 +61,11 @@ class Server:
         return subprocess.run([NODUS, *args], env=self.env, input=input, capture_output=True,
                               text=True, timeout=timeout, check=False)
 
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api_url, timeout=30.0)
+    def http(self, token: str | None = None) -> httpx.Client:
+        """Raw HTTP to the API with the operator token, or ``token`` (``""``: none at all)."""
+        token = self.token if token is None else token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.api_url, timeout=30.0, headers=headers)
 
     def up(self, **extra_env: str) -> subprocess.CompletedProcess[str]:
         """`nodus up` again on the running service, e.g. with ANTHROPIC_API_KEY set or cleared."""
@@ -151,9 +156,11 @@ def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Ser
                         timeout=300, check=False)
     if up.returncode != 0:
         pytest.fail(f"nodus up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
+    stored = json.loads((home / ".nodus" / "credentials.json").read_text())
+    token = stored["servers"][f"http://127.0.0.1:{PORT}"]["token"]
     try:
         yield Server(api_url=f"http://127.0.0.1:{PORT}", storage=storage, sandbox_root=sandboxes, env=env,
-                     faults=faults, storage_uri=env["NODUS_STORAGE"])
+                     faults=faults, storage_uri=env["NODUS_STORAGE"], token=token)
     finally:
         subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
         shutil.rmtree(base, ignore_errors=True)
@@ -164,6 +171,7 @@ def sdk_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
     """The SDK in this process, configured the documented way (environment variables)."""
     monkeypatch.setenv("NODUS_API_URL", server.api_url)
     monkeypatch.setenv("NODUS_PROJECT", "default")
+    monkeypatch.setenv("NODUS_TOKEN", server.token)
     return server
 
 

@@ -35,6 +35,7 @@ def _operations(server: Server) -> list[Any]:
 
 
 def test_no_input_breaks_the_api(server: Server) -> None:
+    headers = {"Authorization": f"Bearer {server.token}"}
     operations = _operations(server)
     assert len(operations) > 30  # every route is published (a schema that lost them would pass vacuously)
     broken: dict[str, str] = {}
@@ -46,7 +47,7 @@ def test_no_input_breaks_the_api(server: Server) -> None:
         @given(case=operation.as_strategy())
         def fuzz(case: Any) -> None:
             sent[case.operation.label] += 1
-            case.call_and_validate(base_url=server.api_url, checks=CHECKS, timeout=30)
+            case.call_and_validate(base_url=server.api_url, headers=headers, checks=CHECKS, timeout=30)
 
         try:
             fuzz()

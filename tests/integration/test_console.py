@@ -26,6 +26,15 @@ def _chromium(*args: str, url: str, timeout: float = 120) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _link(server: Server, **params: str) -> str:
+    """The console link `nodus console` prints (it carries the CLI's token), with ``params`` added."""
+    printed = server.cli("console", "-p", "default")
+    assert printed.returncode == 0, printed.stderr
+    link, _, token = printed.stdout.strip().partition("#")
+    assert token == f"token={server.token}"
+    return f"{link}{''.join(f'&{key}={value}' for key, value in params.items())}#{token}"
+
+
 @pytest.fixture(scope="module")
 def finished_work(server: Server) -> dict[str, Any]:
     agent_name, group_name, run_name = unique("console"), unique("gc"), unique("console-run")
@@ -44,7 +53,7 @@ def finished_work(server: Server) -> dict[str, Any]:
 
 
 def test_the_console_lists_groups_and_runs_with_phase_model_and_cost(server: Server, finished_work: Any) -> None:
-    page = _chromium("--dump-dom", url=f"{server.api_url}/console?project=default")
+    page = _chromium("--dump-dom", url=_link(server))
     assert page.returncode == 0, page.stderr[-2000:]
     dom = page.stdout
     group_name, run_name = finished_work["group"], finished_work["run"]
@@ -58,7 +67,7 @@ def test_a_runs_page_shows_its_turns_answer_and_steps_and_the_screenshot_shows_t
 ) -> None:
     from PIL import Image
 
-    url = f"{server.api_url}/console?project=default&run={finished_work['run']}"
+    url = _link(server, run=finished_work["run"])
     page = _chromium("--dump-dom", url=url)
     assert page.returncode == 0, page.stderr[-2000:]
     with server.http() as http:
@@ -80,12 +89,19 @@ def test_a_runs_page_shows_its_turns_answer_and_steps_and_the_screenshot_shows_t
     assert any(r < 60 and 90 < g < 140 and 50 < b < 100 for r, g, b in pixels), "a phase is shown in green"
 
 
+def test_without_a_token_the_console_asks_for_one_and_shows_nothing(server: Server, finished_work: Any) -> None:
+    page = _chromium("--dump-dom", url=f"{server.api_url}/console?project=default")
+    assert page.returncode == 0, page.stderr[-2000:]
+    assert '<form id="login">' in page.stdout  # no longer hidden
+    assert finished_work["run"] not in page.stdout and finished_work["group"] not in page.stdout
+
+
 def test_an_evaluation_groups_results_view_shows_its_cases_and_rates(server: Server, finished_work: Any) -> None:
     name = unique("ce")
     group(server, name, finished_work["agent"],
           evaluation={"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 3, "seed": 42})
     evaluation = finished(server, name)["status"]["evaluation"]
-    page = _chromium("--dump-dom", url=f"{server.api_url}/console?project=default&group={name}")
+    page = _chromium("--dump-dom", url=_link(server, group=name))
     assert page.returncode == 0, page.stderr[-2000:]
     dom = page.stdout
     assert f"{evaluation['passed']}/3 pass" in dom  # the groups list

@@ -28,7 +28,9 @@ def _read(server: Server, name: str, last_event_id: str | None = None, stop_afte
           follow: bool = True) -> list[dict[str, Any]]:
     """Events as {id, event, data}; stops at the end, or after the event ``stop_after`` accepts."""
     events: list[dict[str, Any]] = []
-    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    headers = {"Authorization": f"Bearer {server.token}"}
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
     with httpx.stream("GET", f"{server.api_url}{RUNS}/{name}/events", params={"follow": str(follow).lower()},
                       headers=headers, timeout=60) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")

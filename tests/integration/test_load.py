@@ -47,7 +47,8 @@ async def _client(http: httpx.AsyncClient, index: int, group: str, agent: str, t
 async def _burst(server: Server, group: str, agent: str, talker: str) -> tuple[list[tuple[str, str]], Counter[int]]:
     statuses: Counter[int] = Counter()
     limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
-    async with httpx.AsyncClient(base_url=server.api_url, timeout=120.0, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=server.api_url, timeout=120.0, limits=limits,
+                                 headers={"Authorization": f"Bearer {server.token}"}) as http:
         done = await asyncio.gather(*(_client(http, i, group, agent, talker, statuses) for i in range(CLIENTS)))
     return list(done), statuses
 

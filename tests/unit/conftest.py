@@ -66,3 +66,10 @@ def storage_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", region="us-east-1",
                       allow_bucket_creation=True).create_dir(bucket)
     return f"s3://{bucket}/prefix?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+
+
+@pytest.fixture(autouse=True)
+def _no_stored_credentials(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token the developer's `nodus up` stored must not reach a unit test's client."""
+    monkeypatch.setenv("NODUS_CREDENTIALS_FILE", str(tmp_path_factory.mktemp("credentials") / "credentials.json"))
+    monkeypatch.delenv("NODUS_TOKEN", raising=False)

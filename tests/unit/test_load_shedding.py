@@ -22,6 +22,8 @@ class _HeldControlPlane:
         self.calls = 0
 
     async def call(self, method: str, *args: Any) -> Any:
+        if method == "authenticate":  # the token is looked up before anything is held
+            return {"name": "t", "project": "default", "role": "read"}
         self.calls += 1
         await self.release.wait()
         return [] if method.startswith("list_") else {"status": "ready"}
@@ -30,7 +32,8 @@ class _HeldControlPlane:
 async def _burst(limit: int, requests: int) -> tuple[list[httpx.Response], _HeldControlPlane]:
     cp = _HeldControlPlane()
     app = create_app(cp, max_inflight=limit)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api",
+                                 headers={"Authorization": "Bearer nodus_test"}) as http:
         pending = [asyncio.ensure_future(http.get("/v1/projects/default/agents")) for _ in range(requests)]
         while cp.calls < limit:  # the first `limit` are in flight, held by the control plane
             await asyncio.sleep(0.01)

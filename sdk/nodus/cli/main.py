@@ -24,7 +24,7 @@ import typer
 import yaml
 from typer.core import TyperGroup
 
-from .. import __version__
+from .. import __version__, credentials
 from ..agent import claude_agent_spec
 from ..client import Client
 from ..config import ENV_API_URL, ENV_PROJECT, Settings, load_settings
@@ -265,6 +265,8 @@ def up(
     for label, attribute in lines:
         value = getattr(started, attribute, None)
         typer.echo(f"{label:<10}{value if value not in (None, '') else '-'}")
+    if getattr(started, "credentials_file", None):
+        typer.echo(f"{'Token':<10}an operator token (local-admin) for this user, kept in {started.credentials_file}")
 
 
 @app.command()
@@ -454,6 +456,25 @@ def create_secret(
     typer.echo(f"{_ref('Secret', name)} created")
 
 
+@create_app.command("token")
+def create_token(
+    name: Annotated[str, typer.Argument(help="Name of the token, e.g. ci-reader.")],
+    role: Annotated[str, typer.Option("--role", help="read, write or admin.")] = "read",
+    expires_in: Annotated[
+        str | None, typer.Option("--expires-in", help="Accepted for this long, e.g. 720h (default: until revoked).")
+    ] = None,
+    project: ProjectOption = None,
+) -> None:
+    """Create an API token of the project and print it: it is shown this once only."""
+    spec: dict[str, Any] = {"role": role}
+    if expires_in is not None:
+        spec["expiresIn"] = expires_in
+    parse_resource({"apiVersion": API_VERSION, "kind": "Token", "metadata": {"name": name}, "spec": spec})
+    created = _client(project).create_token(name, role=role, expires_in=expires_in, project=project)
+    typer.echo(created["status"]["token"])
+    typer.echo(f"{_ref('Token', name)} created (role {role}); store it now: it is not shown again", err=True)
+
+
 @create_app.command("agent")
 def create_agent(
     name: Annotated[str, typer.Argument(help="Name of the agent.")],
@@ -608,6 +629,15 @@ def _environment_row(environment: dict[str, Any], wide: bool) -> list[str]:
     return row
 
 
+def _token_row(token: dict[str, Any], wide: bool) -> list[str]:
+    metadata, spec, status = token.get("metadata") or {}, token.get("spec") or {}, token.get("status") or {}
+    row = [metadata.get("name", ""), spec.get("role", ""), f"{status.get('prefix') or ''}...",
+           status.get("expiresAt") or "never", format_age(metadata.get("creationTimestamp"))]
+    if wide:
+        row.append(status.get("createdBy") or "-")
+    return row
+
+
 def _secret_row(secret: dict[str, Any], wide: bool) -> list[str]:
     metadata, status = secret.get("metadata") or {}, secret.get("status") or {}
     return [metadata.get("name", ""), secret.get("type") or "Opaque", ",".join(status.get("keys") or []),
@@ -616,6 +646,7 @@ def _secret_row(secret: dict[str, Any], wide: bool) -> list[str]:
 
 _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], list[str]]]] = {
     "Secret": (["NAME", "TYPE", "KEYS", "AGE"], [], _secret_row),
+    "Token": (["NAME", "ROLE", "PREFIX", "EXPIRES", "AGE"], ["CREATED-BY"], _token_row),
     "Agent": (
         ["NAME", "REVISION", "FAMILIES", "MAX-COST", "STATE", "AGE"],
         ["ACCESS", "MODEL", "IMAGE"],
@@ -971,7 +1002,58 @@ def delete(
             if not ignore_not_found:
                 raise
             continue
-        typer.echo(f"{_ref(kind, name)} deleted")
+        typer.echo(f"{_ref(kind, name)} {'revoked' if kind == 'Token' else 'deleted'}")
+
+
+# -- login / logout / whoami ------------------------------------------------------------------
+
+
+@app.command()
+def login(
+    token: Annotated[str, typer.Option("--token", help="An API token (nodus_...), e.g. from `nodus create token`.")],
+) -> None:
+    """Check a token against the server and store it for that server (~/.nodus/credentials.json, 0600)."""
+    settings = _settings()
+    who = Client(settings=settings, token=token).whoami()
+    project = None if who.get("project") == "*" else who.get("project")
+    file = credentials.remember(settings.api_url, token, project=project)
+    scope = "every project" if project is None else f"project {project}"
+    typer.echo(f"logged in to {settings.api_url} as token {who.get('name')} ({scope}, role {who.get('role')}); "
+               f"stored in {file}")
+
+
+@app.command()
+def logout() -> None:
+    """Forget the token stored for this server."""
+    url = _settings().api_url
+    typer.echo(f"removed the token of {url}" if credentials.forget(url) else f"no token was stored for {url}")
+
+
+@app.command()
+def whoami(output: OutputOption = None) -> None:
+    """Which token this CLI uses: its name, project and role."""
+    who = _client().whoami()
+    if output == "json":
+        typer.echo(dump_json(who))
+    elif output == "yaml":
+        typer.echo(dump_yaml(who), nl=False)
+    else:
+        scope = "every project (operator)" if who.get("project") == "*" else f"project {who.get('project')}"
+        typer.echo(f"token {who.get('name')}: {scope}, role {who.get('role')}")
+
+
+@app.command()
+def console(project: ProjectOption = None) -> None:
+    """Print the web console's link for the project, carrying this CLI's token.
+
+    The token travels in the link's fragment (after ``#``), which a browser never sends to a
+    server, so it reaches no access log; the page keeps it for its tab only.
+    """
+    from urllib.parse import quote, urlencode
+
+    settings = _settings()
+    link = f"{settings.api_url}/console?{urlencode({'project': project or settings.project})}"
+    typer.echo(f"{link}#token={quote(settings.token, safe='')}" if settings.token else link)
 
 
 # -- credits ----------------------------------------------------------------------------------
