@@ -249,7 +249,7 @@ def test_an_api_replica_killed_mid_request_loses_nothing_and_the_sdk_retry_gets_
     agent(server, agent_name)
     names = [unique("replica-run") for _ in range(3)]
     server.arm("api-answering", "POST /v1/projects/default/agentruns")
-    client = Client(server.api_url, project="default")
+    client = Client(server.api_url, project="default", token=server.token)
     # The runs are stored, then the replica dies before answering. The SDK sends the batch again
     # with the same idempotency key once Serve has replaced the replica, and gets the first answer.
     created = client.create_runs(_counted_runs(agent_name, names), idempotency_key=uuid.uuid4().hex)
