@@ -19,7 +19,8 @@ the run may use the network, network) namespaces:
 * some host directories are hidden under an empty read-only tmpfs, so the command cannot even
   list them: ``/root`` and the server user's home (host credentials: SSH keys, cloud and
   registry logins), Ray's temp directory when it is outside ``/tmp`` (its session directory
-  holds the raylet and object store sockets and logs), and whatever the caller passes as
+  holds the raylet and object store sockets and logs), ``/run`` (the host daemons' sockets,
+  such as docker.sock), and whatever the caller passes as
   ``hidden_paths`` (the control plane passes the sandbox root, so no run can browse the other
   runs' workspaces, and the local storage directory). The workspace still works when it lives
   under a hidden directory, because bubblewrap binds it at ``/tmp/workspace`` from the host's
@@ -116,6 +117,14 @@ _EXIT_GRACE_SECONDS = 0.5  # after the shell exits, how long a leftover pipe hol
 _KILL_WAIT_SECONDS = 5.0
 _PROBE_TIMEOUT_SECONDS = 15.0
 _MIN_TMPFS_BYTES = 16 << 20
+# Runtime state of the host's daemons: the docker, containerd and podman sockets, D-Bus,
+# systemd's private socket, sshd and database sockets. Nothing a command needs, and a socket a
+# command can reach (docker.sock is root-equivalent) is an escape. /var/run is usually a
+# symlink to /run; _hide_args resolves it, so it is covered once.
+_RUNTIME_DIRS = ("/run", "/var/run")
+# Files a networked command needs that often live under /run (systemd-resolved's stub
+# resolv.conf): bound back, read-only, inside the hidden /run when the run may use the network.
+_NETWORK_FILES = ("/etc/resolv.conf",)
 
 
 @dataclass(frozen=True)
@@ -244,6 +253,8 @@ def _default_hidden_paths() -> list[Path]:
     ``/root`` and the homes of the server's user (and of the ``sudo`` caller) hold host
     credentials; Ray's temp directory holds the session's sockets, through which a command
     could submit work to the cluster as the server. Ones under ``/tmp`` are hidden anyway.
+    ``/run`` (and ``/var/run`` if it is a directory of its own) holds the host daemons'
+    sockets, ``docker.sock`` among them.
     """
     candidates = ["/root", os.environ.get("HOME", "")]
     with contextlib.suppress(KeyError):
@@ -262,6 +273,7 @@ def _default_hidden_paths() -> list[Path]:
             continue
         if Path(path) not in hidden:
             hidden.append(Path(path))
+    hidden += [Path(d) for d in _RUNTIME_DIRS if Path(d) not in hidden]
     return hidden
 
 
@@ -280,7 +292,7 @@ def _check_hidden_paths(paths: Sequence[Path | str]) -> tuple[Path, ...]:
     return tuple(checked)
 
 
-def _hide_args(paths: Sequence[Path]) -> list[str]:
+def _hide_args(paths: Sequence[Path], keep: Sequence[str] = ()) -> list[str]:
     """bubblewrap arguments that cover each existing path with an empty read-only mount.
 
     Resolved now, per command, because paths (Ray's session, a storage directory) can appear
@@ -290,8 +302,13 @@ def _hide_args(paths: Sequence[Path]) -> list[str]:
     directories), as are paths below another hidden one (the mount point could not be created
     in a read-only tmpfs). A directory gets a tmpfs; anything else gets ``/dev/null`` bound over
     it (``nodev`` on the host root makes that unreadable too).
+
+    ``keep``: host files to bind back, read-only, where they fall inside a hidden directory
+    (resolved too, so ``/etc/resolv.conf`` pointing into ``/run`` keeps working). The bind
+    goes between the tmpfs and its read-only remount, while a mount point can still be made.
     """
     resolved = sorted({os.path.realpath(p) for p in paths if os.path.lexists(p)})
+    kept_files = sorted({os.path.realpath(p) for p in keep if os.path.isfile(p)})
     args: list[str] = []
     kept: list[str] = []
     for path in resolved:
@@ -301,7 +318,11 @@ def _hide_args(paths: Sequence[Path]) -> list[str]:
             continue
         kept.append(path)
         if os.path.isdir(path):
-            args += ["--tmpfs", path, "--remount-ro", path]
+            args += ["--tmpfs", path]
+            for file in kept_files:
+                if _within(file, path):
+                    args += ["--ro-bind", file, file]
+            args += ["--remount-ro", path]
         else:
             args += ["--ro-bind", "/dev/null", path]
     return args
@@ -435,7 +456,7 @@ def _bwrap_argv(
         "--proc", "/proc",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm",
-        *_hide_args(hidden),
+        *_hide_args(hidden, keep=_NETWORK_FILES if allow_network else ()),
         "--bind", str(workspace), SANDBOX_WORKSPACE,
         "--chdir", SANDBOX_WORKSPACE,
         "--clearenv",

@@ -217,6 +217,7 @@ def test_default_hidden_paths_cover_credentials_and_ray(host_dir: Path,
     monkeypatch.setenv("RAY_TMPDIR", str(host_dir / "raytmp"))
     defaults = sandbox_module._default_hidden_paths()
     assert Path("/root") in defaults and home in defaults and host_dir / "raytmp" / "ray" in defaults
+    assert Path("/run") in defaults and Path("/var/run") in defaults  # daemon sockets (docker.sock)
     # A home that is the system (Debian's ``daemon`` user has /usr/sbin) must never be hidden.
     for system_home in ("/", "/usr/sbin", "/usr", "/etc"):
         monkeypatch.setenv("HOME", system_home)
