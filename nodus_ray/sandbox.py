@@ -16,6 +16,8 @@ the run may use the network, network) namespaces:
   kernel kills everything left in it: nothing outlives a command;
 * the environment is cleared down to PATH, HOME, LANG and TERM, so server secrets such as
   API keys never reach the model's commands;
+* a seccomp filter (:mod:`nodus_ray.seccomp`) refuses the system calls containers have been
+  escaped through (mount, namespaces, ptrace, bpf, io_uring, keyrings, kernel modules...);
 * some host directories are hidden under an empty read-only tmpfs, so the command cannot even
   list them: ``/root`` and the server user's home (host credentials: SSH keys, cloud and
   registry logins), Ray's temp directory when it is outside ``/tmp`` (its session directory
@@ -73,11 +75,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from . import seccomp
 
 __all__ = [
     "SandboxLimits",
@@ -418,8 +422,13 @@ def _bwrap_argv(
     allow_network: bool,
     host_uid: int | None,
     hidden: Sequence[Path] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bubblewrap command line; ``host_uid`` set means we are root and drop inside.
+
+    ``seccomp_fd`` is a descriptor holding the compiled filter (see :mod:`nodus_ray.seccomp`),
+    which the caller must pass to bubblewrap; bubblewrap installs it right before it executes
+    the command (``setpriv`` when dropping root), so the whole command runs under it.
 
     Mounts apply in order: the hidden paths come after the private ``/tmp`` and before the
     workspace bind, so a hidden path can never cover ``/tmp/workspace``. The workspace bind's
@@ -465,6 +474,7 @@ def _bwrap_argv(
         "--setenv", "LANG", "C.UTF-8",
         "--setenv", "TERM", "dumb",
         *caps,
+        *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
         "--",
         *drop,
         *command_argv,
@@ -472,12 +482,29 @@ def _bwrap_argv(
 
 
 @lru_cache(maxsize=1)
+def _seccomp_program() -> bytes | None:
+    """This host's compiled seccomp filter, or None where :mod:`nodus_ray.seccomp` has none."""
+    return seccomp.build_filter()
+
+
+@contextlib.contextmanager
+def _seccomp_fd() -> Iterator[int | None]:
+    """A fresh descriptor with the filter for one bubblewrap start (it reads it to the end)."""
+    program = _seccomp_program()
+    if program is None:
+        yield None
+        return
+    with seccomp.filter_fd(program) as fd:
+        yield fd
+
+
+@lru_cache(maxsize=1)
 def _probe_bwrap() -> str | None:
     """None when bubblewrap works here, else why not (becomes the fallback's note).
 
-    Runs a real, trivial sandbox with the same flags as commands use (hidden paths included),
-    because bwrap being installed says nothing about whether namespaces, or tmpfs mounts and
-    read-only remounts, are allowed in this container.
+    Runs a real, trivial sandbox with the same flags as commands use (hidden paths and the
+    seccomp filter included), because bwrap being installed says nothing about whether
+    namespaces, tmpfs mounts, read-only remounts or seccomp are allowed in this container.
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -492,14 +519,17 @@ def _probe_bwrap() -> str | None:
             uid = _UID_BASE if _is_root() else None
             if uid is not None:
                 os.chown(workspace, uid, uid)
-            argv = _bwrap_argv(
-                bwrap, setpriv, workspace, ["/bin/bash", "-c", "touch probe"], SandboxLimits(),
-                allow_network=False, host_uid=uid, hidden=_default_hidden_paths(),
-            )
-            proc = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_SECONDS,
-                env={"PATH": _SANDBOX_PATH}, start_new_session=True,
-            )
+            with _seccomp_fd() as seccomp_fd:
+                argv = _bwrap_argv(
+                    bwrap, setpriv, workspace, ["/bin/bash", "-c", "touch probe"], SandboxLimits(),
+                    allow_network=False, host_uid=uid, hidden=_default_hidden_paths(),
+                    seccomp_fd=seccomp_fd,
+                )
+                proc = subprocess.run(
+                    argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_SECONDS,
+                    env={"PATH": _SANDBOX_PATH}, start_new_session=True,
+                    pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                )
             if proc.returncode != 0:
                 detail = proc.stderr.decode("utf-8", "replace").strip()[-300:]
                 return f"bwrap probe failed (exit {proc.returncode}): {detail}"
@@ -624,6 +654,11 @@ class _SandboxBase:
     def _popen_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    @contextlib.contextmanager
+    def _spawn_args(self, command: str) -> Iterator[tuple[list[str], dict[str, Any]]]:
+        """argv and extra Popen arguments for one command, valid until the process is started."""
+        yield self._argv(command), self._popen_kwargs()
+
     def _reap_leftovers(self) -> None:
         """Kill whatever the command left behind once it is over; bubblewrap's PID namespace does it."""
 
@@ -682,15 +717,16 @@ class _SandboxBase:
         self._reseal()
         started = time.monotonic()
         deadline = started + wall
-        proc = subprocess.Popen(
-            self._argv(command),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so one killpg reaches all of it
-            close_fds=True,
-            **self._popen_kwargs(),
-        )
+        with self._spawn_args(command) as (argv, extra):
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so one killpg reaches all of it
+                close_fds=True,
+                **extra,
+            )
         with self._lock:
             active.proc = proc
             cancelled_early = active.cancelled
@@ -792,16 +828,27 @@ class BubblewrapSandbox(_SandboxBase):
         uid: int | None = None,
         hidden_paths: Sequence[Path] = (),
     ) -> None:
-        super().__init__(workspace, limits, note=None, uid=uid, hidden_paths=hidden_paths)
+        no_filter = seccomp.unsupported_reason()
+        note = f"{no_filter}: commands run without a system call filter" if no_filter else None
+        super().__init__(workspace, limits, note=note, uid=uid, hidden_paths=hidden_paths)
         self.allow_network = allow_network
         self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._setpriv = shutil.which("setpriv") if self.host_uid is not None else None
 
-    def _argv(self, command: str) -> list[str]:
+    def _argv(self, command: str, seccomp_fd: int | None = None) -> list[str]:
         return _bwrap_argv(
             self._bwrap, self._setpriv, self.workspace, _shell_argv(command, self.limits), self.limits,
             allow_network=self.allow_network, host_uid=self.host_uid, hidden=self._hidden,
+            seccomp_fd=seccomp_fd,
         )
+
+    @contextlib.contextmanager
+    def _spawn_args(self, command: str) -> Iterator[tuple[list[str], dict[str, Any]]]:
+        with _seccomp_fd() as fd:
+            extra = self._popen_kwargs()
+            if fd is not None:
+                extra["pass_fds"] = (fd,)
+            yield self._argv(command, fd), extra
 
     def _popen_kwargs(self) -> dict[str, Any]:
         # bubblewrap itself needs no environment; the command's is set with --setenv.

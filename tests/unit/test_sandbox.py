@@ -130,11 +130,26 @@ def test_bwrap_argv_without_root_uses_a_user_namespace() -> None:
     assert "--share-net" not in argv and "--cap-add" not in argv
     assert argv[argv.index("--bind") + 1: argv.index("--bind") + 3] == ["/srv/ws", "/tmp/workspace"]
     assert argv[-2:] == ["--", "/bin/true"]
+    assert "--seccomp" not in argv
     networked = sandbox_module._bwrap_argv(
         "/usr/bin/bwrap", None, Path("/srv/ws"), ["/bin/true"], SandboxLimits(),
-        allow_network=True, host_uid=None,
+        allow_network=True, host_uid=None, seccomp_fd=7,
     )
     assert "--share-net" in networked
+    assert networked[networked.index("--seccomp"): networked.index("--seccomp") + 3] == ["--seccomp", "7", "--"]
+
+
+def test_hidden_run_keeps_resolv_conf_for_networked_commands(host_dir: Path) -> None:
+    run = host_dir / "run"
+    (run / "resolve").mkdir(parents=True)
+    (run / "resolve" / "stub-resolv.conf").write_text("nameserver 127.0.0.53\n")
+    link = host_dir / "resolv.conf"
+    link.symlink_to(run / "resolve" / "stub-resolv.conf")
+    stub = str(run / "resolve" / "stub-resolv.conf")
+    args = sandbox_module._hide_args([run], keep=[str(link)])
+    assert args == ["--tmpfs", str(run), "--ro-bind", stub, stub, "--remount-ro", str(run)]
+    assert sandbox_module._hide_args([run], keep=[str(host_dir / "elsewhere")]) == [
+        "--tmpfs", str(run), "--remount-ro", str(run)]
 
 
 def test_sandbox_uid_is_stable_per_workspace_and_in_range() -> None:
