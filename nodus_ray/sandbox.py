@@ -18,6 +18,8 @@ the run may use the network, network) namespaces:
   API keys never reach the model's commands;
 * a seccomp filter (:mod:`nodus_ray.seccomp`) refuses the system calls containers have been
   escaped through (mount, namespaces, ptrace, bpf, io_uring, keyrings, kernel modules...);
+* the workspace's total size is capped (:mod:`nodus_ray.disk_usage`): a command that grows it
+  past ``SandboxLimits.disk_bytes`` is killed, under either backend;
 * some host directories are hidden under an empty read-only tmpfs, so the command cannot even
   list them: ``/root`` and the server user's home (host credentials: SSH keys, cloud and
   registry logins), Ray's temp directory when it is outside ``/tmp`` (its session directory
@@ -82,6 +84,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from . import seccomp
+from .disk_usage import DiskWatch, format_bytes
 
 __all__ = [
     "SandboxLimits",
@@ -141,6 +144,7 @@ class SandboxLimits:
     processes: int = 256  # RLIMIT_NPROC (per sandbox uid)
     timeout_seconds: float = 120.0  # wall clock per command
     output_bytes: int = 64 << 10  # combined stdout+stderr cap
+    disk_bytes: int = 1 << 30  # the workspace's total allocated size, checked while a command runs
 
 
 _LIMIT_TEXT: dict[str, str] = {
@@ -150,6 +154,7 @@ _LIMIT_TEXT: dict[str, str] = {
     "processes": "process limit reached",
     "output": "output limit exceeded",
     "timeout": "timeout",
+    "disk": "disk limit exceeded",
 }
 
 
@@ -157,13 +162,13 @@ _LIMIT_TEXT: dict[str, str] = {
 class CommandResult:
     """What one command did; plain data because the journal records it and replay returns it."""
 
-    exit_code: int | None  # None when killed by the timeout, a cancel or the output limit
+    exit_code: int | None  # None when killed by the timeout, a cancel, the output or the disk limit
     output: str  # combined stdout+stderr, utf-8 with errors="replace", capped
     truncated: bool
     timed_out: bool
     cancelled: bool
     duration_seconds: float
-    limit: str | None  # "timeout", "cpu", "memory", "file-size", "processes", "output"
+    limit: str | None  # "timeout", "cpu", "memory", "file-size", "processes", "output", "disk"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -708,6 +713,11 @@ class _SandboxBase:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
+    def _kill_running(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill the command unless it was already reaped (then its pid may belong to another)."""
+        if proc.returncode is None:
+            self._kill(proc)
+
     def _reseal(self) -> None:
         """Put the workspace back to 0700 and the sandbox uid, whatever the command did to it."""
         with contextlib.suppress(FileNotFoundError):  # then the command itself reports it
@@ -715,6 +725,8 @@ class _SandboxBase:
 
     def _run_active(self, active: _Active, command: str, wall: float) -> CommandResult:
         self._reseal()
+        disk = DiskWatch(self.workspace, self.limits.disk_bytes)
+        disk.measure_baseline()  # before the command starts: only its own growth counts
         started = time.monotonic()
         deadline = started + wall
         with self._spawn_args(command) as (argv, extra):
@@ -732,59 +744,74 @@ class _SandboxBase:
             cancelled_early = active.cancelled
         if cancelled_early:
             self._kill(proc)
-
-        assert proc.stdout is not None
-        capture = _OutputCap(self.limits.output_bytes)
-        kill_after = self.limits.output_bytes * _OUTPUT_KILL_FACTOR
-        timed_out = output_killed = False
-        exited_at: float | None = None
-        with proc.stdout, selectors.DefaultSelector() as selector:
-            fd = proc.stdout.fileno()
-            selector.register(fd, selectors.EVENT_READ)
-            while True:
-                now = time.monotonic()
-                if active.cancelled:
-                    break
-                if now >= deadline:
-                    timed_out = True
-                    break
-                if proc.poll() is not None:
-                    exited_at = exited_at or now
-                    if now - exited_at > _EXIT_GRACE_SECONDS:
-                        break  # something the shell left behind still holds the pipe
-                if selector.select(min(_POLL_SECONDS, max(0.0, deadline - now))):
-                    chunk = os.read(fd, _READ_CHUNK)
-                    if not chunk:
+        disk.start(lambda: self._kill_running(proc))
+        try:
+            assert proc.stdout is not None
+            capture = _OutputCap(self.limits.output_bytes)
+            kill_after = self.limits.output_bytes * _OUTPUT_KILL_FACTOR
+            timed_out = output_killed = False
+            exited_at: float | None = None
+            with proc.stdout, selectors.DefaultSelector() as selector:
+                fd = proc.stdout.fileno()
+                selector.register(fd, selectors.EVENT_READ)
+                while True:
+                    now = time.monotonic()
+                    if active.cancelled or disk.killed:
                         break
-                    capture.add(chunk)
-                    if capture.total > kill_after:
-                        output_killed = True
+                    if now >= deadline:
+                        timed_out = True
                         break
-            if not (timed_out or output_killed or active.cancelled):
-                # End of output is not the end of the command (it may close its output and go
-                # on), so keep waiting, still bounded by the deadline; cancel() kills it meanwhile.
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-            if timed_out or output_killed or active.cancelled:
-                self._kill(proc)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=_KILL_WAIT_SECONDS)
-        with self._lock:
-            # From here on a cancel() is too late to change the outcome.
-            active.finished = True
-            cancel_requested = active.cancelled
-        self._kill(proc)  # anything left in the group once the shell is gone
-        self._reap_leftovers()
+                    if proc.poll() is not None:
+                        exited_at = exited_at or now
+                        if now - exited_at > _EXIT_GRACE_SECONDS:
+                            break  # something the shell left behind still holds the pipe
+                    if selector.select(min(_POLL_SECONDS, max(0.0, deadline - now))):
+                        chunk = os.read(fd, _READ_CHUNK)
+                        if not chunk:
+                            break
+                        capture.add(chunk)
+                        if capture.total > kill_after:
+                            output_killed = True
+                            break
+                if not (timed_out or output_killed or active.cancelled or disk.killed):
+                    # End of output is not the end of the command (it may close its output and go
+                    # on), so keep waiting, still bounded by the deadline; cancel() and the disk
+                    # watch kill it meanwhile.
+                    try:
+                        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        timed_out = True
+                if timed_out or output_killed or active.cancelled or disk.killed:
+                    self._kill(proc)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=_KILL_WAIT_SECONDS)
+            with self._lock:
+                # From here on a cancel() is too late to change the outcome.
+                active.finished = True
+                cancel_requested = active.cancelled
+            self._kill(proc)  # anything left in the group once the shell is gone
+            self._reap_leftovers()
+            # After the reap, so nothing is still writing; catches what was written since the last
+            # poll (a fast command can fill the cap between two). Such a command is not killed (it
+            # has ended) but its result says so, and the next command that grows the workspace is.
+            over_disk = disk.finish()
+        finally:
+            disk.stop()  # on any error above too: never leave the watcher polling
+        disk_killed = disk.killed and not timed_out and not output_killed
         self._reseal()  # the next command may be minutes away; don't leave it open meanwhile
         duration = time.monotonic() - started
 
-        cancelled = cancel_requested and not (timed_out or output_killed)
-        stopped = cancelled or timed_out or output_killed
+        cancelled = cancel_requested and not (timed_out or output_killed or disk_killed)
+        stopped = cancelled or timed_out or output_killed or disk_killed
         exit_code = None if stopped or proc.returncode is None else _exit_status(proc.returncode)
+        output = capture.text()
+        if over_disk and not cancelled:
+            output += (f"\n[disk limit: the workspace uses {format_bytes(disk.usage)}, over its cap of "
+                       f"{format_bytes(disk.cap)}; delete files to go on]")
         if cancelled:
             limit = None
+        elif disk_killed or (over_disk and not (timed_out or output_killed)):
+            limit = "disk"
         elif output_killed:
             limit = "output"
         elif timed_out:
@@ -795,7 +822,7 @@ class _SandboxBase:
             limit = None
         return CommandResult(
             exit_code=exit_code,
-            output=capture.text(),
+            output=output,
             truncated=capture.dropped > 0,
             timed_out=timed_out,
             cancelled=cancelled,

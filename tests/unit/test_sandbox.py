@@ -119,6 +119,10 @@ def test_command_result_round_trips_and_tells_the_model_how_it_ended() -> None:
     assert cpu.for_model().startswith("exit code 152 (CPU time limit exceeded)")
     flooded = CommandResult(None, "y\n", True, False, False, 0.3, "output")
     assert flooded.for_model().startswith("killed: output limit exceeded")
+    filled = CommandResult(None, "", False, False, False, 0.3, "disk")
+    assert filled.for_model().startswith("killed: disk limit exceeded\n")
+    assert CommandResult(0, "", False, False, False, 0.1, "disk").for_model().startswith(
+        "exit code 0 (disk limit exceeded)")
 
 
 def test_bwrap_argv_without_root_uses_a_user_namespace() -> None:
@@ -694,6 +698,17 @@ def test_process_sandbox_timeout_and_leftovers(process_box: ProcessSandbox) -> N
     assert time.monotonic() - started < 5
     if process_box.host_uid is not None:
         assert _wait_until(lambda: not _processes_of(process_box.host_uid), timeout=10)
+
+
+def test_process_sandbox_has_the_disk_cap_too(tmp_path: Path) -> None:
+    box = ProcessSandbox(tmp_path / "ws", SandboxLimits(timeout_seconds=30, disk_bytes=4 << 20))
+    try:
+        result = box.run("for i in $(seq 100); do head -c 1M /dev/zero >> fill; sleep 0.01; done; echo FINISHED")
+        assert result.exit_code is None and result.limit == "disk" and "FINISHED" not in result.output
+        assert result.for_model().startswith("killed: disk limit exceeded\n")
+        assert box.run("rm fill && echo ok").output == "ok\n"
+    finally:
+        box.delete()
 
 
 def test_process_sandbox_output_cap_and_cancel(tmp_path: Path) -> None:
