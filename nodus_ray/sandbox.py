@@ -16,10 +16,15 @@ the run may use the network, network) namespaces:
   kernel kills everything left in it: nothing outlives a command;
 * the environment is cleared down to PATH, HOME, LANG and TERM, so server secrets such as
   API keys never reach the model's commands;
+* a seccomp filter (:mod:`nodus_ray.seccomp`) refuses the system calls containers have been
+  escaped through (mount, namespaces, ptrace, bpf, io_uring, keyrings, kernel modules...);
+* the workspace's total size is capped (:mod:`nodus_ray.disk_usage`): a command that grows it
+  past ``SandboxLimits.disk_bytes`` is killed, under either backend;
 * some host directories are hidden under an empty read-only tmpfs, so the command cannot even
   list them: ``/root`` and the server user's home (host credentials: SSH keys, cloud and
   registry logins), Ray's temp directory when it is outside ``/tmp`` (its session directory
-  holds the raylet and object store sockets and logs), and whatever the caller passes as
+  holds the raylet and object store sockets and logs), ``/run`` (the host daemons' sockets,
+  such as docker.sock), and whatever the caller passes as
   ``hidden_paths`` (the control plane passes the sandbox root, so no run can browse the other
   runs' workspaces, and the local storage directory). The workspace still works when it lives
   under a hidden directory, because bubblewrap binds it at ``/tmp/workspace`` from the host's
@@ -72,11 +77,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from . import seccomp
+from .disk_usage import DiskWatch, format_bytes
 
 __all__ = [
     "SandboxLimits",
@@ -116,6 +124,14 @@ _EXIT_GRACE_SECONDS = 0.5  # after the shell exits, how long a leftover pipe hol
 _KILL_WAIT_SECONDS = 5.0
 _PROBE_TIMEOUT_SECONDS = 15.0
 _MIN_TMPFS_BYTES = 16 << 20
+# Runtime state of the host's daemons: the docker, containerd and podman sockets, D-Bus,
+# systemd's private socket, sshd and database sockets. Nothing a command needs, and a socket a
+# command can reach (docker.sock is root-equivalent) is an escape. /var/run is usually a
+# symlink to /run; _hide_args resolves it, so it is covered once.
+_RUNTIME_DIRS = ("/run", "/var/run")
+# Files a networked command needs that often live under /run (systemd-resolved's stub
+# resolv.conf): bound back, read-only, inside the hidden /run when the run may use the network.
+_NETWORK_FILES = ("/etc/resolv.conf",)
 
 
 @dataclass(frozen=True)
@@ -128,6 +144,7 @@ class SandboxLimits:
     processes: int = 256  # RLIMIT_NPROC (per sandbox uid)
     timeout_seconds: float = 120.0  # wall clock per command
     output_bytes: int = 64 << 10  # combined stdout+stderr cap
+    disk_bytes: int = 1 << 30  # the workspace's total allocated size, checked while a command runs
 
 
 _LIMIT_TEXT: dict[str, str] = {
@@ -137,6 +154,7 @@ _LIMIT_TEXT: dict[str, str] = {
     "processes": "process limit reached",
     "output": "output limit exceeded",
     "timeout": "timeout",
+    "disk": "disk limit exceeded",
 }
 
 
@@ -144,13 +162,13 @@ _LIMIT_TEXT: dict[str, str] = {
 class CommandResult:
     """What one command did; plain data because the journal records it and replay returns it."""
 
-    exit_code: int | None  # None when killed by the timeout, a cancel or the output limit
+    exit_code: int | None  # None when killed by the timeout, a cancel, the output or the disk limit
     output: str  # combined stdout+stderr, utf-8 with errors="replace", capped
     truncated: bool
     timed_out: bool
     cancelled: bool
     duration_seconds: float
-    limit: str | None  # "timeout", "cpu", "memory", "file-size", "processes", "output"
+    limit: str | None  # "timeout", "cpu", "memory", "file-size", "processes", "output", "disk"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -244,6 +262,8 @@ def _default_hidden_paths() -> list[Path]:
     ``/root`` and the homes of the server's user (and of the ``sudo`` caller) hold host
     credentials; Ray's temp directory holds the session's sockets, through which a command
     could submit work to the cluster as the server. Ones under ``/tmp`` are hidden anyway.
+    ``/run`` (and ``/var/run`` if it is a directory of its own) holds the host daemons'
+    sockets, ``docker.sock`` among them.
     """
     candidates = ["/root", os.environ.get("HOME", "")]
     with contextlib.suppress(KeyError):
@@ -262,6 +282,7 @@ def _default_hidden_paths() -> list[Path]:
             continue
         if Path(path) not in hidden:
             hidden.append(Path(path))
+    hidden += [Path(d) for d in _RUNTIME_DIRS if Path(d) not in hidden]
     return hidden
 
 
@@ -280,7 +301,7 @@ def _check_hidden_paths(paths: Sequence[Path | str]) -> tuple[Path, ...]:
     return tuple(checked)
 
 
-def _hide_args(paths: Sequence[Path]) -> list[str]:
+def _hide_args(paths: Sequence[Path], keep: Sequence[str] = ()) -> list[str]:
     """bubblewrap arguments that cover each existing path with an empty read-only mount.
 
     Resolved now, per command, because paths (Ray's session, a storage directory) can appear
@@ -290,8 +311,13 @@ def _hide_args(paths: Sequence[Path]) -> list[str]:
     directories), as are paths below another hidden one (the mount point could not be created
     in a read-only tmpfs). A directory gets a tmpfs; anything else gets ``/dev/null`` bound over
     it (``nodev`` on the host root makes that unreadable too).
+
+    ``keep``: host files to bind back, read-only, where they fall inside a hidden directory
+    (resolved too, so ``/etc/resolv.conf`` pointing into ``/run`` keeps working). The bind
+    goes between the tmpfs and its read-only remount, while a mount point can still be made.
     """
     resolved = sorted({os.path.realpath(p) for p in paths if os.path.lexists(p)})
+    kept_files = sorted({os.path.realpath(p) for p in keep if os.path.isfile(p)})
     args: list[str] = []
     kept: list[str] = []
     for path in resolved:
@@ -301,7 +327,11 @@ def _hide_args(paths: Sequence[Path]) -> list[str]:
             continue
         kept.append(path)
         if os.path.isdir(path):
-            args += ["--tmpfs", path, "--remount-ro", path]
+            args += ["--tmpfs", path]
+            for file in kept_files:
+                if _within(file, path):
+                    args += ["--ro-bind", file, file]
+            args += ["--remount-ro", path]
         else:
             args += ["--ro-bind", "/dev/null", path]
     return args
@@ -397,8 +427,13 @@ def _bwrap_argv(
     allow_network: bool,
     host_uid: int | None,
     hidden: Sequence[Path] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bubblewrap command line; ``host_uid`` set means we are root and drop inside.
+
+    ``seccomp_fd`` is a descriptor holding the compiled filter (see :mod:`nodus_ray.seccomp`),
+    which the caller must pass to bubblewrap; bubblewrap installs it right before it executes
+    the command (``setpriv`` when dropping root), so the whole command runs under it.
 
     Mounts apply in order: the hidden paths come after the private ``/tmp`` and before the
     workspace bind, so a hidden path can never cover ``/tmp/workspace``. The workspace bind's
@@ -435,7 +470,7 @@ def _bwrap_argv(
         "--proc", "/proc",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm",
-        *_hide_args(hidden),
+        *_hide_args(hidden, keep=_NETWORK_FILES if allow_network else ()),
         "--bind", str(workspace), SANDBOX_WORKSPACE,
         "--chdir", SANDBOX_WORKSPACE,
         "--clearenv",
@@ -444,6 +479,7 @@ def _bwrap_argv(
         "--setenv", "LANG", "C.UTF-8",
         "--setenv", "TERM", "dumb",
         *caps,
+        *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
         "--",
         *drop,
         *command_argv,
@@ -451,12 +487,29 @@ def _bwrap_argv(
 
 
 @lru_cache(maxsize=1)
+def _seccomp_program() -> bytes | None:
+    """This host's compiled seccomp filter, or None where :mod:`nodus_ray.seccomp` has none."""
+    return seccomp.build_filter()
+
+
+@contextlib.contextmanager
+def _seccomp_fd() -> Iterator[int | None]:
+    """A fresh descriptor with the filter for one bubblewrap start (it reads it to the end)."""
+    program = _seccomp_program()
+    if program is None:
+        yield None
+        return
+    with seccomp.filter_fd(program) as fd:
+        yield fd
+
+
+@lru_cache(maxsize=1)
 def _probe_bwrap() -> str | None:
     """None when bubblewrap works here, else why not (becomes the fallback's note).
 
-    Runs a real, trivial sandbox with the same flags as commands use (hidden paths included),
-    because bwrap being installed says nothing about whether namespaces, or tmpfs mounts and
-    read-only remounts, are allowed in this container.
+    Runs a real, trivial sandbox with the same flags as commands use (hidden paths and the
+    seccomp filter included), because bwrap being installed says nothing about whether
+    namespaces, tmpfs mounts, read-only remounts or seccomp are allowed in this container.
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -471,14 +524,17 @@ def _probe_bwrap() -> str | None:
             uid = _UID_BASE if _is_root() else None
             if uid is not None:
                 os.chown(workspace, uid, uid)
-            argv = _bwrap_argv(
-                bwrap, setpriv, workspace, ["/bin/bash", "-c", "touch probe"], SandboxLimits(),
-                allow_network=False, host_uid=uid, hidden=_default_hidden_paths(),
-            )
-            proc = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_SECONDS,
-                env={"PATH": _SANDBOX_PATH}, start_new_session=True,
-            )
+            with _seccomp_fd() as seccomp_fd:
+                argv = _bwrap_argv(
+                    bwrap, setpriv, workspace, ["/bin/bash", "-c", "touch probe"], SandboxLimits(),
+                    allow_network=False, host_uid=uid, hidden=_default_hidden_paths(),
+                    seccomp_fd=seccomp_fd,
+                )
+                proc = subprocess.run(
+                    argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_SECONDS,
+                    env={"PATH": _SANDBOX_PATH}, start_new_session=True,
+                    pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                )
             if proc.returncode != 0:
                 detail = proc.stderr.decode("utf-8", "replace").strip()[-300:]
                 return f"bwrap probe failed (exit {proc.returncode}): {detail}"
@@ -603,6 +659,11 @@ class _SandboxBase:
     def _popen_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    @contextlib.contextmanager
+    def _spawn_args(self, command: str) -> Iterator[tuple[list[str], dict[str, Any]]]:
+        """argv and extra Popen arguments for one command, valid until the process is started."""
+        yield self._argv(command), self._popen_kwargs()
+
     def _reap_leftovers(self) -> None:
         """Kill whatever the command left behind once it is over; bubblewrap's PID namespace does it."""
 
@@ -652,6 +713,11 @@ class _SandboxBase:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
+    def _kill_running(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill the command unless it was already reaped (then its pid may belong to another)."""
+        if proc.returncode is None:
+            self._kill(proc)
+
     def _reseal(self) -> None:
         """Put the workspace back to 0700 and the sandbox uid, whatever the command did to it."""
         with contextlib.suppress(FileNotFoundError):  # then the command itself reports it
@@ -659,75 +725,93 @@ class _SandboxBase:
 
     def _run_active(self, active: _Active, command: str, wall: float) -> CommandResult:
         self._reseal()
+        disk = DiskWatch(self.workspace, self.limits.disk_bytes)
+        disk.measure_baseline()  # before the command starts: only its own growth counts
         started = time.monotonic()
         deadline = started + wall
-        proc = subprocess.Popen(
-            self._argv(command),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so one killpg reaches all of it
-            close_fds=True,
-            **self._popen_kwargs(),
-        )
+        with self._spawn_args(command) as (argv, extra):
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so one killpg reaches all of it
+                close_fds=True,
+                **extra,
+            )
         with self._lock:
             active.proc = proc
             cancelled_early = active.cancelled
         if cancelled_early:
             self._kill(proc)
-
-        assert proc.stdout is not None
-        capture = _OutputCap(self.limits.output_bytes)
-        kill_after = self.limits.output_bytes * _OUTPUT_KILL_FACTOR
-        timed_out = output_killed = False
-        exited_at: float | None = None
-        with proc.stdout, selectors.DefaultSelector() as selector:
-            fd = proc.stdout.fileno()
-            selector.register(fd, selectors.EVENT_READ)
-            while True:
-                now = time.monotonic()
-                if active.cancelled:
-                    break
-                if now >= deadline:
-                    timed_out = True
-                    break
-                if proc.poll() is not None:
-                    exited_at = exited_at or now
-                    if now - exited_at > _EXIT_GRACE_SECONDS:
-                        break  # something the shell left behind still holds the pipe
-                if selector.select(min(_POLL_SECONDS, max(0.0, deadline - now))):
-                    chunk = os.read(fd, _READ_CHUNK)
-                    if not chunk:
+        disk.start(lambda: self._kill_running(proc))
+        try:
+            assert proc.stdout is not None
+            capture = _OutputCap(self.limits.output_bytes)
+            kill_after = self.limits.output_bytes * _OUTPUT_KILL_FACTOR
+            timed_out = output_killed = False
+            exited_at: float | None = None
+            with proc.stdout, selectors.DefaultSelector() as selector:
+                fd = proc.stdout.fileno()
+                selector.register(fd, selectors.EVENT_READ)
+                while True:
+                    now = time.monotonic()
+                    if active.cancelled or disk.killed:
                         break
-                    capture.add(chunk)
-                    if capture.total > kill_after:
-                        output_killed = True
+                    if now >= deadline:
+                        timed_out = True
                         break
-            if not (timed_out or output_killed or active.cancelled):
-                # End of output is not the end of the command (it may close its output and go
-                # on), so keep waiting, still bounded by the deadline; cancel() kills it meanwhile.
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-            if timed_out or output_killed or active.cancelled:
-                self._kill(proc)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=_KILL_WAIT_SECONDS)
-        with self._lock:
-            # From here on a cancel() is too late to change the outcome.
-            active.finished = True
-            cancel_requested = active.cancelled
-        self._kill(proc)  # anything left in the group once the shell is gone
-        self._reap_leftovers()
+                    if proc.poll() is not None:
+                        exited_at = exited_at or now
+                        if now - exited_at > _EXIT_GRACE_SECONDS:
+                            break  # something the shell left behind still holds the pipe
+                    if selector.select(min(_POLL_SECONDS, max(0.0, deadline - now))):
+                        chunk = os.read(fd, _READ_CHUNK)
+                        if not chunk:
+                            break
+                        capture.add(chunk)
+                        if capture.total > kill_after:
+                            output_killed = True
+                            break
+                if not (timed_out or output_killed or active.cancelled or disk.killed):
+                    # End of output is not the end of the command (it may close its output and go
+                    # on), so keep waiting, still bounded by the deadline; cancel() and the disk
+                    # watch kill it meanwhile.
+                    try:
+                        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        timed_out = True
+                if timed_out or output_killed or active.cancelled or disk.killed:
+                    self._kill(proc)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=_KILL_WAIT_SECONDS)
+            with self._lock:
+                # From here on a cancel() is too late to change the outcome.
+                active.finished = True
+                cancel_requested = active.cancelled
+            self._kill(proc)  # anything left in the group once the shell is gone
+            self._reap_leftovers()
+            # After the reap, so nothing is still writing; catches what was written since the last
+            # poll (a fast command can fill the cap between two). Such a command is not killed (it
+            # has ended) but its result says so, and the next command that grows the workspace is.
+            over_disk = disk.finish()
+        finally:
+            disk.stop()  # on any error above too: never leave the watcher polling
+        disk_killed = disk.killed and not timed_out and not output_killed
         self._reseal()  # the next command may be minutes away; don't leave it open meanwhile
         duration = time.monotonic() - started
 
-        cancelled = cancel_requested and not (timed_out or output_killed)
-        stopped = cancelled or timed_out or output_killed
+        cancelled = cancel_requested and not (timed_out or output_killed or disk_killed)
+        stopped = cancelled or timed_out or output_killed or disk_killed
         exit_code = None if stopped or proc.returncode is None else _exit_status(proc.returncode)
+        output = capture.text()
+        if over_disk and not cancelled:
+            output += (f"\n[disk limit: the workspace uses {format_bytes(disk.usage)}, over its cap of "
+                       f"{format_bytes(disk.cap)}; delete files to go on]")
         if cancelled:
             limit = None
+        elif disk_killed or (over_disk and not (timed_out or output_killed)):
+            limit = "disk"
         elif output_killed:
             limit = "output"
         elif timed_out:
@@ -738,7 +822,7 @@ class _SandboxBase:
             limit = None
         return CommandResult(
             exit_code=exit_code,
-            output=capture.text(),
+            output=output,
             truncated=capture.dropped > 0,
             timed_out=timed_out,
             cancelled=cancelled,
@@ -771,16 +855,27 @@ class BubblewrapSandbox(_SandboxBase):
         uid: int | None = None,
         hidden_paths: Sequence[Path] = (),
     ) -> None:
-        super().__init__(workspace, limits, note=None, uid=uid, hidden_paths=hidden_paths)
+        no_filter = seccomp.unsupported_reason()
+        note = f"{no_filter}: commands run without a system call filter" if no_filter else None
+        super().__init__(workspace, limits, note=note, uid=uid, hidden_paths=hidden_paths)
         self.allow_network = allow_network
         self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._setpriv = shutil.which("setpriv") if self.host_uid is not None else None
 
-    def _argv(self, command: str) -> list[str]:
+    def _argv(self, command: str, seccomp_fd: int | None = None) -> list[str]:
         return _bwrap_argv(
             self._bwrap, self._setpriv, self.workspace, _shell_argv(command, self.limits), self.limits,
             allow_network=self.allow_network, host_uid=self.host_uid, hidden=self._hidden,
+            seccomp_fd=seccomp_fd,
         )
+
+    @contextlib.contextmanager
+    def _spawn_args(self, command: str) -> Iterator[tuple[list[str], dict[str, Any]]]:
+        with _seccomp_fd() as fd:
+            extra = self._popen_kwargs()
+            if fd is not None:
+                extra["pass_fds"] = (fd,)
+            yield self._argv(command, fd), extra
 
     def _popen_kwargs(self) -> dict[str, Any]:
         # bubblewrap itself needs no environment; the command's is set with --setenv.

@@ -119,6 +119,10 @@ def test_command_result_round_trips_and_tells_the_model_how_it_ended() -> None:
     assert cpu.for_model().startswith("exit code 152 (CPU time limit exceeded)")
     flooded = CommandResult(None, "y\n", True, False, False, 0.3, "output")
     assert flooded.for_model().startswith("killed: output limit exceeded")
+    filled = CommandResult(None, "", False, False, False, 0.3, "disk")
+    assert filled.for_model().startswith("killed: disk limit exceeded\n")
+    assert CommandResult(0, "", False, False, False, 0.1, "disk").for_model().startswith(
+        "exit code 0 (disk limit exceeded)")
 
 
 def test_bwrap_argv_without_root_uses_a_user_namespace() -> None:
@@ -130,11 +134,26 @@ def test_bwrap_argv_without_root_uses_a_user_namespace() -> None:
     assert "--share-net" not in argv and "--cap-add" not in argv
     assert argv[argv.index("--bind") + 1: argv.index("--bind") + 3] == ["/srv/ws", "/tmp/workspace"]
     assert argv[-2:] == ["--", "/bin/true"]
+    assert "--seccomp" not in argv
     networked = sandbox_module._bwrap_argv(
         "/usr/bin/bwrap", None, Path("/srv/ws"), ["/bin/true"], SandboxLimits(),
-        allow_network=True, host_uid=None,
+        allow_network=True, host_uid=None, seccomp_fd=7,
     )
     assert "--share-net" in networked
+    assert networked[networked.index("--seccomp"): networked.index("--seccomp") + 3] == ["--seccomp", "7", "--"]
+
+
+def test_hidden_run_keeps_resolv_conf_for_networked_commands(host_dir: Path) -> None:
+    run = host_dir / "run"
+    (run / "resolve").mkdir(parents=True)
+    (run / "resolve" / "stub-resolv.conf").write_text("nameserver 127.0.0.53\n")
+    link = host_dir / "resolv.conf"
+    link.symlink_to(run / "resolve" / "stub-resolv.conf")
+    stub = str(run / "resolve" / "stub-resolv.conf")
+    args = sandbox_module._hide_args([run], keep=[str(link)])
+    assert args == ["--tmpfs", str(run), "--ro-bind", stub, stub, "--remount-ro", str(run)]
+    assert sandbox_module._hide_args([run], keep=[str(host_dir / "elsewhere")]) == [
+        "--tmpfs", str(run), "--remount-ro", str(run)]
 
 
 def test_sandbox_uid_is_stable_per_workspace_and_in_range() -> None:
@@ -217,6 +236,7 @@ def test_default_hidden_paths_cover_credentials_and_ray(host_dir: Path,
     monkeypatch.setenv("RAY_TMPDIR", str(host_dir / "raytmp"))
     defaults = sandbox_module._default_hidden_paths()
     assert Path("/root") in defaults and home in defaults and host_dir / "raytmp" / "ray" in defaults
+    assert Path("/run") in defaults and Path("/var/run") in defaults  # daemon sockets (docker.sock)
     # A home that is the system (Debian's ``daemon`` user has /usr/sbin) must never be hidden.
     for system_home in ("/", "/usr/sbin", "/usr", "/etc"):
         monkeypatch.setenv("HOME", system_home)
@@ -678,6 +698,17 @@ def test_process_sandbox_timeout_and_leftovers(process_box: ProcessSandbox) -> N
     assert time.monotonic() - started < 5
     if process_box.host_uid is not None:
         assert _wait_until(lambda: not _processes_of(process_box.host_uid), timeout=10)
+
+
+def test_process_sandbox_has_the_disk_cap_too(tmp_path: Path) -> None:
+    box = ProcessSandbox(tmp_path / "ws", SandboxLimits(timeout_seconds=30, disk_bytes=4 << 20))
+    try:
+        result = box.run("for i in $(seq 100); do head -c 1M /dev/zero >> fill; sleep 0.01; done; echo FINISHED")
+        assert result.exit_code is None and result.limit == "disk" and "FINISHED" not in result.output
+        assert result.for_model().startswith("killed: disk limit exceeded\n")
+        assert box.run("rm fill && echo ok").output == "ok\n"
+    finally:
+        box.delete()
 
 
 def test_process_sandbox_output_cap_and_cancel(tmp_path: Path) -> None:
