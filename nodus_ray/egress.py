@@ -89,6 +89,8 @@ _RESOLVE_TIMEOUT_SECONDS = 10.0
 _CONNECT_TIMEOUT_SECONDS = 10.0
 _MAX_CONNECTIONS = 128  # per proxy (one run): bounds the host's descriptors and threads
 _CHUNK = 64 << 10
+_LINGER_SECONDS = 1.0
+_LINGER_BYTES = 1 << 20
 _METHOD = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
 # Hop-by-hop headers a proxy must not pass on; Connection is replaced by "close".
 _HOP_BY_HOP = frozenset({
@@ -262,6 +264,22 @@ def _answer(status: int, text: str) -> bytes:
     ).encode("latin-1") + body
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After an error answer: end our side, then read (and drop) what the client still sends.
+
+    Closing with unread input (a request body, a TLS hello sent right after CONNECT) makes
+    the kernel send a reset, which can destroy the answer before the client reads it.
+    Bounded in time and bytes.
+    """
+    if writer.can_write_eof():
+        writer.write_eof()
+    budget = _LINGER_BYTES
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_LINGER_SECONDS):
+            while budget > 0 and (data := await reader.read(_CHUNK)):
+                budget -= len(data)
+
+
 class EgressProxy:
     """HTTP proxy on a Unix socket that lets one run reach only what its policy allows.
 
@@ -391,6 +409,7 @@ class EgressProxy:
             with contextlib.suppress(Exception):
                 writer.write(_answer(refusal.status, refusal.text))
                 await writer.drain()
+                await _linger(reader, writer)
         except (ConnectionError, OSError):
             pass  # the client or the destination went away; the record says what moved
         finally:
@@ -426,14 +445,20 @@ class EgressProxy:
         raise _Refusal(502, "failed", "ConnectFailed", f"nodus egress: cannot connect to {host}:{port}")
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
-        """Every address ``host`` has, resolved here; an address literal is itself."""
+        """Every address ``host`` has, resolved here; an address literal is itself.
+
+        The name resolved is the normalized one the policy matched (lowercase, no trailing
+        dot): ``/etc/hosts`` lookups do not match an absolute ``name.``.
+        """
         target = normalize_host(host)
-        if target is not None and not isinstance(target, str):
+        if target is None:
+            raise _Refusal(502, "failed", "ResolveFailed", f"nodus egress: cannot resolve {host}")
+        if not isinstance(target, str):
             return [target]
         loop = asyncio.get_running_loop()
         try:
             infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), _RESOLVE_TIMEOUT_SECONDS
+                loop.getaddrinfo(target, port, type=socket.SOCK_STREAM), _RESOLVE_TIMEOUT_SECONDS
             )
         except (OSError, TimeoutError, UnicodeError):
             infos = []

@@ -35,6 +35,7 @@ from typing import NoReturn
 _CHUNK = 64 << 10
 _MAX_CONNECTIONS = 128
 _CONNECT_TIMEOUT_SECONDS = 10.0
+_LINGER_SECONDS = 1.0
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _USAGE = "usage: egress_forwarder.py --listen HOST:PORT --socket PATH -- CMD [ARGS...]"
 _UNREACHABLE_TEXT = b"nodus egress: the egress proxy is not running\n"
@@ -94,6 +95,22 @@ def _pump(source: socket.socket, sink: socket.socket, both: tuple[socket.socket,
                 pass
 
 
+def _refuse(client: socket.socket) -> None:
+    """Answer 502, then read what the client already sent before closing.
+
+    Closing a socket with unread input sends a reset, which can destroy the answer before
+    the client reads it.
+    """
+    try:
+        client.sendall(_UNREACHABLE)
+        client.shutdown(socket.SHUT_WR)
+        client.settimeout(_LINGER_SECONDS)
+        while client.recv(_CHUNK):
+            pass
+    except OSError:
+        pass
+
+
 def _carry(client: socket.socket, path: str, slots: threading.BoundedSemaphore) -> None:
     """One connection: connect to the proxy socket and copy both ways, a thread per direction."""
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -103,10 +120,7 @@ def _carry(client: socket.socket, path: str, slots: threading.BoundedSemaphore) 
             upstream.connect(path)
             upstream.settimeout(None)
         except OSError:
-            try:
-                client.sendall(_UNREACHABLE)
-            except OSError:
-                pass
+            _refuse(client)
             return
         pair = (client, upstream)
         back = threading.Thread(target=_pump, args=(upstream, client, pair), daemon=True)
