@@ -548,9 +548,13 @@ def bwrap_args(host_socket: Path) -> list[str]:
 
 
 def wrap_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` run under the forwarder, which exits with the command's own status."""
+    """``argv`` run under the forwarder, which exits with the command's own status.
+
+    ``-I -S``: the command's environment (PYTHONPATH, PYTHONSTARTUP...) must not change the
+    forwarder, and skipping ``site`` saves startup time on every command.
+    """
     return [
-        _SANDBOX_PYTHON, SANDBOX_FORWARDER,
+        _SANDBOX_PYTHON, "-I", "-S", SANDBOX_FORWARDER,
         "--listen", f"127.0.0.1:{SANDBOX_PROXY_PORT}",
         "--socket", SANDBOX_SOCKET,
         "--", *argv,

@@ -15,14 +15,16 @@ It is invisible to CMD's caller: it prints nothing (except a one-line note on st
 port cannot be bound, in which case CMD runs without network), passes SIGTERM, SIGINT, SIGHUP
 and SIGQUIT on to CMD, and exits with CMD's status -- if CMD died from a signal it kills
 itself with the same signal, so the status its parent sees is the same as without it.
-Annotations use the modern spelling; ``from __future__ import annotations`` keeps them
-unevaluated, so 3.8 runs this file.
+
+All connections are relayed by one thread (see ``_Relay``). Annotations use the modern
+spelling; ``from __future__ import annotations`` keeps them unevaluated, so 3.8 runs this file.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import selectors
 import signal
 import socket
 import subprocess
@@ -71,86 +73,178 @@ def _usage() -> NoReturn:
     sys.exit(2)
 
 
+class _Direction:
+    """Bytes on their way from ``src`` to ``dst`` (``dst`` None: read and dropped)."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket | None, pending: bytes = b"") -> None:
+        self.src = src
+        self.dst = dst
+        self.buf = bytearray(pending)
+        self.src_done = False  # src sent EOF (or, for a canned answer, there is no src)
+        self.shut = False  # dst has been told EOF
+
+
+class _Link:
+    """One client connection and its Unix-socket twin, or a canned answer if there is none."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket | None) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.up = _Direction(client, upstream)
+        if upstream is None:
+            self.down = _Direction(client, client, _UNREACHABLE)
+            self.down.src_done = True
+        else:
+            self.down = _Direction(upstream, client)
+        # A link without a proxy only lingers to read what the client already sent: closing
+        # with unread input would send a reset that can destroy the answer.
+        self.deadline = time.monotonic() + _LINGER_SECONDS if upstream is None else None
+
+    def sockets(self) -> list[socket.socket]:
+        return [self.client] if self.upstream is None else [self.client, self.upstream]
+
+    def finished(self) -> bool:
+        return self.up.shut and self.down.shut
+
+
+class _Relay:
+    """Every connection on one thread, with non-blocking sockets and a selector.
+
+    One thread, not one or two per connection: threads count against the sandbox uid's
+    process limit (``ulimit -u``), so a command with many connections open would otherwise
+    find it cannot fork.
+    """
+
+    def __init__(self, listener: socket.socket, path: str) -> None:
+        self.listener = listener
+        self.path = path
+        self.selector = selectors.DefaultSelector()
+        self.links: set[_Link] = set()
+        self.interest: dict[socket.socket, int] = {}
+
+    def run(self) -> None:
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        while True:
+            for key, mask in self.selector.select(timeout=_LINGER_SECONDS / 2):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._event(key.data, key.fileobj, mask)  # type: ignore[arg-type]
+            now = time.monotonic()
+            for link in [x for x in self.links if x.deadline is not None and x.deadline < now]:
+                self._drop(link)
+
+    def _accept(self) -> None:
+        try:
+            client, _ = self.listener.accept()
+        except OSError:  # EAGAIN after a spurious wakeup, or out of descriptors: try later
+            return
+        if len(self.links) >= _MAX_CONNECTIONS:
+            _close(client)
+            return
+        upstream: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # Blocking, but a Unix connect is immediate unless the proxy's backlog is full.
+            upstream.settimeout(_CONNECT_TIMEOUT_SECONDS)
+            upstream.connect(self.path)
+            upstream.setblocking(False)
+        except OSError:
+            _close(upstream)
+            upstream = None
+        client.setblocking(False)
+        try:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        link = _Link(client, upstream)
+        self.links.add(link)
+        self._flush(link, link.down)
+        self._update(link)
+
+    def _event(self, link: _Link, sock: socket.socket, mask: int) -> None:
+        if link not in self.links:
+            return
+        if mask & selectors.EVENT_READ:
+            direction = link.up if sock is link.client else link.down
+            try:
+                data = sock.recv(_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                self._drop(link)
+                return
+            if data == b"":
+                direction.src_done = True
+            elif data and direction.dst is not None:
+                direction.buf += data
+            self._flush(link, direction)
+        if mask & selectors.EVENT_WRITE and link in self.links:
+            self._flush(link, link.down if sock is link.client else link.up)
+        if link in self.links:
+            self._update(link)
+
+    def _flush(self, link: _Link, direction: _Direction) -> None:
+        """Send what is buffered; pass EOF on once the buffer is empty; drop the link on error."""
+        dst = direction.dst
+        try:
+            while direction.buf and dst is not None:
+                try:
+                    sent = dst.send(direction.buf)
+                except (BlockingIOError, InterruptedError):
+                    return
+                del direction.buf[:sent]
+            if direction.src_done and not direction.shut:
+                direction.shut = True
+                if dst is not None:
+                    dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(link)
+
+    def _update(self, link: _Link) -> None:
+        """Watch each socket for what it can do next; close the link when both ways are done."""
+        if link.finished() and link.deadline is None:
+            self._drop(link)
+            return
+        for sock in link.sockets():
+            out = link.up if sock is link.client else link.down  # read from sock into out.buf
+            into = link.down if sock is link.client else link.up  # write into.buf to sock
+            events = 0
+            if not out.src_done and len(out.buf) < _CHUNK * 4:
+                events |= selectors.EVENT_READ
+            if into.buf and into.dst is sock:
+                events |= selectors.EVENT_WRITE
+            self._watch(sock, events, link)
+        if link.upstream is None and link.up.src_done and not link.down.buf:
+            self._drop(link)  # the canned answer is out and the client has finished sending
+
+    def _watch(self, sock: socket.socket, events: int, link: _Link) -> None:
+        before = self.interest.get(sock, 0)
+        if events == before:
+            return
+        if not events:
+            self.selector.unregister(sock)
+            del self.interest[sock]
+        elif not before:
+            self.selector.register(sock, events, link)
+            self.interest[sock] = events
+        else:
+            self.selector.modify(sock, events, link)
+            self.interest[sock] = events
+
+    def _drop(self, link: _Link) -> None:
+        self.links.discard(link)
+        for sock in link.sockets():
+            if self.interest.pop(sock, 0):
+                self.selector.unregister(sock)
+            _close(sock)
+
+
 def _close(sock: socket.socket) -> None:
     try:
         sock.close()
     except OSError:
         pass
-
-
-def _pump(source: socket.socket, sink: socket.socket, both: tuple[socket.socket, ...]) -> None:
-    """Copy until ``source`` ends, then half-close ``sink``; on an error, break both sockets."""
-    try:
-        while True:
-            data = source.recv(_CHUNK)
-            if not data:
-                break
-            sink.sendall(data)
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        for sock in both:  # unblocks the other direction's recv
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-def _refuse(client: socket.socket) -> None:
-    """Answer 502, then read what the client already sent before closing.
-
-    Closing a socket with unread input sends a reset, which can destroy the answer before
-    the client reads it.
-    """
-    try:
-        client.sendall(_UNREACHABLE)
-        client.shutdown(socket.SHUT_WR)
-        client.settimeout(_LINGER_SECONDS)
-        while client.recv(_CHUNK):
-            pass
-    except OSError:
-        pass
-
-
-def _carry(client: socket.socket, path: str, slots: threading.BoundedSemaphore) -> None:
-    """One connection: connect to the proxy socket and copy both ways, a thread per direction."""
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        try:
-            upstream.settimeout(_CONNECT_TIMEOUT_SECONDS)
-            upstream.connect(path)
-            upstream.settimeout(None)
-        except OSError:
-            _refuse(client)
-            return
-        pair = (client, upstream)
-        back = threading.Thread(target=_pump, args=(upstream, client, pair), daemon=True)
-        back.start()
-        _pump(client, upstream, pair)
-        back.join()
-    finally:
-        _close(upstream)
-        _close(client)
-        slots.release()
-
-
-def _serve(listener: socket.socket, path: str) -> None:
-    """Accept forever; the process exits with the command, which ends this thread."""
-    slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
-    while True:
-        try:
-            client, _ = listener.accept()
-        except OSError:
-            time.sleep(0.05)  # out of descriptors, say: try again rather than give up
-            continue
-        if not slots.acquire(blocking=False):
-            _close(client)
-            continue
-        try:
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=_carry, args=(client, path, slots), daemon=True).start()
-        except (OSError, RuntimeError):
-            _close(client)
-            slots.release()
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -188,7 +282,7 @@ def main(argv: list[str]) -> NoReturn:
                          "no network for this command\n")
         sys.stderr.flush()
     else:
-        threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
+        threading.Thread(target=_Relay(listener, path).run, name="relay", daemon=True).start()
 
     child: list[subprocess.Popen[bytes] | None] = [None]
     pending: list[int] = []

@@ -543,3 +543,55 @@ def test_forwarder_answers_502_when_the_proxy_is_gone(socket_dir: Path) -> None:
     )
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("HTTP/1.1 502 ") and "egress proxy is not running" in result.stdout
+
+
+_MANY_TUNNELS = r"""
+import os, socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+socks = []
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(("CONNECT 127.0.0.2:%d HTTP/1.1\r\n\r\n" % port).encode())
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += s.recv(1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    socks.append(s)
+for pid in os.listdir("/proc"):
+    try:
+        argv = open("/proc/%s/cmdline" % pid, "rb").read().split(b"\0")
+        if argv[0].endswith(b"python3") and any(a.endswith(b"/egress_forwarder.py") for a in argv):
+            threads = [l for l in open("/proc/%s/status" % pid) if l.startswith("Threads:")]
+            print(threads[0].split()[1])
+    except (OSError, ValueError):
+        pass
+for i, s in enumerate(socks):
+    payload = os.urandom(100000 + i)
+    s.sendall(payload)
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        got += data
+    assert got == payload, (i, len(got))
+print("ok")
+"""
+
+
+@needs_bwrap
+def test_forwarder_relays_many_connections_on_one_thread(make_proxy) -> None:
+    echo_server = _TcpServer("127.0.0.2", _echo)
+    try:
+        proxy, records = make_proxy(("127.0.0.2",), private=(ipaddress.ip_network("127.0.0.2/32"),))
+        n = 40
+        script = _MANY_TUNNELS.replace("'", "'\"'\"'")
+        result = _sandboxed(f"python3 -c '{script}' {echo_server.port} {n}", proxy.socket_path, drop=True)
+        assert result.returncode == 0, result.stderr
+        threads, ok = result.stdout.split()
+        # The main thread and the relay: open connections cost the command no processes.
+        assert (int(threads), ok) == (2, "ok")
+        assert sorted(r.bytes_up for r in records.wait(n)) == [100000 + i for i in range(n)]
+    finally:
+        echo_server.close()

@@ -220,6 +220,6 @@ def test_sandbox_wiring() -> None:
     assert args[4:7] == ["--ro-bind", "/run/nodus/egress-1.sock", SANDBOX_SOCKET]
     assert args[7] == "--ro-bind" and Path(args[8]).is_file() and args[9] == SANDBOX_FORWARDER
     assert wrap_argv(["/bin/bash", "-c", "echo hi"]) == [
-        "/usr/bin/python3", SANDBOX_FORWARDER, "--listen", "127.0.0.1:3128", "--socket", SANDBOX_SOCKET,
+        "/usr/bin/python3", "-I", "-S", SANDBOX_FORWARDER, "--listen", "127.0.0.1:3128", "--socket", SANDBOX_SOCKET,
         "--", "/bin/bash", "-c", "echo hi",
     ]
