@@ -110,6 +110,8 @@ def _parse_entry(entry: object) -> _Rule:
             f"{_MAX_ENTRY_CHARS} ASCII characters without spaces (use the punycode form of an "
             "international name)"
         )
+    if "/" in entry or "@" in entry:
+        raise ValueError(f"allowed host {entry!r}: write a host name such as example.com, not a URL")
     port: int | None = None
     if entry.startswith("["):
         host, sep, rest = entry[1:].partition("]")
