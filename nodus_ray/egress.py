@@ -89,6 +89,7 @@ _RESOLVE_TIMEOUT_SECONDS = 10.0
 _CONNECT_TIMEOUT_SECONDS = 10.0
 _MAX_CONNECTIONS = 128  # per proxy (one run): bounds the host's descriptors and threads
 _CHUNK = 64 << 10
+_MAX_HOST_CHARS = 255
 _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 1 << 20
 _METHOD = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
@@ -209,6 +210,9 @@ def _parse_head(head: bytes) -> _Request:
     names is the host is exactly the kind of ambiguity a policy check must not depend on.
     """
     text = head.decode("latin-1")
+    if "\r" in text.replace("\r\n", "") or "\n" in text.replace("\r\n", "") or "\0" in text:
+        # A bare CR or LF would end a line for some origins and not for us: header smuggling.
+        raise _bad_request("bare CR, LF or NUL in the request head")
     lines = text.split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -327,7 +331,12 @@ class EgressProxy:
         return self
 
     def close(self) -> None:
-        """Stop listening, end every open connection (each is recorded) and remove the socket."""
+        """Stop listening, end every open connection (each is recorded) and remove the socket.
+
+        Not from ``on_record``: that runs on the proxy's own thread, which close waits for.
+        """
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("EgressProxy.close() cannot be called from on_record")
         if self._closed:
             return
         self._closed = True
@@ -390,7 +399,8 @@ class EgressProxy:
             except TimeoutError:
                 raise _bad_request("no complete request head in time") from None
             request = _parse_head(head)
-            attempt.method, attempt.host, attempt.port = request.method, request.host, request.port
+            attempt.method, attempt.port = request.method, request.port
+            attempt.host = request.host[:_MAX_HOST_CHARS]  # a record of junk stays small
             if len(self._tasks) > self.max_connections:
                 raise _Refusal(503, "refused", "TooManyConnections",
                                f"nodus egress: more than {self.max_connections} connections open")
@@ -428,7 +438,7 @@ class EgressProxy:
         """A connection to an address of ``host`` that the policy allows, or a _Refusal."""
         if not self.policy.allows(host, port):
             raise _Refusal(403, "refused", "HostNotAllowed",
-                           f"nodus egress: {host}:{port} is not in network.allowedHosts")
+                           f"nodus egress: {host[:_MAX_HOST_CHARS]}:{port} is not in network.allowedHosts")
         addresses = await self._resolve(host, port)
         private = [a for a in addresses if not self.policy.address_allowed(a)]
         if private:

@@ -306,6 +306,8 @@ def test_resolve_and_connect_failures_are_failed_not_allowed(make_proxy) -> None
         b"CONNECT 127.0.0.1 HTTP/1.1\r\n\r\n",
         b"CONNECT 127.0.0.1:99999 HTTP/1.1\r\n\r\n",
         b"GET http://127.0.0.1/ HTTP/1.1\r\nX-Big: " + b"a" * (20 << 10) + b"\r\n\r\n",
+        b"GET http://127.0.0.1/ HTTP/1.1\r\nX-A: 1\nX-Smuggled: 1\r\n\r\n",
+        b"GET http://127.0.0.1/ HTTP/1.1\r\n folded: 1\r\n\r\n",
     ],
 )
 def test_bad_requests_get_400(make_proxy, request_bytes: bytes) -> None:
