@@ -244,6 +244,8 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
                                details={"kind": "Agent", "name": agent.metadata.name})
             self._check_model(agent)
             spec = agent.spec.model_dump(mode="json", exclude_none=True)
+            if not spec.get("env"):  # agents stored before spec.env existed compare equal
+                spec.pop("env", None)
             labels = agent.metadata.labels
             if existing is not None and existing["spec"] == spec and existing["metadata"].get("labels", {}) == labels:
                 return {"resource": existing, "result": "unchanged"}
@@ -739,6 +741,43 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         if server_key:
             return {**base, "provider": "anthropic", "apiKey": server_key}
         return {**base, "provider": "offline", "apiKey": None}
+
+    async def run_secrets(self, project: str, name: str) -> dict[str, Any]:
+        """A run's environment (`spec.env`, secret values opened) and every value to redact.
+
+        Like the model key, the answer travels over Ray's RPC into the run actor's memory only.
+        ``redact`` maps ``secret/KEY`` to each secret value the run can see (its env's, and the
+        BYOK key), so the actor masks them in whatever it records (`redaction`).
+        """
+        await self.get_run(project, name)
+        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
+        env: dict[str, str] = {}
+        redact: dict[str, str] = {}
+        opened: dict[str, dict[str, str]] = {}
+        for index, variable in enumerate(pinned["spec"].get("env") or []):
+            reference = (variable.get("valueFrom") or {}).get("secretKeyRef")
+            if reference is None:
+                env[variable["name"]] = variable.get("value") or ""
+                continue
+            secret, key = reference["name"], reference["key"]
+            if secret not in opened:
+                if not self.secrets.exists(project, secret):
+                    raise NotFound(f"spec.env[{index}] ({variable['name']}) names secret {secret!r}, which does not "
+                                   f"exist in project {project!r}", code="SecretNotFound",
+                                   details={"kind": "Secret", "name": secret, "field": f"spec.env[{index}]"})
+                opened[secret] = await asyncio.to_thread(self.secrets.values, project, secret)
+            if key not in opened[secret]:
+                raise Invalid(f"spec.env[{index}] ({variable['name']}) names key {key!r}, which secret {secret!r} "
+                              f"does not have (it has {', '.join(sorted(opened[secret])) or 'none'})",
+                              code="SecretKeyMissing", details={"kind": "Secret", "name": secret,
+                                                                "field": f"spec.env[{index}]"})
+            env[variable["name"]] = redact[f"{secret}/{key}"] = opened[secret][key]
+        model = pinned["spec"].get("model") or {}
+        if model.get("access") == "BYOK" and self.secrets.exists(project, model.get("apiKeySecret") or ""):
+            values = await asyncio.to_thread(self.secrets.values, project, model["apiKeySecret"])
+            if values.get("ANTHROPIC_API_KEY"):
+                redact[f"{model['apiKeySecret']}/ANTHROPIC_API_KEY"] = values["ANTHROPIC_API_KEY"]
+        return {"env": env, "redact": redact}
 
     async def price_table(self) -> dict[str, Any]:
         """The prices in force (dated), per model id, in USD per million tokens."""

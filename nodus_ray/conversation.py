@@ -28,6 +28,7 @@ from .durable import Effect, StepFailed, Steps
 from .models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
 from .prices import ROUTER_MODEL
 from .router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
+from .redaction import Redactor
 from .sandbox import CommandResult, Sandbox
 from .spend import RunSpend
 from .timestamps import utc_now
@@ -101,6 +102,12 @@ class Conversation:
     # Called (in a thread) with a command's journal seq after it ran, before its Completed:
     # the run actor snapshots the workspace there (`workspace_snapshots`).
     after_command: Callable[[int], None] | None = None
+    # Masks secret values (`redaction.Redactor`) in model replies and command output before
+    # they are journaled, so neither the journal, the answer nor the model ever holds one.
+    redact: Redactor = field(default_factory=lambda: Redactor({}))
+    # Called (in a thread) after a command: the connections it made through the egress proxy,
+    # journaled with its result (`egress`).
+    take_egress: Callable[[], list[dict[str, Any]]] | None = None
 
     @property
     def cost_usd(self) -> Decimal:
@@ -302,7 +309,7 @@ class Conversation:
                 "input": usage.input_tokens, "output": usage.output_tokens,
                 "cache_read": usage.cache_read_input_tokens, "cache_creation": usage.cache_creation_input_tokens,
             }, float(charged))
-            return {**response.to_dict(), "billedUSD": str(charged)}
+            return {**self.redact.tree(response.to_dict()), "billedUSD": str(charged)}
 
         # On the server's key a lost call is ours to pay for and safe to make again; on the user's
         # own key it may have cost them, so an interrupted call waits for their decision.
@@ -336,12 +343,16 @@ class Conversation:
             started = self.steps.recorded(step_id)
             if self.after_command is not None and started is not None:
                 await asyncio.to_thread(self.after_command, started.seq)
-            return result.to_dict()
+            done = {**result.to_dict(), "output": self.redact(result.output)}
+            if self.take_egress is not None and (connections := await asyncio.to_thread(self.take_egress)):
+                done["egress"] = connections
+            return done
 
+        shown = self.redact(command)
         recorded = await self.steps.run(
             step_id, "command", execute, effect="external",
-            started={"command": command},
-            summary_of=lambda r: _command_summary(command, CommandResult.from_dict(r)),
+            started={"command": shown},
+            summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
         )
         result = CommandResult.from_dict(recorded)
         return {
@@ -356,8 +367,10 @@ def _tool_error(use: dict[str, Any], message: str) -> dict[str, Any]:
     return {"type": "tool_result", "tool_use_id": use.get("id", ""), "content": message, "is_error": True}
 
 
-def _command_summary(command: str, result: CommandResult) -> str:
+def _command_summary(command: str, result: CommandResult, egress: list[dict[str, Any]]) -> str:
     shown = command if len(command) <= 80 else command[:77] + "..."
-    if result.exit_code is None:
-        return f"{shown} -> stopped ({result.limit or 'killed'})"
-    return f"{shown} -> exit {result.exit_code}"
+    ended = f"stopped ({result.limit or 'killed'})" if result.exit_code is None else f"exit {result.exit_code}"
+    if egress:
+        refused = sum(1 for connection in egress if connection.get("outcome") != "allowed")
+        ended += f", {len(egress)} connection{'s' * (len(egress) != 1)}" + (f" ({refused} refused)" if refused else "")
+    return f"{shown} -> {ended}"

@@ -5,7 +5,7 @@ A sandboxed command has a network namespace with only loopback. Inside it,
 carries every connection over a Unix socket bind-mounted from the host, to :class:`EgressProxy`
 on the host. The proxy speaks HTTP/1.1 proxying -- ``CONNECT host:port`` for TLS and anything
 else, and absolute-form plain HTTP (``GET http://host/path``) -- and decides with an
-:class:`~nodus_ray.egress_policy.EgressPolicy`:
+:class:`~nodus.egress_policy.EgressPolicy`:
 
 * the host asked for must be in ``network.allowedHosts``, else ``403`` (``HostNotAllowed``);
 * it is resolved here, on the host, and every address must be public or in a network the
@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from nodus_ray.egress_policy import (
+from nodus.egress_policy import (
     MAX_ALLOWED_HOSTS,
     PRIVATE_NETWORKS_ENV,
     EgressPolicy,
@@ -351,6 +351,11 @@ class EgressProxy:
         with contextlib.suppress(OSError):
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
                 self.socket_path.unlink()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections not yet ended (and so not yet recorded)."""
+        return len(self._tasks)
 
     def __enter__(self) -> EgressProxy:
         return self.start()

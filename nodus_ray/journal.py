@@ -259,8 +259,12 @@ def record_view(record: JournalRecord) -> dict[str, Any]:
     summary = payload.get("summary") or ""
     if not summary and record.kind == "command" and record.state == "Started":
         summary = f"$ {payload.get('command', '')}"
-    return {"seq": record.seq, "step": record.step_id, "kind": record.kind, "state": record.state,
+    view = {"seq": record.seq, "step": record.step_id, "kind": record.kind, "state": record.state,
             "attempt": record.attempt, "summary": summary, "costUSD": record.cost_usd, "at": _iso(record.at)}
+    result = payload.get("result")
+    if record.kind == "command" and isinstance(result, dict) and result.get("egress"):
+        view["egress"] = result["egress"]  # host, port, outcome, reason, bytes: never content
+    return view
 
 
 def step_views(records: list[JournalRecord]) -> list[dict[str, Any]]:

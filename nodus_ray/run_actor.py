@@ -31,7 +31,9 @@ from .durable import NeedsResolution, Steps
 from .journal import Journal, JournalRecord
 from .models import ModelProvider, provider_for
 from .prices import PriceTable
+from .redaction import Redactor
 from .router import ROUTER_ACTOR_NAME
+from .run_egress import RunEgress
 from .sandbox import Sandbox, bwrap_available, create_sandbox
 from .settings import CONTROL_PLANE_NAME, NAMESPACE
 from .spend import CapExceeded, CreditsExhausted, RunSpend
@@ -77,6 +79,7 @@ class RunConfig:
     group: str | None = None
     workspace_snapshots: bool = True
     workspace_seeded: bool = False  # an evaluation task's files are its first workspace
+    egress_private_networks: str = ""  # the operator's NODUS_EGRESS_PRIVATE_NETWORKS
 
 
 class RunActor:
@@ -99,6 +102,9 @@ class RunActor:
         self._workspace_states: tuple[int, ...] = ()
         self._journal: Journal | None = None
         self._workspace_origin = "local"
+        self._env: dict[str, str] = {}  # spec.env, secret values opened: memory only
+        allowed = ((config.agent_spec.get("network") or {}).get("allowedHosts")) or []
+        self._egress = RunEgress(allowed, config.egress_private_networks) if allowed else None
 
     @staticmethod
     def _claim(slot: str, warm_anthropic: bool) -> RunConfig:
@@ -168,6 +174,8 @@ class RunActor:
             Path(self.config.workspace),
             uid=self.config.sandbox_uid,
             hidden_paths=[Path(path) for path in self.config.hidden_paths],
+            env=self._env,
+            egress_socket=self._egress.start() if self._egress is not None else None,
         )
         return self._sandbox
 
@@ -191,7 +199,11 @@ class RunActor:
             raise CreditsExhausted(amount)
 
     async def _execute(self) -> dict[str, Any]:
-        outcome = await self._program()
+        try:
+            outcome = await self._program()
+        finally:
+            if self._egress is not None:  # no command runs any more: nothing can connect
+                await asyncio.to_thread(self._egress.close)
         # This actor appends no more: fold its records into a few objects, so the next replay
         # (the next message of a keep-alive run, a restart) reads a few objects, not one per record.
         if self._journal is not None:
@@ -212,6 +224,7 @@ class RunActor:
         prices = PriceTable.load(config.prices_file)
         try:
             provider, access = await self._provider(prices)
+            secrets = await self._ask("run_secrets", config.project, config.name)
         except NodusError as refused:
             self.phase = "Failed"
             return {"phase": "Failed", "reason": refused.code, "message": refused.message, "finishedAt": utc_now()}
@@ -235,7 +248,10 @@ class RunActor:
             next_message=self._next_message,
             on_answer=self._write_answer,
             after_command=self._workspace.after_command,
+            redact=Redactor(secrets["redact"]),
+            take_egress=self._egress.take if self._egress is not None else None,
         )
+        self._env = secrets["env"]
         self._conversation = conversation
         self.phase = "Running"
         await self._report({"phase": "Running", "reason": None, "message": None,

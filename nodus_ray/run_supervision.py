@@ -141,6 +141,7 @@ class RunSupervision:
             group=run["spec"].get("group"),
             workspace_snapshots=self.settings.workspace_snapshots,
             workspace_seeded=bool(run["status"].get("workspaceSeeded")),
+            egress_private_networks=self.settings.egress_private_networks,
         )
 
     def _is_over(self, key: Key) -> bool:

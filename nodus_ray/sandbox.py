@@ -77,13 +77,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from . import seccomp
+from . import egress, seccomp
 from .disk_usage import DiskWatch, format_bytes
 
 __all__ = [
@@ -428,12 +428,19 @@ def _bwrap_argv(
     host_uid: int | None,
     hidden: Sequence[Path] = (),
     seccomp_fd: int | None = None,
+    egress_socket: Path | None = None,
 ) -> list[str]:
     """The bubblewrap command line; ``host_uid`` set means we are root and drop inside.
 
     ``seccomp_fd`` is a descriptor holding the compiled filter (see :mod:`nodus_ray.seccomp`),
     which the caller must pass to bubblewrap; bubblewrap installs it right before it executes
     the command (``setpriv`` when dropping root), so the whole command runs under it.
+
+    The command's environment is not on this command line (other host users could read it in
+    ``ps``): it is the environment bubblewrap is started with (`BubblewrapSandbox.command_env`).
+    ``egress_socket``: the run's egress proxy (`nodus_ray.egress`), bound into the private
+    ``/tmp`` with the forwarder that listens on the sandbox's loopback; the network namespace
+    stays empty, so the proxy is the only way out.
 
     Mounts apply in order: the hidden paths come after the private ``/tmp`` and before the
     workspace bind, so a hidden path can never cover ``/tmp/workspace``. The workspace bind's
@@ -470,19 +477,15 @@ def _bwrap_argv(
         "--proc", "/proc",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm",
+        *(egress.bwrap_args(egress_socket) if egress_socket is not None else []),
         *_hide_args(hidden, keep=_NETWORK_FILES if allow_network else ()),
         "--bind", str(workspace), SANDBOX_WORKSPACE,
         "--chdir", SANDBOX_WORKSPACE,
-        "--clearenv",
-        "--setenv", "PATH", _SANDBOX_PATH,
-        "--setenv", "HOME", SANDBOX_WORKSPACE,
-        "--setenv", "LANG", "C.UTF-8",
-        "--setenv", "TERM", "dumb",
         *caps,
         *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
         "--",
         *drop,
-        *command_argv,
+        *(egress.wrap_argv(command_argv) if egress_socket is not None else command_argv),
     ]
 
 
@@ -631,10 +634,13 @@ class _SandboxBase:
         *,
         uid: int | None = None,
         hidden_paths: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.workspace = Path(os.path.abspath(workspace))
         self.limits = limits
         self.note = note
+        # The Agent's variables (`spec.env`), secret values included: kept off every command line.
+        self.env = dict(env or {})
         if uid is not None:
             uid = _validate_uid(uid)  # also when not root, so a bad allocation fails everywhere
         # The host uid commands run as; None when we are not root and cannot drop to another uid.
@@ -854,11 +860,14 @@ class BubblewrapSandbox(_SandboxBase):
         allow_network: bool = False,
         uid: int | None = None,
         hidden_paths: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
+        egress_socket: Path | None = None,
     ) -> None:
         no_filter = seccomp.unsupported_reason()
         note = f"{no_filter}: commands run without a system call filter" if no_filter else None
-        super().__init__(workspace, limits, note=note, uid=uid, hidden_paths=hidden_paths)
+        super().__init__(workspace, limits, note=note, uid=uid, hidden_paths=hidden_paths, env=env)
         self.allow_network = allow_network
+        self.egress_socket = egress_socket
         self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._setpriv = shutil.which("setpriv") if self.host_uid is not None else None
 
@@ -866,8 +875,14 @@ class BubblewrapSandbox(_SandboxBase):
         return _bwrap_argv(
             self._bwrap, self._setpriv, self.workspace, _shell_argv(command, self.limits), self.limits,
             allow_network=self.allow_network, host_uid=self.host_uid, hidden=self._hidden,
-            seccomp_fd=seccomp_fd,
+            seccomp_fd=seccomp_fd, egress_socket=self.egress_socket,
         )
+
+    def command_env(self) -> dict[str, str]:
+        """Exactly the command's environment: bubblewrap passes its own on unchanged."""
+        fixed = {"PATH": _SANDBOX_PATH, "HOME": SANDBOX_WORKSPACE, "LANG": "C.UTF-8", "TERM": "dumb"}
+        proxy = egress.proxy_env() if self.egress_socket is not None else {}
+        return {**self.env, **fixed, **proxy}
 
     @contextlib.contextmanager
     def _spawn_args(self, command: str) -> Iterator[tuple[list[str], dict[str, Any]]]:
@@ -878,8 +893,7 @@ class BubblewrapSandbox(_SandboxBase):
             yield self._argv(command, fd), extra
 
     def _popen_kwargs(self) -> dict[str, Any]:
-        # bubblewrap itself needs no environment; the command's is set with --setenv.
-        return {"env": {"PATH": _SANDBOX_PATH}, "cwd": "/"}
+        return {"env": self.command_env(), "cwd": "/"}
 
 
 class ProcessSandbox(_SandboxBase):
@@ -920,9 +934,10 @@ class ProcessSandbox(_SandboxBase):
         allow_network: bool = False,
         uid: int | None = None,
         hidden_paths: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(
-            workspace, limits, note=note or "bubblewrap not available", uid=uid, hidden_paths=hidden_paths
+            workspace, limits, note=note or "bubblewrap not available", uid=uid, hidden_paths=hidden_paths, env=env
         )
         self.allow_network = allow_network
 
@@ -930,7 +945,7 @@ class ProcessSandbox(_SandboxBase):
         return _shell_argv(command, self.limits)
 
     def _env(self) -> dict[str, str]:
-        return {"PATH": _SANDBOX_PATH, "HOME": str(self.workspace), "LANG": "C.UTF-8", "TERM": "dumb"}
+        return {**self.env, "PATH": _SANDBOX_PATH, "HOME": str(self.workspace), "LANG": "C.UTF-8", "TERM": "dumb"}
 
     def _popen_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"env": self._env(), "cwd": str(self.workspace)}
@@ -961,6 +976,8 @@ def create_sandbox(
     allow_network: bool = False,
     uid: int | None = None,
     hidden_paths: Sequence[Path] = (),
+    env: Mapping[str, str] | None = None,
+    egress_socket: Path | None = None,
 ) -> Sandbox:
     """The best sandbox this host can offer for ``workspace`` (created if missing, made 0700).
 
@@ -969,15 +986,16 @@ def create_sandbox(
     one from the workspace path. It must be in ``MIN_SANDBOX_UID..MAX_SANDBOX_UID`` and not
     65534 (ValueError otherwise, even when not root). ``hidden_paths``: absolute host paths
     that bubblewrap commands cannot see (the sandbox root, local storage); the process
-    fallback cannot hide anything.
+    fallback cannot hide anything. ``env``: the Agent's variables for every command.
+    ``egress_socket``: the run's egress proxy, the only way out of bubblewrap's empty network;
+    the process fallback has no network isolation to route through it.
     """
     reason = _probe_bwrap()
     if reason is None:
-        return BubblewrapSandbox(
-            workspace, limits, allow_network=allow_network, uid=uid, hidden_paths=hidden_paths
-        )
+        return BubblewrapSandbox(workspace, limits, allow_network=allow_network, uid=uid, hidden_paths=hidden_paths,
+                                 env=env, egress_socket=egress_socket)
     note = f"bubblewrap not available ({reason}); commands run as plain processes without filesystem"
     note += " or network isolation"
     return ProcessSandbox(
-        workspace, limits, note=note, allow_network=allow_network, uid=uid, hidden_paths=hidden_paths
+        workspace, limits, note=note, allow_network=allow_network, uid=uid, hidden_paths=hidden_paths, env=env
     )

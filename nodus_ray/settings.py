@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from nodus.egress_policy import PRIVATE_NETWORKS_ENV, parse_private_networks
+
 from .prices import PriceTable
 from .storage import default_storage_uri, redact_uri
 
@@ -50,6 +52,10 @@ class ServerSettings:
     # Whether runs snapshot their workspace to storage after every command
     # (NODUS_WORKSPACE_SNAPSHOTS=on|off), so a run that moves to another node keeps its files.
     workspace_snapshots: bool = True
+    # Private networks the operator lets runs reach through the egress proxy
+    # (NODUS_EGRESS_PRIVATE_NETWORKS, comma-separated CIDRs): none by default, so an Agent's
+    # allowedHosts can never name the host's own ports or a cloud metadata address.
+    egress_private_networks: str = ""
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -76,6 +82,8 @@ class ServerSettings:
         raw_snapshots = (os.environ.get("NODUS_WORKSPACE_SNAPSHOTS") or "on").lower()
         if raw_snapshots not in ("on", "off"):
             raise ValueError(f"NODUS_WORKSPACE_SNAPSHOTS={raw_snapshots!r} must be 'on' or 'off'")
+        private_networks = os.environ.get(PRIVATE_NETWORKS_ENV, "").strip()
+        parse_private_networks(private_networks)  # a bad CIDR is refused here, naming it
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -91,6 +99,7 @@ class ServerSettings:
             initial_credits_usd=initial_credits,
             run_pool_per_node=int(raw_pool),
             workspace_snapshots=raw_snapshots == "on",
+            egress_private_networks=private_networks,
         )
 
     def digest(self) -> str:

@@ -127,6 +127,10 @@ def log_line(event: RunEvent) -> str | None:
             return f"turn {data.get('index')} on {data.get('model')} ({data.get('routing')})"
         return (f"turn {data.get('index')} done: {data.get('inputTokens')} in / {data.get('outputTokens')} out, "
                 f"${data.get('costUSD')}")
+    if event.kind == "egress":
+        reason = f" ({data['reason']})" if data.get("reason") else ""
+        return (f"egress {data.get('method')} {data.get('host')}:{data.get('port')} {data.get('outcome')}{reason}, "
+                f"{data.get('bytesUp')} B up / {data.get('bytesDown')} B down")
     if event.kind == "answer":  # chunks of one answer: the first says so, the rest continue it
         return ("answer:\n" if not data.get("offset") else "") + str(data.get("text") or "")
     return None

@@ -4,6 +4,9 @@
 
 * ``step``: a journal record (a step started, completed, failed, needs resolution...), never
   content (messages and command output stay in ``steps`` and ``answer``);
+* ``egress``: a connection a command made through the egress proxy, after that command's
+  ``step``: host, port, method, outcome (``allowed``, ``refused``, ``failed``), reason, bytes
+  up and down, duration;
 * ``phase``: the run's phase and reason changed;
 * ``turn``: a turn began or ended (model, tokens, cost);
 * ``answer``: the answer, in chunks (``{"offset", "text"}``), each time it is (re)written;
@@ -68,7 +71,10 @@ async def run_events(call: Call, project: str, name: str, cursor: tuple[int, int
         run, records = got["run"], got["records"]
         for record in records:
             seq = record["seq"] + 1
+            connections = record.pop("egress", None) or []
             yield _event("step", record, (seq, version))
+            for connection in connections:  # each connection the command made (`run_egress`)
+                yield _event("egress", {"step": record["step"], **connection}, (seq, version))
         status = run.get("status") or {}
         current = int((run.get("metadata") or {}).get("resourceVersion") or 0)
         if current != version:

@@ -149,6 +149,8 @@ def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Ser
         "NODUS_PROJECT": "default",
         "RAY_USAGE_STATS_ENABLED": "0",
         "NODUS_FAULTS": str(faults),
+        # The egress tests serve "the internet" on 127.0.0.2; only the operator can open a private address.
+        "NODUS_EGRESS_PRIVATE_NETWORKS": "127.0.0.2/32",
         **storage_service,
     }
     env.pop("ANTHROPIC_API_KEY", None)

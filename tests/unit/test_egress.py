@@ -19,7 +19,7 @@ from nodus_ray.egress import (
     proxy_env,
     wrap_argv,
 )
-from nodus_ray.egress_policy import (
+from nodus.egress_policy import (
     MAX_ALLOWED_HOSTS,
     EgressPolicy,
     is_public_address,
