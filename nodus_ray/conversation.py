@@ -27,8 +27,8 @@ from .billing import max_input_tokens
 from .durable import Effect, StepFailed, Steps
 from .models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
 from .prices import ROUTER_MODEL
-from .router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from .redaction import Redactor
+from .router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from .sandbox import CommandResult, Sandbox
 from .spend import RunSpend
 from .timestamps import utc_now

@@ -6,7 +6,7 @@ SDK can define agents, submit runs and read their answers; the server parts live
 """
 
 from . import errors, resources
-from .agent import Agent, AgentRun, ClaudeAgent, RunContext, View
+from .agent import Agent, AgentRun, ClaudeAgent, RunContext, SecretKey, View
 from .client import Client
 from .group import AgentGroup, AgentMap
 
@@ -19,6 +19,7 @@ __all__ = [
     "AgentGroup",
     "AgentMap",
     "RunContext",
+    "SecretKey",
     "View",
     "Client",
     "errors",

@@ -15,7 +15,8 @@ import json
 import secrets as _secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -438,6 +439,26 @@ class Agent:
         return f"{type(self).__name__}(name={self.name!r}, project={self._project!r})"
 
 
+@dataclass(frozen=True)
+class SecretKey:
+    """One key of a Secret, as the value of an environment variable of the agent's commands:
+    ``env={"DB_PASSWORD": nodus.SecretKey("db", "PASSWORD")}``. The value never leaves the
+    server, and is redacted from everything a run records."""
+
+    secret: str
+    key: str
+
+
+def _env_entries(env: Mapping[str, str | SecretKey]) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    for name, value in env.items():
+        if isinstance(value, SecretKey):
+            entries.append({"name": name, "valueFrom": {"secretKeyRef": {"name": value.secret, "key": value.key}}})
+        else:
+            entries.append({"name": name, "value": value})
+    return entries
+
+
 def claude_agent_spec(
     *,
     system: str = "",
@@ -448,6 +469,8 @@ def claude_agent_spec(
     per_run_max_cost: Any = None,
     api_key_secret: str | None = None,
     image: str | None = None,
+    env: Mapping[str, str | SecretKey] | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The Agent spec of a Claude agent; shared by `ClaudeAgent` and ``nodus create agent``."""
     model_spec: dict[str, Any] = {"access": "BYOK" if api_key_secret else "Nodus"}
@@ -467,6 +490,10 @@ def claude_agent_spec(
         spec["perRunMaxCostUSD"] = cost
     if image is not None:
         spec["image"] = image
+    if env:
+        spec["env"] = _env_entries(env)
+    if allowed_hosts is not None:
+        spec["network"] = {"allowedHosts": list(allowed_hosts)}
     return spec
 
 
@@ -475,7 +502,9 @@ class ClaudeAgent(Agent):
 
     ``model`` pins a Claude model id; ``families`` restricts the router's choice instead.
     ``api_key_secret`` names a Secret holding ``ANTHROPIC_API_KEY`` (BYOK: the model is paid on
-    your own Anthropic account). The agent is created on first use unless `deploy` ran first.
+    your own Anthropic account). ``env`` sets variables of the run's commands, a `SecretKey`
+    for a secret one; ``allowed_hosts`` are the hosts those commands may reach (nothing else,
+    docs/network.md). The agent is created on first use unless `deploy` ran first.
     """
 
     def __init__(
@@ -490,13 +519,15 @@ class ClaudeAgent(Agent):
         per_run_max_cost: Any = None,
         api_key_secret: str | None = None,
         image: str | None = None,
+        env: Mapping[str, str | SecretKey] | None = None,
+        allowed_hosts: Sequence[str] | None = None,
         project: str | None = None,
         client: Client | None = None,
     ) -> None:
         spec = claude_agent_spec(
             system=system, families=families, model=model, max_tokens=max_tokens,
             max_tool_calls=max_tool_calls, per_run_max_cost=per_run_max_cost,
-            api_key_secret=api_key_secret, image=image,
+            api_key_secret=api_key_secret, image=image, env=env, allowed_hosts=allowed_hosts,
         )
         self._setup(name, spec, project, client)
 

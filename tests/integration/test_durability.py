@@ -119,9 +119,9 @@ def test_cancel_or_delete_right_after_create_leaves_no_actor_and_no_sandbox(
         assert http.delete(f"{RUNS}/{deleted}").status_code == 200
 
         for name in (cancelled, deleted):
-            wait_for(lambda: not _live_actors_of(name), timeout=30, interval=0.2,
+            wait_for(lambda name=name: not _live_actors_of(name), timeout=30, interval=0.2,
                      message=f"no live actor for {name}")
-            wait_for(lambda: not (server.sandbox_root / "default" / name).exists(), timeout=30,
+            wait_for(lambda name=name: not (server.sandbox_root / "default" / name).exists(), timeout=30,
                      message=f"no workspace for {name}")
         assert http.get(f"{RUNS}/{cancelled}").json()["status"]["phase"] == "Cancelled"
         assert http.get(f"{RUNS}/{deleted}").status_code == 404

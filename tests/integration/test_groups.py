@@ -17,14 +17,30 @@ import pytest
 from .conftest import Server, unique, wait_for
 from .kit import (
     agent as _agent,
-    group as _group,
-    member as _member,
+)
+from .kit import (
     batch as _batch,
-    get_group as _get_group,
-    runs_of as _runs_of,
-    seal as _seal,
+)
+from .kit import (
     finished as _finished,
+)
+from .kit import (
+    get_group as _get_group,
+)
+from .kit import (
+    group as _group,
+)
+from .kit import (
+    member as _member,
+)
+from .kit import (
     most_at_once as _most_at_once,
+)
+from .kit import (
+    runs_of as _runs_of,
+)
+from .kit import (
+    seal as _seal,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

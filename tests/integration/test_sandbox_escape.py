@@ -12,7 +12,6 @@ a positive control shows the probe works when the barrier is absent.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import socket
 import stat
@@ -36,6 +35,7 @@ from nodus_ray.sandbox import (
     bwrap_available,
     create_sandbox,
 )
+from tests.sandbox_uids import unused_uid
 
 pytestmark = pytest.mark.skipif(
     not bwrap_available(), reason=f"bubblewrap cannot run here: {sandbox_module._probe_bwrap()}"
@@ -51,25 +51,6 @@ def _tool(name: str) -> str:
     if path is None:
         pytest.skip(f"{name} is not on the sandbox's PATH here")
     return path
-
-
-def _processes_of(uid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    pids.append(int(entry))
-            except FileNotFoundError:
-                continue
-    return pids
-
-
-def _unused_uid() -> int:
-    while True:
-        uid = random.randrange(300_000, 2_000_000)
-        if uid != 65534 and not _processes_of(uid):
-            return uid
 
 
 @dataclass
@@ -104,7 +85,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     made: list[Sandbox] = []
 
     def make(name: str = "run-1", limits: SandboxLimits | None = None, **kwargs: object) -> Sandbox:
-        kwargs.setdefault("uid", _unused_uid() if os.geteuid() == 0 else None)
+        kwargs.setdefault("uid", unused_uid() if os.geteuid() == 0 else None)
         kwargs.setdefault("hidden_paths", (sandboxes, storage))  # as run_supervision passes them
         box = create_sandbox(sandboxes / "default" / name, limits or SandboxLimits(timeout_seconds=30),
                              **kwargs)  # type: ignore[arg-type]
@@ -273,7 +254,7 @@ def test_hard_link_to_a_root_owned_file_fails(host: Host, backend: str) -> None:
     # worked, making a sandbox again would chown the workspace, and with it the root's file.
     target = host.secret(host.base / "root-owned" / "config", "root-config\n", mode=0o600)
     if backend == "process":
-        box: Sandbox = ProcessSandbox(host.sandboxes / "default" / "proc-run", uid=_unused_uid())
+        box: Sandbox = ProcessSandbox(host.sandboxes / "default" / "proc-run", uid=unused_uid())
     else:
         box = host.make()
     try:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
-import subprocess
 
 import pytest
 

@@ -10,6 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from nodus.egress_policy import (
+    MAX_ALLOWED_HOSTS,
+    EgressPolicy,
+    is_public_address,
+    parse_private_networks,
+    validate_allowed_host,
+    validate_allowed_hosts,
+)
 from nodus_ray.egress import (
     SANDBOX_EGRESS_DIR,
     SANDBOX_FORWARDER,
@@ -18,14 +26,6 @@ from nodus_ray.egress import (
     bwrap_args,
     proxy_env,
     wrap_argv,
-)
-from nodus.egress_policy import (
-    MAX_ALLOWED_HOSTS,
-    EgressPolicy,
-    is_public_address,
-    parse_private_networks,
-    validate_allowed_host,
-    validate_allowed_hosts,
 )
 
 ip = ipaddress.ip_address

@@ -7,7 +7,6 @@ cannot run at all.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import socket
 import stat
@@ -31,6 +30,7 @@ from nodus_ray.sandbox import (
     bwrap_available,
     create_sandbox,
 )
+from tests.sandbox_uids import processes_of, unused_uid
 
 needs_bwrap = pytest.mark.skipif(
     not bwrap_available(),
@@ -48,32 +48,6 @@ def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return condition()
-
-
-def _processes_of(uid: int) -> list[int]:
-    """Host pids whose real uid is ``uid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as status:
-                for line in status:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry))
-                        break
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return pids
-
-
-def _unused_uid() -> int:
-    """A uid nothing runs as, random so concurrent test runs do not share (and reap) one."""
-    while True:
-        uid = random.randrange(300_000, 2_000_000)
-        if uid != 65534 and not _processes_of(uid):
-            return uid
 
 
 @pytest.fixture
@@ -283,7 +257,7 @@ def test_same_workspace_same_uid_so_a_replay_can_write(make_sandbox: Callable[..
 @needs_bwrap
 @needs_root
 def test_explicit_uid_is_used_and_owns_a_private_workspace(make_sandbox: Callable[..., Sandbox]) -> None:
-    uid = _unused_uid()
+    uid = unused_uid()
     box = make_sandbox(uid=uid)
     assert box.host_uid == uid  # type: ignore[attr-defined]
     result = box.run("id -u; id -g; echo x > f; mkdir d; chmod 777 .")
@@ -300,7 +274,7 @@ def test_an_existing_workspace_is_handed_to_a_new_explicit_uid(make_sandbox: Cal
                                                                tmp_path: Path) -> None:
     first = make_sandbox()  # hashed uid
     assert first.run("mkdir -p d && echo one > d/f && chmod 600 d/f && ln -s /etc/shadow link").exit_code == 0
-    uid = _unused_uid()
+    uid = unused_uid()
     second = make_sandbox(uid=uid)  # same path, now with an allocated uid
     assert second.run("echo two >> d/f && cat d/f").output == "one\ntwo\n"
     assert Path("/etc/shadow").stat().st_uid == 0  # the symlink was changed, not followed
@@ -311,8 +285,8 @@ def test_an_existing_workspace_is_handed_to_a_new_explicit_uid(make_sandbox: Cal
 @needs_root
 @pytest.mark.parametrize("second_backend", ["bubblewrap", "process"])
 def test_another_runs_visible_workspace_is_unreadable(host_dir: Path, second_backend: str) -> None:
-    first = create_sandbox(host_dir / "run-1", uid=_unused_uid())
-    other_uid = _unused_uid()
+    first = create_sandbox(host_dir / "run-1", uid=unused_uid())
+    other_uid = unused_uid()
     if second_backend == "process":
         second: Sandbox = ProcessSandbox(host_dir / "run-2", uid=other_uid)
     else:
@@ -336,7 +310,7 @@ def test_hidden_sandbox_root_hides_other_runs_and_workspaces_under_it_still_work
     make_sandbox: Callable[..., Sandbox], host_dir: Path
 ) -> None:
     root = host_dir / "sandboxes"
-    uids = (_unused_uid(), _unused_uid()) if os.geteuid() == 0 else (None, None)
+    uids = (unused_uid(), unused_uid()) if os.geteuid() == 0 else (None, None)
     first = make_sandbox(workspace=root / "default" / "run-1", uid=uids[0], hidden_paths=(root,))
     second = make_sandbox(workspace=root / "default" / "run-2", uid=uids[1], hidden_paths=(root,))
     result = first.run(f"echo one > f && cat f && pwd && ls -A {root}; echo rc=$?")
@@ -505,7 +479,7 @@ def test_fork_bomb_is_held_to_the_process_limit_then_killed(make_sandbox: Callab
     def watch() -> None:
         nonlocal peak
         while not stop.is_set():
-            peak = max(peak, len(_processes_of(uid)))
+            peak = max(peak, len(processes_of(uid)))
 
     watcher = threading.Thread(target=watch, daemon=True)
     if uid is not None:
@@ -515,7 +489,7 @@ def test_fork_bomb_is_held_to_the_process_limit_then_killed(make_sandbox: Callab
     if uid is not None:
         watcher.join(timeout=10)
         assert peak <= limits.processes
-        assert _wait_until(lambda: not _processes_of(uid), timeout=10), "fork bomb survived its command"
+        assert _wait_until(lambda: not processes_of(uid), timeout=10), "fork bomb survived its command"
     assert result.timed_out and result.exit_code is None
     assert result.limit == "processes"
     assert result.duration_seconds < 10
@@ -645,7 +619,7 @@ def test_process_sandbox_drops_root(process_box: ProcessSandbox) -> None:
 
 @needs_root
 def test_process_sandbox_as_root_kills_children_that_left_the_session(tmp_path: Path) -> None:
-    uid = _unused_uid()
+    uid = unused_uid()
     box = ProcessSandbox(tmp_path / "ws", SandboxLimits(timeout_seconds=30), uid=uid)
     try:
         started = time.monotonic()
@@ -659,8 +633,8 @@ def test_process_sandbox_as_root_kills_children_that_left_the_session(tmp_path: 
         sessions = dict(line.split() for line in result.output.splitlines())
         assert sessions["shell-session"] != sessions["daemon-session"]  # it really escaped the group
         daemon = int((box.workspace / "daemon.pid").read_text())
-        assert _wait_until(lambda: not _processes_of(uid), timeout=10), "setsid child outlived its command"
-        assert daemon not in _processes_of(uid)
+        assert _wait_until(lambda: not processes_of(uid), timeout=10), "setsid child outlived its command"
+        assert daemon not in processes_of(uid)
         assert box.run("echo alive").output == "alive\n"
     finally:
         box.delete()
@@ -668,8 +642,8 @@ def test_process_sandbox_as_root_kills_children_that_left_the_session(tmp_path: 
 
 @needs_root
 def test_process_sandboxes_with_their_own_uids_do_not_reap_each_other(tmp_path: Path) -> None:
-    a = ProcessSandbox(tmp_path / "a", SandboxLimits(timeout_seconds=30), uid=_unused_uid())
-    b = ProcessSandbox(tmp_path / "b", SandboxLimits(timeout_seconds=30), uid=_unused_uid())
+    a = ProcessSandbox(tmp_path / "a", SandboxLimits(timeout_seconds=30), uid=unused_uid())
+    b = ProcessSandbox(tmp_path / "b", SandboxLimits(timeout_seconds=30), uid=unused_uid())
     try:
         results: list[CommandResult] = []
         slow = "touch started; sleep 2; echo survived"
@@ -697,7 +671,7 @@ def test_process_sandbox_timeout_and_leftovers(process_box: ProcessSandbox) -> N
     assert result.exit_code == 0 and "started" in result.output
     assert time.monotonic() - started < 5
     if process_box.host_uid is not None:
-        assert _wait_until(lambda: not _processes_of(process_box.host_uid), timeout=10)
+        assert _wait_until(lambda: not processes_of(process_box.host_uid), timeout=10)
 
 
 def test_process_sandbox_has_the_disk_cap_too(tmp_path: Path) -> None:

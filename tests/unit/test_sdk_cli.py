@@ -565,6 +565,39 @@ def test_cli_create_steps_answer_cancel_delete(cli_api: FakeAPI) -> None:
     assert result.exit_code == 1 and "exists" in one_error_line(result)
 
 
+def test_cli_create_agent_with_variables_secrets_and_allowed_hosts(cli_api: FakeAPI) -> None:
+    result = invoke("create", "agent", "fetcher", "--env", "MODE=fast", "--env", "DB_PASSWORD=secret:db/PASSWORD",
+                    "--allow-host", "pypi.org", "--allow-host", "*.example.com:443")
+    assert result.stdout == "agent/fetcher created\n", result.output
+    spec = cli_api.requests[-1][2]["spec"]
+    assert spec["env"] == [{"name": "MODE", "value": "fast"},
+                           {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "PASSWORD"}}}]
+    assert spec["network"] == {"allowedHosts": ["pypi.org", "*.example.com:443"]}
+    for flags, words in [(["--env", "NOEQUALS"], "NAME=VALUE"), (["--env", "X=secret:db"], "SECRET/KEY"),
+                         (["--env", "PATH=/x"], "set by the sandbox"), (["--allow-host", "http://x.org/"], "not a URL")]:
+        refused = invoke("create", "agent", "bad", *flags)
+        assert refused.exit_code != 0 and words in one_error_line(refused), refused.output
+
+
+def test_cli_apply_refuses_a_token_file_and_sends_nothing(cli_api: FakeAPI, tmp_path: Path) -> None:
+    manifest = tmp_path / "token.yaml"
+    manifest.write_text("apiVersion: nodus.dev/v1\nkind: Token\nmetadata: {name: ci}\nspec: {role: read}\n")
+    sent = len(cli_api.requests)
+    result = invoke("apply", "-f", str(manifest))
+    assert result.exit_code != 0 and "nodus create token" in one_error_line(result)
+    assert len(cli_api.requests) == sent
+
+
+def test_claude_agent_takes_env_with_secret_keys_and_allowed_hosts(api: FakeAPI) -> None:
+    agent = nodus.ClaudeAgent("fetcher", env={"MODE": "fast", "TOKEN": nodus.SecretKey("gh", "TOKEN")},
+                              allowed_hosts=["api.github.com"], client=api.client())
+    spec = agent._manifest["spec"]
+    assert spec["env"][1] == {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "gh", "key": "TOKEN"}}}
+    assert spec["network"] == {"allowedHosts": ["api.github.com"]}
+    with pytest.raises(nodus.errors.Invalid, match="allowedHosts"):
+        nodus.ClaudeAgent("bad", allowed_hosts=["localhost/path"], client=api.client())
+
+
 def test_cli_refusal_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(422, json={"code": "Unsupported", "message": "not served yet",

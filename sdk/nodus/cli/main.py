@@ -25,7 +25,7 @@ import yaml
 from typer.core import TyperGroup
 
 from .. import __version__, credentials
-from ..agent import claude_agent_spec
+from ..agent import SecretKey, claude_agent_spec
 from ..client import Client
 from ..config import ENV_API_URL, ENV_PROJECT, Settings, load_settings
 from ..errors import NodusError, NotFound, Unavailable
@@ -322,6 +322,10 @@ def apply(
 ) -> None:
     """Create or update every resource of the files, in order; all are validated first."""
     manifests = load_manifests(filenames)
+    for manifest in manifests:
+        if manifest.kind == "Token":  # before anything is sent: all or nothing, like every refusal here
+            raise UsageError(f"{manifest.ref}: a Token is not applied from a file; create it with "
+                             "`nodus create token NAME --role ROLE` (its value is shown once)")
     client = _client(project)
     for manifest in manifests:
         target_project = _manifest_project(manifest, project)
@@ -493,11 +497,32 @@ def create_agent(
     api_key_secret: Annotated[
         str | None, typer.Option("--api-key-secret", help="Secret with ANTHROPIC_API_KEY (BYOK).")
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="NAME=VALUE, or NAME=secret:SECRET/KEY for a Secret's key (repeatable)."),
+    ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option("--allow-host", help="A host the run's commands may reach, e.g. pypi.org (repeatable)."),
+    ] = None,
     project: ProjectOption = None,
 ) -> None:
     """Create an agent (it must not exist yet; use apply to change one)."""
+    variables: dict[str, str | SecretKey] = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes NAME=VALUE or NAME=secret:SECRET/KEY, got {key[:40]!r} without '='")
+        if value.startswith("secret:"):
+            secret, slash, secret_key = value.removeprefix("secret:").partition("/")
+            if not slash or not secret or not secret_key:
+                raise UsageError(f"--env {key}=secret:... needs SECRET/KEY, e.g. {key}=secret:db/PASSWORD")
+            variables[key] = SecretKey(secret, secret_key)
+        else:
+            variables[key] = value
     spec = claude_agent_spec(system=system, families=family, model=model or None, max_tokens=max_tokens,
-                             per_run_max_cost=max_cost, api_key_secret=api_key_secret or None)
+                             per_run_max_cost=max_cost, api_key_secret=api_key_secret or None, env=variables,
+                             allowed_hosts=allow_host)
     _create("Agent", "agents", name, spec, project)
 
 
