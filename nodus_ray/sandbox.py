@@ -72,6 +72,7 @@ import resource
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -388,7 +389,9 @@ def _prepare_workspace(workspace: Path, uid: int | None) -> None:
 
     Recursive because files put there by the host (or by an older run layout, or an earlier
     uid) must be writable by the command too. ``os.fwalk`` with ``follow_symlinks=False`` and
-    dir_fd-relative ``chown`` never follow a symlink, even one swapped in while we walk.
+    dir_fd-relative ``chown`` never follow a symlink, even one swapped in while we walk. A file
+    of another owner with more than one link is left alone: it may be a hard link to a file
+    outside the workspace (root's), whose owner a chown here would change.
     """
     workspace.mkdir(parents=True, exist_ok=True)
     _seal_workspace(workspace, uid)
@@ -399,8 +402,11 @@ def _prepare_workspace(workspace: Path, uid: int | None) -> None:
         for name in dirs + files:
             with contextlib.suppress(FileNotFoundError):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                if st.st_uid != uid or st.st_gid != uid:
-                    os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+                if st.st_uid == uid and st.st_gid == uid:
+                    continue
+                if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+                    continue  # possibly linked from outside the workspace: never hand it over
+                os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _remove_tree(path: Path) -> None:

@@ -269,6 +269,23 @@ def test_hard_link_to_a_root_owned_file_fails(host: Host, backend: str) -> None:
             box.delete()
 
 
+def test_a_hard_link_that_got_into_a_workspace_never_hands_its_file_to_the_sandbox(host: Host) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root chowns a workspace to the sandbox uid")
+    # However it got there (a restored snapshot, a host tool, a kernel that allowed the link),
+    # making a sandbox over the workspace must not chown the file it shares an inode with.
+    target = host.secret(host.base / "root-owned" / "linked", "root-config\n", mode=0o600)
+    workspace = host.sandboxes / "default" / "linked-run"
+    workspace.mkdir(parents=True)
+    os.link(target, workspace / "hl")
+    (workspace / "own").write_text("mine\n")
+    box = host.make("linked-run")
+    st = target.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
+    assert box.run("cat hl").output.endswith("Permission denied\n")
+    assert box.run("cat own").output == "mine\n"  # the rest of the workspace is handed over
+
+
 def test_device_nodes_cannot_be_made(host: Host) -> None:
     _tool("mknod")
     result = host.make().run("mknod disk b 8 0; mknod mem c 1 1; mknod null c 1 3; ls")
