@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import statistics
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -29,7 +30,6 @@ from nodus_ray.access_tokens import TokenStore
 from nodus_ray.storage import Storage
 from nodus_serve.app import create_app
 from nodus_serve.auth import Authenticator
-
 
 _ROUNDS = 6
 
@@ -64,8 +64,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args()
-    import tempfile
-
     store = TokenStore(Storage(str(Path(tempfile.mkdtemp(prefix="nodus-bench-auth-")))))
     token = store.create("p", Token.model_validate({"metadata": {"name": "bench"}, "spec": {"role": "read"}}),
                          created_by="bench")["status"]["token"]

@@ -8,6 +8,7 @@ belongs to. Tokens are read once at start, like every other resource.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nodus.resources import Token, parse_resource
@@ -18,12 +19,10 @@ __all__ = ["AccessControl"]
 
 
 class AccessControl:
-    """Mixed into `ControlPlane`, which provides ``tokens``, ``_ensure_started`` and ``_check_project``."""
+    """Mixed into `ControlPlane`, which provides ``tokens`` and ``_ensure_started``."""
 
     tokens: TokenStore
-
-    async def _ensure_started(self) -> None:  # provided by ControlPlane
-        raise NotImplementedError
+    _ensure_started: Callable[[], Awaitable[None]]
 
     async def authenticate(self, digest: str) -> dict[str, Any] | None:
         """The principal of a token digest, or None: unknown, revoked and expired look the same."""

@@ -743,11 +743,12 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         return {**base, "provider": "offline", "apiKey": None}
 
     async def run_secrets(self, project: str, name: str) -> dict[str, Any]:
-        """A run's environment (`spec.env`, secret values opened) and every value to redact.
+        """A run's environment (`spec.env`, secret values opened) and the values to redact.
 
         Like the model key, the answer travels over Ray's RPC into the run actor's memory only.
-        ``redact`` maps ``secret/KEY`` to each secret value the run can see (its env's, and the
-        BYOK key), so the actor masks them in whatever it records (`redaction`).
+        ``redact`` maps ``secret/KEY`` to each secret value of its env, so the actor masks them
+        in whatever it records (`redaction`); the actor adds the BYOK key, which `model_access`
+        already gave it.
         """
         await self.get_run(project, name)
         pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
@@ -772,11 +773,6 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
                               code="SecretKeyMissing", details={"kind": "Secret", "name": secret,
                                                                 "field": f"spec.env[{index}]"})
             env[variable["name"]] = redact[f"{secret}/{key}"] = opened[secret][key]
-        model = pinned["spec"].get("model") or {}
-        if model.get("access") == "BYOK" and self.secrets.exists(project, model.get("apiKeySecret") or ""):
-            values = await asyncio.to_thread(self.secrets.values, project, model["apiKeySecret"])
-            if values.get("ANTHROPIC_API_KEY"):
-                redact[f"{model['apiKeySecret']}/ANTHROPIC_API_KEY"] = values["ANTHROPIC_API_KEY"]
         return {"env": env, "redact": redact}
 
     async def price_table(self) -> dict[str, Any]:

@@ -182,12 +182,15 @@ class RunActor:
     async def _ask(self, method: str, *args: Any) -> Any:
         return await self._control_plane.ask(method, *args)
 
-    async def _provider(self, prices: PriceTable) -> tuple[ModelProvider, str]:
-        """The provider and access of this run; the key stays in this actor's memory only."""
+    async def _provider(self, prices: PriceTable) -> tuple[ModelProvider, str, dict[str, str]]:
+        """The provider and access of this run, and the user's own key to redact (BYOK); the
+        key stays in this actor's memory only."""
         access = await self._ask("model_access", self.config.project, self.config.name)
         provider = provider_for(access, family_models=prices.family_models,
                                 latency_seconds=self.config.offline_latency_seconds)
-        return provider, str(access.get("access") or "Nodus")
+        secret = (self.config.agent_spec.get("model") or {}).get("apiKeySecret")
+        own_key = {f"{secret}/ANTHROPIC_API_KEY": access["apiKey"]} if access.get("access") == "BYOK" else {}
+        return provider, str(access.get("access") or "Nodus"), own_key
 
     async def _route(self, prompt: str, allowed: list[str]) -> dict[str, Any]:
         router = ray.get_actor(ROUTER_ACTOR_NAME, namespace=NAMESPACE)
@@ -223,7 +226,7 @@ class RunActor:
         model = agent.get("model") or {}
         prices = PriceTable.load(config.prices_file)
         try:
-            provider, access = await self._provider(prices)
+            provider, access, own_key = await self._provider(prices)
             secrets = await self._ask("run_secrets", config.project, config.name)
         except NodusError as refused:
             self.phase = "Failed"
@@ -248,7 +251,7 @@ class RunActor:
             next_message=self._next_message,
             on_answer=self._write_answer,
             after_command=self._workspace.after_command,
-            redact=Redactor(secrets["redact"]),
+            redact=Redactor({**secrets["redact"], **own_key}),
             take_egress=self._egress.take if self._egress is not None else None,
         )
         self._env = secrets["env"]

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, NoReturn
+from urllib.parse import quote, urlencode
 
 import httpx
 import typer
@@ -1074,8 +1075,6 @@ def console(project: ProjectOption = None) -> None:
     The token travels in the link's fragment (after ``#``), which a browser never sends to a
     server, so it reaches no access log; the page keeps it for its tab only.
     """
-    from urllib.parse import quote, urlencode
-
     settings = _settings()
     link = f"{settings.api_url}/console?{urlencode({'project': project or settings.project})}"
     typer.echo(f"{link}#token={quote(settings.token, safe='')}" if settings.token else link)
