@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 
 from nodus.resources import Token
-from nodus_ray.access_tokens import TokenStore
-from nodus_ray.storage import Storage
+from nodus_ray.control.tokens import TokenStore
+from nodus_ray.store.storage import Storage
 from nodus_serve.app import create_app
 from nodus_serve.auth import Authenticator
 

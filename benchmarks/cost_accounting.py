@@ -76,22 +76,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fakes, whe
 from support import words  # noqa: E402
 
 from nodus.resources import FAMILIES  # noqa: E402
-from nodus_ray.billing import RunBudget, billed, max_input_tokens  # noqa: E402
-from nodus_ray.conversation import Conversation, ConversationSpec, RunFailure  # noqa: E402
-from nodus_ray.durable import Steps  # noqa: E402
-from nodus_ray.journal import Journal  # noqa: E402
+from nodus_ray.durable.journal import Journal  # noqa: E402
+from nodus_ray.durable.steps import Steps  # noqa: E402
 from nodus_ray.models.anthropic_provider import AnthropicProvider  # noqa: E402
 from nodus_ray.models.base import BASH_TOOL, ModelRequest, ModelResponse, Usage  # noqa: E402
-from nodus_ray.prices import (  # noqa: E402
+from nodus_ray.money.billing import RunBudget, billed, max_input_tokens  # noqa: E402
+from nodus_ray.money.prices import (  # noqa: E402
     DEFAULT_PRICE_TABLE,
     ROUTER_MAX_OUTPUT_TOKENS,
     ROUTER_MODEL,
     PriceTable,
 )
-from nodus_ray.router import JevRouter, router_input_tokens  # noqa: E402
-from nodus_ray.sandbox import create_sandbox  # noqa: E402
-from nodus_ray.spend import CapExceeded, RunSpend  # noqa: E402
-from nodus_ray.storage import Storage  # noqa: E402
+from nodus_ray.money.spend import CapExceeded, RunSpend  # noqa: E402
+from nodus_ray.runtime.conversation import Conversation, ConversationSpec, RunFailure  # noqa: E402
+from nodus_ray.runtime.router import JevRouter, router_input_tokens  # noqa: E402
+from nodus_ray.sandbox.sandbox import create_sandbox  # noqa: E402
+from nodus_ray.store.storage import Storage  # noqa: E402
 from tests.fakes.anthropic_api import FakeMessagesAPI, Reply, text_reply, tool_use_reply  # noqa: E402
 
 API_KEY = "sk-bench"

@@ -12,7 +12,7 @@ phase, all from the server's own timestamps:
 * start latency: a run's admission (``status.admittedAt``) to its first model call (the first
   ``model`` step's ``startedAt``), p50 and p99;
 
-and, on its own, the supervisor's decision core (`nodus_ray.admission.Admission`, the code the
+and, on its own, the supervisor's decision core (`nodus_ray.core.admission.Admission`, the code the
 supervisor actor runs for every report): admission decisions per second for K' runs, with no
 Ray and no I/O.
 
@@ -139,7 +139,7 @@ def _wait(condition, timeout: float = 600):  # type: ignore[no-untyped-def]
 
 def admission_rate(runs: int) -> tuple[float, int]:
     """Decisions per second of the admission core: every run admitted, reported done, next admitted."""
-    from nodus_ray.admission import Admission, GroupLimits, Member
+    from nodus_ray.core.admission import Admission, GroupLimits, Member
 
     admission = Admission(GroupLimits(max_active=10, max_pending=max(runs, 1), max_cost=Decimal("1000000")))
     members = [Member(key=f"t{i}", run=f"g-t{i}", cap=Decimal("0.10"),

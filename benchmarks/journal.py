@@ -66,16 +66,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from support import words  # noqa: E402
 
-from nodus_ray.billing import RunBudget  # noqa: E402
-from nodus_ray.conversation import AwaitingMessage, Conversation, ConversationSpec  # noqa: E402
-from nodus_ray.durable import Steps  # noqa: E402
-from nodus_ray.journal import Journal, JournalRecord, _encode_segment, step_views  # noqa: E402
+from nodus_ray.durable.journal import Journal, JournalRecord, _encode_segment, step_views  # noqa: E402
+from nodus_ray.durable.steps import Steps  # noqa: E402
 from nodus_ray.models.base import ModelRequest, ModelResponse, Usage  # noqa: E402
-from nodus_ray.prices import DEFAULT_PRICE_TABLE  # noqa: E402
-from nodus_ray.router import JevRouter  # noqa: E402
-from nodus_ray.sandbox import CommandResult  # noqa: E402
-from nodus_ray.spend import RunSpend  # noqa: E402
-from nodus_ray.storage import Storage  # noqa: E402
+from nodus_ray.money.billing import RunBudget  # noqa: E402
+from nodus_ray.money.prices import DEFAULT_PRICE_TABLE  # noqa: E402
+from nodus_ray.money.spend import RunSpend  # noqa: E402
+from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec  # noqa: E402
+from nodus_ray.runtime.router import JevRouter  # noqa: E402
+from nodus_ray.sandbox.sandbox import CommandResult  # noqa: E402
+from nodus_ray.store.storage import Storage  # noqa: E402
 
 PREFIX = "projects/default/agentruns/bench/journal"
 _WORDS = ("the", "run", "journal", "step", "model", "answer", "sandbox", "token", "file", "output",

@@ -28,9 +28,9 @@ from datetime import date
 from pathlib import Path
 
 from nodus.egress_policy import EgressPolicy
-from nodus_ray import sandbox as sandbox_module
-from nodus_ray.egress import EgressProxy
-from nodus_ray.sandbox import BubblewrapSandbox, bwrap_available
+from nodus_ray.egress.proxy import EgressProxy
+from nodus_ray.sandbox import sandbox as sandbox_module
+from nodus_ray.sandbox.sandbox import BubblewrapSandbox, bwrap_available
 
 COMMANDS = {"true": "true", "python3 -c pass": "python3 -c pass", "write 1 MiB": "head -c 1048576 /dev/zero > f"}
 

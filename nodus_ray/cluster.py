@@ -25,9 +25,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nodus import credentials
 from nodus.errors import NodusError, Unavailable
-
-from .secret_box import install_configured_key
-from .settings import CONTROL_PLANE_NAME, NAMESPACE, SERVE_APP_NAME, ServerSettings
+from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE, SERVE_APP_NAME, ServerSettings
+from nodus_ray.store.secret_box import install_configured_key
 
 __all__ = ["UpInfo", "up", "down"]
 
@@ -104,7 +103,7 @@ def _connect(address: str | None) -> tuple[bool, Any]:
 
 
 def _ensure_control_plane(settings: ServerSettings) -> tuple[Any, dict[str, object]]:
-    from .control_plane import RemoteControlPlane
+    from nodus_ray.control.plane import RemoteControlPlane
 
     # Pinned to the node `nodus up` runs on: the key that seals Secrets is a file there.
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
@@ -128,7 +127,7 @@ def _ensure_control_plane(settings: ServerSettings) -> tuple[Any, dict[str, obje
 
 def _ensure_router() -> None:
     """The routing service every run asks before a turn; runs fall back to sonnet without it."""
-    from .router import ROUTER_ACTOR_NAME, JevRouter
+    from nodus_ray.runtime.router import ROUTER_ACTOR_NAME, JevRouter
 
     router = ray.remote(num_cpus=0, max_restarts=-1)(JevRouter).options(
         name=ROUTER_ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True

@@ -14,9 +14,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from nodus.egress_policy import PRIVATE_NETWORKS_ENV, parse_private_networks
-
-from .prices import PriceTable
-from .storage import default_storage_uri, redact_uri
+from nodus_ray.money.prices import PriceTable
+from nodus_ray.store.storage import default_storage_uri, redact_uri
 
 __all__ = ["NAMESPACE", "CONTROL_PLANE_NAME", "SERVE_APP_NAME", "ServerSettings"]
 

@@ -11,9 +11,15 @@ so importing this package does not import them.
 
 from __future__ import annotations
 
-from .base import Environment, Grade, GraderError, Task
-from .registry import ENTRY_POINT_GROUP, EnvironmentNotFound, available, refresh, resolve
-from .workspace import GradingWorkspace
+from nodus_ray.environments.base import Environment, Grade, GraderError, Task
+from nodus_ray.environments.registry import (
+    ENTRY_POINT_GROUP,
+    EnvironmentNotFound,
+    available,
+    refresh,
+    resolve,
+)
+from nodus_ray.environments.workspace import GradingWorkspace
 
 __all__ = [
     "Environment",

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import ClassVar
 
-from .base import Environment, Grade, Task
-from .workspace import GradingWorkspace
+from nodus_ray.environments.base import Environment, Grade, Task
+from nodus_ray.environments.workspace import GradingWorkspace
 
 __all__ = ["ArithmeticV2", "last_number"]
 

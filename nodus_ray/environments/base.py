@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
-    from .workspace import GradingWorkspace
+    from nodus_ray.environments.workspace import GradingWorkspace
 
 __all__ = [
     "Task",

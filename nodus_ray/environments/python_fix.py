@@ -35,10 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from nodus_ray.sandbox import CommandResult
-
-from .base import Environment, Grade, GraderError, Task
-from .workspace import GradingWorkspace
+from nodus_ray.environments.base import Environment, Grade, GraderError, Task
+from nodus_ray.environments.workspace import GradingWorkspace
+from nodus_ray.sandbox.sandbox import CommandResult
 
 __all__ = ["PythonFix"]
 

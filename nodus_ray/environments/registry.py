@@ -24,7 +24,7 @@ import logging
 import re
 from importlib.metadata import EntryPoint, entry_points
 
-from .base import REF_PART_RE, SEMVER_RE, Environment
+from nodus_ray.environments.base import REF_PART_RE, SEMVER_RE, Environment
 
 __all__ = ["ENTRY_POINT_GROUP", "EnvironmentNotFound", "resolve", "available", "refresh"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import BASH_TOOL, ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
-from .offline import OfflineProvider
+from nodus_ray.models.base import BASH_TOOL, ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
+from nodus_ray.models.offline import OfflineProvider
 
 __all__ = [
     "BASH_TOOL",
@@ -28,7 +28,7 @@ def provider_for(access: Mapping[str, Any], *, family_models: Mapping[str, str],
     deterministic offline model, which needs no key and no network.
     """
     if access.get("provider") == "anthropic":
-        from .anthropic_provider import AnthropicProvider
+        from nodus_ray.models.anthropic_provider import AnthropicProvider
 
         return AnthropicProvider(api_key=str(access["apiKey"]), base_url=access.get("baseUrl"),
                                  family_models=family_models)

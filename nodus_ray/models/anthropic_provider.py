@@ -48,8 +48,8 @@ from urllib.parse import urlsplit, urlunsplit
 import anthropic
 from anthropic.lib.streaming import MessageStream
 
-from ..prices import DEFAULT_PRICE_TABLE
-from .base import ModelError, ModelRequest, ModelResponse, Usage
+from nodus_ray.models.base import ModelError, ModelRequest, ModelResponse, Usage
+from nodus_ray.money.prices import DEFAULT_PRICE_TABLE
 
 __all__ = ["AnthropicProvider", "DEFAULT_FAMILY_MODELS"]
 

@@ -1,7 +1,7 @@
 """Which destinations a run's commands may reach: an Agent's ``network.allowedHosts``, checked.
 
 Pure and synchronous, so the API schema can validate entries and tests can check every rule
-without sockets. The proxy (:mod:`nodus_ray.egress`) asks two questions, in this order:
+without sockets. The proxy (:mod:`nodus_ray.egress.proxy`) asks two questions, in this order:
 
 1. :meth:`EgressPolicy.allows` -- is the host (and port) the command asked for in the list?
    The match is on the name the command asked for, before any DNS.

@@ -1,7 +1,7 @@
 """Authentication and authorization of every ``/v1`` request, in one place: the ingress.
 
 Every ``/v1`` call carries ``Authorization: Bearer <token>``. The token's digest is looked up in
-the control plane (`nodus_ray.access_tokens`), and the answer is cached here for a few seconds so
+the control plane (`nodus_ray.control.tokens`), and the answer is cached here for a few seconds so
 a busy API does not ask the control plane twice per request. What the principal may do follows
 from the path and method alone (`required_access`), so a route added later is covered without
 remembering to protect it:
@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nodus.errors import Forbidden, NodusError, NotFound, Unauthorized
-from nodus_ray.access_tokens import OPERATOR, Principal, token_digest
-from nodus_ray.timestamps import parse_timestamp
+from nodus_ray.control.tokens import OPERATOR, Principal, token_digest
+from nodus_ray.store.timestamps import parse_timestamp
 
 __all__ = ["Authenticator", "PrincipalCache", "Access", "required_access"]
 

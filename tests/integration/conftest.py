@@ -43,7 +43,7 @@ class Server:
 
     def store(self) -> Any:
         """The service's storage, read the way the service reads it (local disk or S3)."""
-        from nodus_ray.storage import Storage
+        from nodus_ray.store.storage import Storage
 
         return Storage(self.storage_uri)  # NODUS_FAULTS of the service: arm a crash point with `arm`
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray.egress import (
+from nodus_ray.egress.proxy import (
     FORWARDER_PATH,
     SANDBOX_FORWARDER,
     EgressPolicy,

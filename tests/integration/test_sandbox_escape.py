@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray import sandbox as sandbox_module
-from nodus_ray import seccomp
-from nodus_ray.sandbox import (
+from nodus_ray.sandbox import sandbox as sandbox_module
+from nodus_ray.sandbox import seccomp
+from nodus_ray.sandbox.sandbox import (
     CommandResult,
     ProcessSandbox,
     Sandbox,

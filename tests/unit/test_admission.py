@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from nodus_ray.admission import Admission, AdmissionError, Decision, GroupLimits, GroupStatus, Member
+from nodus_ray.core.admission import Admission, AdmissionError, Decision, GroupLimits, GroupStatus, Member
 
 D = Decimal
 TERMINAL = {"Succeeded", "Failed", "Cancelled"}

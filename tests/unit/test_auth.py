@@ -14,8 +14,8 @@ from nodus import credentials
 from nodus.config import load_settings
 from nodus.errors import Conflict
 from nodus.resources import Token
-from nodus_ray.access_tokens import LOCAL_ADMIN, OPERATOR, TokenStore, token_digest
-from nodus_ray.storage import Storage
+from nodus_ray.control.tokens import LOCAL_ADMIN, OPERATOR, TokenStore, token_digest
+from nodus_ray.store.storage import Storage
 from nodus_serve.app import create_app
 from nodus_serve.auth import required_access
 

@@ -19,7 +19,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from nodus_ray.billing import (
+from nodus_ray.models.base import BASH_TOOL, ModelRequest, Usage
+from nodus_ray.models.offline import OFFLINE_MODELS, OfflineProvider
+from nodus_ray.money.billing import (
     NODUS_MARGIN,
     PER_REQUEST_OVERHEAD_TOKENS,
     CapExceeded,
@@ -28,9 +30,7 @@ from nodus_ray.billing import (
     max_input_tokens,
     worst_case_cost,
 )
-from nodus_ray.models.base import BASH_TOOL, ModelRequest, Usage
-from nodus_ray.models.offline import OFFLINE_MODELS, OfflineProvider
-from nodus_ray.prices import (
+from nodus_ray.money.prices import (
     DEFAULT_PRICE_TABLE,
     MILLION,
     ROUTER_MAX_OUTPUT_TOKENS,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray.disk_usage import DiskWatch, disk_usage, format_bytes
+from nodus_ray.sandbox.disk_usage import DiskWatch, disk_usage, format_bytes
 
 MIB = 1 << 20
 

@@ -18,7 +18,7 @@ from nodus.egress_policy import (
     validate_allowed_host,
     validate_allowed_hosts,
 )
-from nodus_ray.egress import (
+from nodus_ray.egress.proxy import (
     SANDBOX_EGRESS_DIR,
     SANDBOX_FORWARDER,
     SANDBOX_SOCKET,

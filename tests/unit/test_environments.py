@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from nodus_ray import sandbox as sandbox_module
 from nodus_ray.environments import (
     ENTRY_POINT_GROUP,
     Environment,
@@ -36,7 +35,8 @@ from nodus_ray.environments.arithmetic import ArithmeticV2, last_number
 from nodus_ray.environments.python_fix import PythonFix
 from nodus_ray.models.base import ModelRequest
 from nodus_ray.models.offline import OfflineProvider
-from nodus_ray.sandbox import CommandResult
+from nodus_ray.sandbox import sandbox as sandbox_module
+from nodus_ray.sandbox.sandbox import CommandResult
 
 ARITHMETIC = "nodus/arithmetic-v2@2.0.0"
 PYTHON_FIX = "nodus/python-fix@1.0.0"

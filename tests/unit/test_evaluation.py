@@ -12,7 +12,7 @@ import pytest
 
 from nodus.errors import Invalid
 from nodus.resources import UNSCORED_STATES, parse_resource
-from nodus_ray.evaluation import (
+from nodus_ray.core.evaluation import (
     FINAL_STATES,
     case_labels,
     final_phase,
@@ -22,8 +22,8 @@ from nodus_ray.evaluation import (
     results_parquet,
     summarize,
 )
-from nodus_ray.storage import Storage
-from nodus_ray.workspace_snapshots import NO_COMMAND, WorkspaceSnapshots, pack_files, seed_key
+from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceSnapshots, pack_files, seed_key
+from nodus_ray.store.storage import Storage
 
 
 def _group(evaluation: dict[str, Any], **spec: Any) -> Any:

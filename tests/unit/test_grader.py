@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from nodus_ray.environments import GraderError, resolve
-from nodus_ray.grader import Grader
-from nodus_ray.storage import Storage
-from nodus_ray.workspace_snapshots import WorkspaceSnapshots, pack_files, seed_key
+from nodus_ray.runtime.grader import Grader
+from nodus_ray.sandbox.snapshots import WorkspaceSnapshots, pack_files, seed_key
+from nodus_ray.store.storage import Storage
 
 PREFIX = "projects/p/agentruns/r"
 

@@ -9,9 +9,9 @@ from typing import Any
 import pyarrow.ipc as ipc
 import pytest
 
-from nodus_ray.durable import NeedsResolution, StepFailed, Steps
-from nodus_ray.journal import JOURNAL_SCHEMA, Journal, step_views
-from nodus_ray.storage import Storage
+from nodus_ray.durable.journal import JOURNAL_SCHEMA, Journal, step_views
+from nodus_ray.durable.steps import NeedsResolution, StepFailed, Steps
+from nodus_ray.store.storage import Storage
 
 
 def journal_at(root: Path | str) -> Journal:
@@ -149,7 +149,7 @@ def test_compaction_makes_one_object_of_many_and_a_reload_reads_each_record_once
 def test_a_crash_between_writing_a_chunk_and_deleting_its_segments_loses_and_doubles_nothing(
     tmp_path: Path,
 ) -> None:
-    from nodus_ray.journal import _encode_segment
+    from nodus_ray.durable.journal import _encode_segment
 
     journal = journal_at(tmp_path)
     for i in range(10):

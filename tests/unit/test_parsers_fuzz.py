@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from nodus.cli.manifests import load_manifests
 from nodus.errors import NodusError
 from nodus.resources import KINDS, parse_duration, parse_resource, parse_run_list
-from nodus_ray.patch import patched_document
+from nodus_ray.core.patch import patched_document
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

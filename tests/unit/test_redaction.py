@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodus_ray.redaction import Redactor
+from nodus_ray.core.redaction import Redactor
 
 KEY = "sk-ant-api03-0123456789abcdef"
 

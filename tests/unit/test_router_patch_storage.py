@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray.patch import merge_patch
-from nodus_ray.router import fallback_family, route
-from nodus_ray.storage import Storage
+from nodus_ray.core.patch import merge_patch
+from nodus_ray.runtime.router import fallback_family, route
+from nodus_ray.store.storage import Storage
 
 
 def test_simple_prompts_go_to_the_cheapest_family() -> None:
@@ -59,7 +59,7 @@ def test_storage_round_trips_and_lists(storage_uri: str) -> None:
 
 
 def test_storage_uris_are_shown_without_credentials() -> None:
-    from nodus_ray.storage import redact_uri
+    from nodus_ray.store.storage import redact_uri
 
     shown = redact_uri("s3://AKIAEXAMPLE:wJalrSECRET@bucket/prefix?region=us-east-1&secret_key=wJalrSECRET")
     assert "wJalrSECRET" not in shown and "AKIAEXAMPLE" not in shown

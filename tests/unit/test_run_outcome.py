@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from nodus.resources import ANSWER_PREVIEW_BYTES
-from nodus_ray.run_actor import RunActor, RunConfig
+from nodus_ray.runtime.run_actor import RunActor, RunConfig
 
 
 def _actor(tmp_path: Path) -> RunActor:

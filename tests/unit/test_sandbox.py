@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray import sandbox as sandbox_module
-from nodus_ray.sandbox import (
+from nodus_ray.sandbox import sandbox as sandbox_module
+from nodus_ray.sandbox.sandbox import (
     BubblewrapSandbox,
     CommandResult,
     ProcessSandbox,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray import seccomp
-from nodus_ray.seccomp import DENIED_SYSCALLS, NAMESPACE_CLONE_FLAGS, build_filter, filter_fd
+from nodus_ray.sandbox import seccomp
+from nodus_ray.sandbox.seccomp import DENIED_SYSCALLS, NAMESPACE_CLONE_FLAGS, build_filter, filter_fd
 
 ALLOW = 0x7FFF0000
 KILL_PROCESS = 0x80000000

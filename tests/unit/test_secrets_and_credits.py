@@ -12,10 +12,10 @@ import pytest
 from cryptography.exceptions import InvalidTag
 
 from nodus.resources import parse_resource
-from nodus_ray.credits import CreditLedger
-from nodus_ray.secret_box import SecretBox, load_or_create_key
-from nodus_ray.secret_store import SecretStore
-from nodus_ray.storage import Storage
+from nodus_ray.control.secrets import SecretStore
+from nodus_ray.money.credits import CreditLedger
+from nodus_ray.store.secret_box import SecretBox, load_or_create_key
+from nodus_ray.store.storage import Storage
 
 VALUE = "sk-ant-unit-test-value-0123456789"
 
@@ -97,7 +97,7 @@ def test_adding_credits_makes_a_refused_hold_fit(tmp_path: Path) -> None:
 
 def test_the_operators_key_reaches_the_key_file_the_control_plane_reads(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from nodus_ray.secret_box import install_configured_key
+    from nodus_ray.store.secret_box import install_configured_key
 
     key = bytes(range(32))
     file = tmp_path / "nodus" / "secret.key"

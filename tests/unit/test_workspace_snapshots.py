@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray.storage import Storage
-from nodus_ray.workspace_snapshots import NO_COMMAND, WorkspaceLost, WorkspaceSnapshots, accepted_states
+from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceLost, WorkspaceSnapshots, accepted_states
+from nodus_ray.store.storage import Storage
 
 
 def _snapshots(tmp_path: Path, node: str, **options: object) -> WorkspaceSnapshots:

@@ -1,0 +1,375 @@
+"""The Claude conversation as a journaled program.
+
+One turn: route the prompt to a family, then call the model, run the commands it asks for
+in the sandbox, hand the results back, and repeat until the model ends its turn. Every
+action is a step of `durable.Steps`, so running this program again over the same journal
+replays it: recorded routing, model answers and command results come back from the journal
+and nothing with an effect happens twice.
+
+The program is deterministic given its journal; all state the status shows (turns, tokens,
+cost) is recomputed from step results, so a replayed run reports exactly what it reported
+before its actor died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from nodus.resources import FAMILIES, Turn
+from nodus_ray import metrics
+from nodus_ray.core.redaction import Redactor
+from nodus_ray.durable.steps import Effect, StepFailed, Steps
+from nodus_ray.models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
+from nodus_ray.money.billing import max_input_tokens
+from nodus_ray.money.prices import ROUTER_MODEL
+from nodus_ray.money.spend import RunSpend
+from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
+from nodus_ray.sandbox.sandbox import CommandResult, Sandbox
+from nodus_ray.store.timestamps import utc_now
+
+__all__ = ["ConversationSpec", "Conversation", "RunFailure", "AwaitingMessage", "Router", "Inbox"]
+
+_PROMPT_PREVIEW = 200
+
+
+class RunFailure(Exception):
+    """The program cannot go on; ``reason`` is the run's ``status.reason``."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class AwaitingMessage(Exception):  # noqa: N818 - a state the program pauses in, not an error
+    """A keep-alive run answered its turn and has no message to read: it waits for one.
+
+    Nothing is journaled for the wait itself, so the actor can go away; the next actor replays
+    the journal up to here and asks again.
+    """
+
+    def __init__(self, turn: int):
+        super().__init__(f"turn {turn} is answered; waiting for a message")
+        self.turn = turn
+
+
+@dataclass(frozen=True)
+class ConversationSpec:
+    system: str
+    families: list[str] | None
+    model_name: str | None
+    max_tokens: int
+    max_tool_calls: int
+    prompt: str
+    keep_alive: bool = False
+
+
+Inbox = Callable[[int], Awaitable[dict[str, Any] | None]]
+"""The first message after a sequence number (``{seq, name, payload, messageKey}``), or None."""
+
+
+
+Router = Callable[[str, list[str]], Awaitable[dict[str, Any]]]
+"""Asks the router service for a family: ``(prompt, allowed) -> {"family", "inputTokens", ...}``."""
+
+
+@dataclass
+class Conversation:
+    """Runs turns over `Steps`; reports progress through ``on_progress`` after each step."""
+
+    steps: Steps
+    provider: ModelProvider
+    spec: ConversationSpec
+    spend: RunSpend
+    router: Router
+    open_sandbox: Callable[[], Sandbox]
+    on_progress: Callable[[list[Turn]], Awaitable[None]]
+    sandbox: Sandbox | None = None
+    sandbox_info: dict[str, Any] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str | None = None
+    next_message: Inbox | None = None
+    on_answer: Callable[[str], Awaitable[None]] | None = None
+    answer: str | None = None
+    read_seq: int = 0
+    # Called (in a thread) with a command's journal seq after it ran, before its Completed:
+    # the run actor snapshots the workspace there (`workspace_snapshots`).
+    after_command: Callable[[int], None] | None = None
+    # Masks secret values (`redaction.Redactor`) in model replies and command output before
+    # they are journaled, so neither the journal, the answer nor the model ever holds one.
+    redact: Redactor = field(default_factory=lambda: Redactor({}))
+    # Called (in a thread) after a command: the connections it made through the egress proxy,
+    # journaled with its result (`egress`).
+    take_egress: Callable[[], list[dict[str, Any]]] | None = None
+
+    @property
+    def cost_usd(self) -> Decimal:
+        return self.spend.budget.spent
+
+    async def run(self) -> str:
+        """Open the sandbox, run the first turn and return its answer.
+
+        A keep-alive run goes on: after each answer it reads the next message as a journaled
+        step (``turn-N/message``) and answers it in turn N, and raises `AwaitingMessage` when
+        there is none yet. Replayed, a message already read comes from the journal, so the
+        conversation is rebuilt in the order the messages were first read.
+        """
+        self.messages = []
+        await self._open_sandbox()
+        answer = await self._turn(1, self.spec.prompt)
+        turn = 1
+        while self.spec.keep_alive:
+            self.answer = answer
+            if self.on_answer is not None:
+                await self.on_answer(answer)
+            turn += 1
+            message = await self._read_message(f"turn-{turn}/message", turn - 1)
+            self.read_seq = int(message["seq"])
+            answer = await self._turn(turn, str(message["payload"]))
+        self.answer = answer
+        return answer
+
+    async def _read_message(self, step_id: str, answered: int) -> dict[str, Any]:
+        arrived: dict[str, Any] | None = None
+        if not self.steps.is_done(step_id):
+            assert self.next_message is not None, "a keep-alive conversation needs an inbox"
+            arrived = await self.next_message(self.read_seq)
+            if arrived is None:
+                raise AwaitingMessage(answered)
+
+        async def read() -> dict[str, Any]:
+            assert arrived is not None
+            return arrived
+
+        return await self.steps.run(
+            step_id, "inbox", read,
+            summary_of=lambda m: f"message {m['seq']}" + (f" ({m['messageKey']})" if m.get("messageKey") else ""),
+        )
+
+    async def _open_sandbox(self) -> None:
+        async def create() -> dict[str, Any]:
+            sandbox = await asyncio.to_thread(self.open_sandbox)
+            self.sandbox = sandbox
+            return {"backend": sandbox.backend, "workspace": str(sandbox.workspace), "note": sandbox.note}
+
+        self.sandbox_info = await self.steps.run(
+            "sandbox", "sandbox", create,
+            summary_of=lambda r: f"{r['backend']} sandbox at {r['workspace']}",
+        )
+        if self.sandbox is None:  # replayed: the workspace exists; reattach to it
+            self.sandbox = await asyncio.to_thread(self.open_sandbox)
+
+    async def _add_message(self, message: dict[str, Any]) -> None:
+        # Replay rebuilds the conversation in the same order; a message already journaled at
+        # this position is not written again.
+        await self.steps.record_message(len(self.messages), message)
+        self.messages.append(message)
+
+    def _request(self, model: str) -> ModelRequest:
+        return ModelRequest(model=model, system=self.spec.system, messages=list(self.messages),
+                            max_tokens=self.spec.max_tokens)
+
+    def _input_bound(self) -> int:
+        """An upper bound of the next call's input tokens: the whole conversation, by its bytes."""
+        request = self._request("")
+        return max_input_tokens(request.system, request.messages, request.tools)
+
+    def _allowed(self) -> list[str]:
+        allowed = self.spec.families or list(FAMILIES)
+        return [family for family in FAMILIES if family in allowed]
+
+    def _model_for(self, family: str) -> str:
+        # A pinned Claude model applies only where Claude serves; the offline provider always
+        # names its own model, so status never claims a model that did not answer.
+        if self.spec.model_name and self.provider.name != "offline":
+            return self.spec.model_name
+        return self.provider.model_for_family(family)
+
+    async def _route(self, step_id: str, prompt: str) -> dict[str, Any]:
+        """The routing step: one priced router call per turn, or none when there is no choice."""
+        allowed = self._allowed()
+        pinned = self.spec.model_name is not None
+        calls_router = len(allowed) > 1 and not pinned
+        route_bound = Decimal(0)
+        if not self.steps.is_done(step_id):
+            if calls_router:
+                route_bound = self.spend.worst(ROUTER_MODEL, router_input_tokens(prompt), ROUTER_MAX_OUTPUT_TOKENS)
+            tokens = self._input_bound()
+            first_call = max(self.spend.worst(self._model_for(family), tokens, self.spec.max_tokens)
+                             for family in allowed)
+            await self.spend.before_call(route_bound + first_call, route_bound)
+
+        async def choose() -> dict[str, Any]:
+            usage, charged = Usage(), Decimal(0)
+            if pinned:
+                by_model = {model: family for family, model in self.spend.prices.family_models.items()}
+                family, routing = by_model.get(self.spec.model_name or "", "sonnet"), "pinned"
+            elif not calls_router:
+                family, routing = allowed[0], "jev"
+            else:
+                try:
+                    decision = await self.router(prompt, allowed)
+                    family, routing = str(decision["family"]), "jev"
+                    if family not in allowed:
+                        raise ValueError(f"the router chose {family!r}, which is not allowed")
+                    usage = Usage(input_tokens=int(decision.get("inputTokens") or 0))
+                    charged = self.spend.price(ROUTER_MODEL, usage, route_bound)
+                except Exception:  # noqa: BLE001 - an unavailable router must not stop the turn
+                    family, routing = fallback_family(allowed), "fallback"
+            return {"family": family, "model": self._model_for(family), "routing": routing,
+                    "routerInputTokens": usage.input_tokens, "billedUSD": str(charged)}
+
+        routed = await self.steps.run(
+            step_id, "route", choose,
+            cost_of=lambda r: r["billedUSD"],
+            summary_of=lambda r: f"{r['family']} ({r['routing']}) -> {r['model']}, ${r['billedUSD']}",
+        )
+        self.spend.record(Decimal(routed.get("billedUSD", "0")))
+        return routed
+
+    async def _turn(self, index: int, prompt: str) -> str:
+        prefix = f"turn-{index}"
+        await self._add_message({"role": "user", "content": prompt})
+        routed = await self._route(f"{prefix}/route", prompt)
+        turn = Turn(index=index, prompt=prompt[:_PROMPT_PREVIEW], family=routed["family"],
+                    model=routed["model"], routing=routed["routing"], costUSD=routed.get("billedUSD", "0"),
+                    startedAt=utc_now())
+        self.turns.append(turn)
+        await self.on_progress(self.turns)
+
+        tool_calls = 0
+        limit_warned = False
+        call = 0
+        while True:
+            call += 1
+            response, charged = await self._model_call(f"{prefix}/model-{call}", routed["model"], routed["family"])
+            turn.inputTokens += response.usage.input_tokens
+            turn.outputTokens += response.usage.output_tokens
+            turn.cacheCreationTokens += response.usage.cache_creation_input_tokens
+            turn.cacheReadTokens += response.usage.cache_read_input_tokens
+            turn.costUSD = str(Decimal(turn.costUSD) + charged)
+            turn.stopReason = response.stop_reason
+            await self._add_message({"role": "assistant", "content": response.content})
+            if response.stop_reason == "pause_turn":
+                # The API paused a long turn; sending the conversation back lets it continue.
+                await self.on_progress(self.turns)
+                continue
+            if response.stop_reason == "refusal":
+                turn.finishedAt = utc_now()
+                await self.on_progress(self.turns)
+                raise RunFailure("ModelRefused", "the model declined to answer (stop_reason: refusal)")
+            uses = response.tool_uses()
+            if response.stop_reason != "tool_use" or not uses:
+                turn.finishedAt = utc_now()
+                self.stop_reason = response.stop_reason
+                await self.on_progress(self.turns)
+                return response.text()
+            if limit_warned:
+                raise RunFailure(
+                    "MaxToolCallsReached",
+                    f"the model asked for more commands after reaching maxToolCalls "
+                    f"({self.spec.max_tool_calls}) in turn {index}",
+                )
+            results = []
+            for position, use in enumerate(uses, start=1):
+                if tool_calls >= self.spec.max_tool_calls:
+                    limit_warned = True
+                    results.append(_tool_error(use, f"maxToolCalls ({self.spec.max_tool_calls}) reached "
+                                                    "for this turn: answer now with what you have."))
+                    continue
+                tool_calls += 1
+                turn.toolCalls = tool_calls
+                results.append(await self._command(f"{prefix}/command-{call}-{position}", use))
+            await self._add_message({"role": "user", "content": results})
+            await self.on_progress(self.turns)
+
+    async def _model_call(self, step_id: str, model: str, family: str) -> tuple[ModelResponse, Decimal]:
+        request = self._request(model)
+        bound = Decimal(0)
+        if not self.steps.is_done(step_id):
+            bound = self.spend.worst(model, self._input_bound(), request.max_tokens)
+            await self.spend.before_call(bound, bound)
+
+        async def call() -> dict[str, Any]:
+            began = time.monotonic()
+            try:
+                response = await asyncio.to_thread(self.provider.complete, request)
+            except ModelError as error:
+                raise StepFailed(step_id, {"reason": error.reason, "message": str(error)}) from error
+            charged = self.spend.price(model, response.usage, bound)
+            usage = response.usage
+            metrics.model_call(model, family, self.spend.access, time.monotonic() - began, {
+                "input": usage.input_tokens, "output": usage.output_tokens,
+                "cache_read": usage.cache_read_input_tokens, "cache_creation": usage.cache_creation_input_tokens,
+            }, float(charged))
+            return {**self.redact.tree(response.to_dict()), "billedUSD": str(charged)}
+
+        # On the server's key a lost call is ours to pay for and safe to make again; on the user's
+        # own key it may have cost them, so an interrupted call waits for their decision.
+        effect: Effect = "external" if self.spend.access == "BYOK" else "idempotent"
+        try:
+            recorded = await self.steps.run(
+                step_id, "model", call, effect=effect,
+                started={"model": model, "messages": len(request.messages), "boundUSD": str(bound)},
+                cost_of=lambda r: r["billedUSD"],
+                summary_of=lambda r: f"{r['model']}: {r['stop_reason']}, "
+                                     f"{r['usage']['input_tokens']} in / {r['usage']['output_tokens']} out, "
+                                     f"${r['billedUSD']}",
+            )
+        except StepFailed as failure:
+            raise RunFailure(failure.error.get("reason", "ModelError"),
+                             failure.error.get("message", "the model call failed")) from None
+        charged = Decimal(recorded.get("billedUSD", "0"))
+        self.spend.record(charged)
+        return ModelResponse.from_dict(recorded), charged
+
+    async def _command(self, step_id: str, use: dict[str, Any]) -> dict[str, Any]:
+        command = use.get("input", {}).get("command") if isinstance(use.get("input"), dict) else None
+        if use.get("name") != "bash" or not isinstance(command, str) or not command.strip():
+            return _tool_error(use, "only the bash tool exists, and it needs a non-empty 'command' string")
+        sandbox = self.sandbox
+        assert sandbox is not None
+
+        async def execute() -> dict[str, Any]:
+            result = await asyncio.to_thread(sandbox.run, command)
+            metrics.command_ran(result.duration_seconds, result.exit_code)
+            started = self.steps.recorded(step_id)
+            if self.after_command is not None and started is not None:
+                await asyncio.to_thread(self.after_command, started.seq)
+            done = {**result.to_dict(), "output": self.redact(result.output)}
+            if self.take_egress is not None and (connections := await asyncio.to_thread(self.take_egress)):
+                done["egress"] = connections
+            return done
+
+        shown = self.redact(command)
+        recorded = await self.steps.run(
+            step_id, "command", execute, effect="external",
+            started={"command": shown},
+            summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
+        )
+        result = CommandResult.from_dict(recorded)
+        return {
+            "type": "tool_result",
+            "tool_use_id": use.get("id", ""),
+            "content": result.for_model(),
+            "is_error": result.exit_code != 0,
+        }
+
+
+def _tool_error(use: dict[str, Any], message: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": use.get("id", ""), "content": message, "is_error": True}
+
+
+def _command_summary(command: str, result: CommandResult, egress: list[dict[str, Any]]) -> str:
+    shown = command if len(command) <= 80 else command[:77] + "..."
+    ended = f"stopped ({result.limit or 'killed'})" if result.exit_code is None else f"exit {result.exit_code}"
+    if egress:
+        refused = sum(1 for connection in egress if connection.get("outcome") != "allowed")
+        ended += f", {len(egress)} connection{'s' * (len(egress) != 1)}" + (f" ({refused} refused)" if refused else "")
+    return f"{shown} -> {ended}"

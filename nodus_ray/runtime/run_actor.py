@@ -1,0 +1,365 @@
+"""One detached Ray actor per run: its sandbox, its journal and its program.
+
+The actor is disposable. Everything it knows that matters is in the journal, so when it dies
+(a crash, a killed node, ``ray stop``) the control plane starts another that loads the
+journal and runs the same program, which replays what was recorded and continues. The actor
+reports progress upward to the control plane, which alone writes the run's resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import shutil
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from nodus.errors import NodusError
+from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
+from nodus_ray.control.client import ControlPlaneCaller
+from nodus_ray.core.redaction import Redactor
+from nodus_ray.durable.journal import Journal, JournalRecord
+from nodus_ray.durable.steps import NeedsResolution, Steps
+from nodus_ray.egress.run_egress import RunEgress
+from nodus_ray.models import ModelProvider, provider_for
+from nodus_ray.money.billing import RunBudget
+from nodus_ray.money.prices import PriceTable
+from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
+from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
+from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
+from nodus_ray.sandbox.sandbox import Sandbox, bwrap_available, create_sandbox
+from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
+from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
+from nodus_ray.store.storage import Storage
+from nodus_ray.store.timestamps import parse_timestamp, utc_now
+
+__all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
+
+logger = logging.getLogger(__name__)
+
+_ROUTER_TIMEOUT_SECONDS = 5.0
+_CONTROL_PLANE_PATIENCE_SECONDS = 120.0
+
+
+def run_actor_name(project: str, name: str, attempt: int) -> str:
+    """Unique per attempt, so a replacement never races the dead actor's name."""
+    return f"run.{project}.{name}.{attempt}"
+
+
+def run_storage_prefix(project: str, name: str) -> str:
+    return f"projects/{project}/agentruns/{name}"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything an actor needs, pinned when the run was created (never read from the Agent)."""
+
+    project: str
+    name: str
+    agent: str
+    agent_revision: int
+    agent_spec: dict[str, Any]
+    run_spec: dict[str, Any]
+    storage_uri: str
+    workspace: str
+    deadline_at: str | None
+    offline_latency_seconds: float = 0.0
+    sandbox_uid: int | None = None
+    hidden_paths: tuple[str, ...] = ()
+    cap_usd: str | None = None
+    prices_file: str | None = None
+    group: str | None = None
+    workspace_snapshots: bool = True
+    workspace_seeded: bool = False  # an evaluation task's files are its first workspace
+    egress_private_networks: str = ""  # the operator's NODUS_EGRESS_PRIVATE_NETWORKS
+
+
+class RunActor:
+    """Runs the program once per actor; `run` can be awaited any number of times."""
+
+    def __init__(self, config: RunConfig | str, *, warm_anthropic: bool = False):
+        if isinstance(config, str):
+            config = self._claim(config, warm_anthropic)
+        self.config = config
+        self.phase = "Pending"
+        self._task: asyncio.Task[dict[str, Any]] | None = None
+        self._sandbox: Sandbox | None = None
+        self._cancelled = False
+        self._storage = Storage(config.storage_uri)
+        self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
+        self._workspace = WorkspaceSnapshots(
+            self._storage, run_storage_prefix(config.project, config.name), Path(config.workspace),
+            enabled=config.workspace_snapshots, seeded=config.workspace_seeded,
+        )
+        self._workspace_states: tuple[int, ...] = ()
+        self._journal: Journal | None = None
+        self._workspace_origin = "local"
+        self._env: dict[str, str] = {}  # spec.env, secret values opened: memory only
+        allowed = ((config.agent_spec.get("network") or {}).get("allowedHosts")) or []
+        self._egress = RunEgress(allowed, config.egress_private_networks) if allowed else None
+
+    @staticmethod
+    def _claim(slot: str, warm_anthropic: bool) -> RunConfig:
+        """A pooled actor (`run_pool`): wait, inside ``__init__``, for the one run it will serve.
+
+        Ray takes the actor's ``__repr__`` for the dashboard when ``__init__`` returns, so
+        returning only with a run is what makes a pooled actor show its run there.
+        """
+        # What a run pays for in its first steps is paid here, while nothing waits: the
+        # bubblewrap probe (once per process), the price table, the Anthropic SDK when needed.
+        bwrap_available()
+        PriceTable.load()
+        if warm_anthropic:  # the SDK takes about 1 s to import here; a run on Claude needs it
+            importlib.import_module("nodus_ray.models.anthropic_provider")
+        control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
+        config = ray.get(control_plane.claim_slot.remote(slot))
+        if config is None:
+            raise RuntimeError(f"run slot {slot} was retired without a run")
+        return config
+
+    def __repr__(self) -> str:
+        c = getattr(self, "config", None)
+        if c is None:  # a parked actor whose claim failed in __init__: Ray still asks its repr
+            return "RunActor(unclaimed)"
+        group = f", group={c.group}" if c.group else ""
+        return f"RunActor(run={c.project}/{c.name}{group}, agent={c.agent}@{c.agent_revision}, phase={self.phase})"
+
+    async def run(self) -> dict[str, Any]:
+        """Start the program if it has not started, and return its outcome when it ends."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._execute())
+        return await asyncio.shield(self._task)
+
+    async def cancel(self) -> None:
+        """Stop the running command and delete the sandbox; the control plane records why."""
+        self._cancelled = True
+        # The program first, so that the killed command is not journaled as a finished step;
+        # then the command itself, whose thread the task's cancellation cannot stop.
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self._sandbox is not None:
+            await asyncio.to_thread(self._sandbox.cancel)
+        if self._task is not None:
+            try:
+                await self._task
+            except BaseException:  # noqa: BLE001 - the task's end is the cancel we asked for
+                pass
+        await asyncio.to_thread(self._delete_sandbox)
+        self.phase = "Cancelled"
+
+    def _delete_sandbox(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.delete()
+        else:  # never opened by this actor (a replacement): the directory is all there is
+            shutil.rmtree(self.config.workspace, ignore_errors=True)
+        self._workspace.forget()
+
+    async def _report(self, patch: dict[str, Any]) -> None:
+        await self._ask("report", self.config.project, self.config.name, patch)
+
+    def _open_sandbox(self) -> Sandbox:
+        # The journal's commands happened in a workspace that may be on another node's disk:
+        # use it here only if it is that workspace, else restore its snapshot, else fail.
+        self._workspace_origin = self._workspace.ensure(self._workspace_states)
+        # Other runs' workspaces and the storage are mounted away, not merely unreadable.
+        self._sandbox = create_sandbox(
+            Path(self.config.workspace),
+            uid=self.config.sandbox_uid,
+            hidden_paths=[Path(path) for path in self.config.hidden_paths],
+            env=self._env,
+            egress_socket=self._egress.start() if self._egress is not None else None,
+        )
+        return self._sandbox
+
+    async def _ask(self, method: str, *args: Any) -> Any:
+        return await self._control_plane.ask(method, *args)
+
+    async def _provider(self, prices: PriceTable) -> tuple[ModelProvider, str, dict[str, str]]:
+        """The provider and access of this run, and the user's own key to redact (BYOK); the
+        key stays in this actor's memory only."""
+        access = await self._ask("model_access", self.config.project, self.config.name)
+        provider = provider_for(access, family_models=prices.family_models,
+                                latency_seconds=self.config.offline_latency_seconds)
+        secret = (self.config.agent_spec.get("model") or {}).get("apiKeySecret")
+        own_key = {f"{secret}/ANTHROPIC_API_KEY": access["apiKey"]} if access.get("access") == "BYOK" else {}
+        return provider, str(access.get("access") or "Nodus"), own_key
+
+    async def _route(self, prompt: str, allowed: list[str]) -> dict[str, Any]:
+        router = ray.get_actor(ROUTER_ACTOR_NAME, namespace=NAMESPACE)
+        return await asyncio.wait_for(router.route.remote(prompt, allowed), timeout=_ROUTER_TIMEOUT_SECONDS)
+
+    async def _reserve_credits(self, amount: Decimal) -> None:
+        """Hold the call's worst case from the project's credits, or wait without an actor."""
+        if not await self._ask("reserve_credits", self.config.project, self.config.name, str(amount)):
+            raise CreditsExhausted(amount)
+
+    async def _execute(self) -> dict[str, Any]:
+        try:
+            outcome = await self._program()
+        finally:
+            if self._egress is not None:  # no command runs any more: nothing can connect
+                await asyncio.to_thread(self._egress.close)
+        # This actor appends no more: fold its records into a few objects, so the next replay
+        # (the next message of a keep-alive run, a restart) reads a few objects, not one per record.
+        if self._journal is not None:
+            try:
+                await asyncio.to_thread(self._journal.compact)
+            except Exception:  # noqa: BLE001 - the segments stay as they are, which is correct too
+                logger.warning("run %s: could not compact its journal", self.config.name, exc_info=True)
+        return outcome
+
+    async def _program(self) -> dict[str, Any]:
+        config = self.config
+        journal = self._journal = Journal(self._storage, f"{run_storage_prefix(config.project, config.name)}/journal")
+        await asyncio.to_thread(journal.load)
+        self._workspace_states = accepted_states(_command_attempts(journal.records))
+        steps = Steps(journal)
+        agent = config.agent_spec
+        model = agent.get("model") or {}
+        prices = PriceTable.load(config.prices_file)
+        try:
+            provider, access, own_key = await self._provider(prices)
+            secrets = await self._ask("run_secrets", config.project, config.name)
+        except NodusError as refused:
+            self.phase = "Failed"
+            return {"phase": "Failed", "reason": refused.code, "message": refused.message, "finishedAt": utc_now()}
+        budget = RunBudget(cap=Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None)
+        conversation = Conversation(
+            steps=steps,
+            provider=provider,
+            spec=ConversationSpec(
+                system=agent.get("system", ""),
+                families=model.get("families"),
+                model_name=model.get("name"),
+                max_tokens=int(agent.get("maxTokens", 1024)),
+                max_tool_calls=int(agent.get("maxToolCalls", 50)),
+                prompt=config.run_spec.get("input", ""),
+                keep_alive=bool(config.run_spec.get("keepAlive")),
+            ),
+            spend=RunSpend(prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits),
+            router=self._route,
+            open_sandbox=self._open_sandbox,
+            on_progress=self._on_progress,
+            next_message=self._next_message,
+            on_answer=self._write_answer,
+            after_command=self._workspace.after_command,
+            redact=Redactor({**secrets["redact"], **own_key}),
+            take_egress=self._egress.take if self._egress is not None else None,
+        )
+        self._env = secrets["env"]
+        self._conversation = conversation
+        self.phase = "Running"
+        await self._report({"phase": "Running", "reason": None, "message": None,
+                            "startedAt": utc_now(), "sandbox": {
+                                "node": socket.gethostname(), "nodeId": ray.get_runtime_context().get_node_id(),
+                                "workspace": config.workspace}})
+        try:
+            answer = await self._with_deadline(conversation.run())
+        except RunFailure as failure:
+            return self._outcome("Failed", failure.reason, failure.message, conversation)
+        except WorkspaceLost as lost:
+            return self._outcome("Failed", "WorkspaceLost", str(lost), conversation)
+        except CapExceeded as reached:
+            return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
+        except CreditsExhausted as short:
+            outcome = self._outcome("Waiting", "InsufficientCredits",
+                                    f"{short}; it continues when credits are added", conversation)
+            outcome["creditsNeededUSD"] = str(short.needed)
+            return outcome
+        except AwaitingMessage as waiting:
+            return self._outcome("Waiting", "AwaitingMessage",
+                                 f"turn {waiting.turn} is answered; the run reads the next message sent to it",
+                                 conversation, answer=conversation.answer, read_seq=conversation.read_seq)
+        except NeedsResolution as parked:
+            return self._outcome("Waiting", "NeedsResolution", f"{parked} ; resolve step {parked.step_id}",
+                                 conversation, step=parked.step_id)
+        except TimeoutError:
+            if self._sandbox is not None:
+                await asyncio.to_thread(self._sandbox.cancel)
+            await asyncio.to_thread(self._delete_sandbox)
+            return self._outcome("Failed", "DeadlineExceeded",
+                                 f"the run passed its deadline ({config.run_spec.get('deadline') or config.deadline_at})", conversation)
+        await self._write_answer(answer)
+        reason = "MaxTokensReached" if conversation.stop_reason == "max_tokens" else "Completed"
+        message = ("the answer was cut at maxTokens" if reason == "MaxTokensReached" else None)
+        return self._outcome("Succeeded", reason, message, conversation, answer=answer)
+
+    async def _write_answer(self, answer: str) -> None:
+        """The latest answer, whole (a keep-alive run rewrites it after every turn)."""
+        config = self.config
+        await asyncio.to_thread(
+            self._storage.write_bytes, f"{run_storage_prefix(config.project, config.name)}/answer.txt",
+            answer.encode("utf-8"),
+        )
+
+    async def _next_message(self, after_seq: int) -> dict[str, Any] | None:
+        return await self._ask("next_message", self.config.project, self.config.name, after_seq)
+
+    async def _with_deadline(self, program: Any) -> str:
+        if not self.config.deadline_at:
+            return await program
+        deadline = parse_timestamp(self.config.deadline_at)
+        remaining = (deadline - datetime.now(UTC)).total_seconds()
+        if remaining <= 0:
+            program.close()
+            raise TimeoutError
+        return await asyncio.wait_for(program, timeout=remaining)
+
+    async def _on_progress(self, turns: list[Turn]) -> None:
+        conversation = self._conversation
+        await self._report({
+            "turns": [turn.model_dump() for turn in turns],
+            "cost": {"totalUSD": str(conversation.cost_usd)},
+            "sandbox": {"backend": conversation.sandbox_info.get("backend"),
+                        "note": conversation.sandbox_info.get("note"),
+                        "workspace": self.config.workspace, "origin": self._workspace_origin},
+        })
+
+    def _outcome(self, phase: str, reason: str, message: str | None, conversation: Conversation, *,
+                 answer: str | None = None, step: str | None = None, read_seq: int | None = None
+                 ) -> dict[str, Any]:
+        self.phase = phase
+        status: dict[str, Any] = {
+            "phase": phase,
+            "reason": reason,
+            "message": message,
+            "turns": [turn.model_dump() for turn in conversation.turns],
+            "cost": {"totalUSD": str(conversation.cost_usd)},
+        }
+        if phase != "Waiting":
+            status["finishedAt"] = utc_now()
+        if step is not None:
+            status["step"] = step
+        if read_seq is not None:
+            status["messages"] = {"read": read_seq}
+        if answer is not None:
+            encoded = answer.encode("utf-8")
+            preview = encoded[:ANSWER_PREVIEW_BYTES].decode("utf-8", errors="ignore")
+            status["answer"] = {"preview": preview, "bytes": len(encoded),
+                                "truncated": len(encoded) > ANSWER_PREVIEW_BYTES}
+        return status
+
+
+def _command_attempts(records: list[JournalRecord]) -> list[tuple[int, bool]]:
+    """Each command attempt's Started seq, and whether the run itself completed that attempt
+    (only a step's last attempt can have been completed)."""
+    last_state: dict[str, str] = {}
+    last_start: dict[str, int] = {}
+    starts: list[JournalRecord] = []
+    for record in records:
+        last_state[record.step_id] = record.state
+        if record.kind == "command" and record.state == "Started":
+            starts.append(record)
+            last_start[record.step_id] = record.seq
+    return [(start.seq, last_state[start.step_id] == "Completed" and last_start[start.step_id] == start.seq)
+            for start in starts]
+
+
+RemoteRunActor = ray.remote(num_cpus=0, max_restarts=0)(RunActor)

@@ -1,0 +1,236 @@
+"""A run's workspace follows it to another node: a snapshot in storage after every command.
+
+The journal makes a run's *steps* survive anything, but a sandbox command's effects live in
+the workspace directory, on the disk of the node the run ran on. When the run's actor starts
+on another node (its node died, or ``ray stop`` and the next cluster placed it elsewhere) the
+journal says "``ls`` printed ``report.txt``" while the new node has no ``report.txt``. Replaying
+on an empty workspace would silently diverge from what the model was told.
+
+So after every command, inside the command's step (before its ``Completed`` is written), the
+actor writes
+
+* a marker beside the workspace (``.<run>.workspace``, outside the sandbox's reach) naming the
+  command's journal sequence number: "this directory holds the effects up to that command";
+* a snapshot of the whole workspace to storage, ``<run prefix>/workspace/<seq>.tar.gz``
+  (older snapshots are deleted after the new one is stored).
+
+Because both happen before ``Completed``, every completed command's effects are in the
+snapshot. When an actor opens the sandbox of a run that has run commands, `WorkspaceSnapshots.
+ensure` uses the local directory if its marker matches the journal, else restores the snapshot
+that does, else raises `WorkspaceLost`: the run fails and says why instead of continuing on
+the wrong files. If the last command was interrupted (its outcome is unknown, the run will
+park for a resolution), the state just before it is accepted too.
+
+A run may start from a *seed*: files its evaluation task gives the agent, stored as
+``<run prefix>/seed.tar.gz`` before the run is created (`pack_files`). A seeded run's first
+workspace is the seed, unpacked beside the workspace and renamed into place, so a crash
+mid-unpack never leaves half a seed that looks like a whole one.
+
+A workspace over ``limit_bytes`` is not snapshotted (the local directory still works; only a
+move to another node then fails with `WorkspaceLost`, naming the limit).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodus_ray.store.storage import Storage
+
+__all__ = ["WorkspaceLost", "WorkspaceSnapshots", "DEFAULT_SNAPSHOT_LIMIT_BYTES", "NO_COMMAND",
+           "accepted_states", "seed_key", "pack_files"]
+
+DEFAULT_SNAPSHOT_LIMIT_BYTES = 64 * 1024 * 1024
+NO_COMMAND = -1  # the state of a workspace before the run's first command
+_DIGITS = 12
+
+
+def seed_key(prefix: str) -> str:
+    """Where a seeded run's first workspace is stored (under the run's storage prefix)."""
+    return f"{prefix}/seed.tar.gz"
+
+
+def pack_files(files: dict[str, str]) -> bytes:
+    """A seed: ``{relative path: text}`` as a tar.gz (paths are checked to stay inside)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
+        for path, text in sorted(files.items()):
+            parts = Path(path).parts
+            if not parts or Path(path).is_absolute() or ".." in parts:
+                raise ValueError(f"seed file path {path!r} must be relative and stay in the workspace")
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name=str(Path(*parts)))
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class WorkspaceLost(Exception):
+    """The workspace this run's journal describes is neither here nor in a snapshot."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+@dataclass
+class WorkspaceSnapshots:
+    storage: Storage
+    prefix: str  # the run's storage prefix; snapshots go under ``<prefix>/workspace``
+    workspace: Path
+    limit_bytes: int = DEFAULT_SNAPSHOT_LIMIT_BYTES
+    enabled: bool = True
+    seeded: bool = False  # the run starts from ``seed.tar.gz`` instead of an empty workspace
+    skipped_for_size: bool = False
+    _stored: int | None = field(default=None, init=False, repr=False)  # the snapshot this object wrote last
+
+    @staticmethod
+    def marker_of(workspace: Path) -> Path:
+        """Beside the workspace, not in it: a sandboxed command cannot forge it."""
+        return workspace.parent / f".{workspace.name}.workspace"
+
+    @property
+    def _marker(self) -> Path:
+        return self.marker_of(self.workspace)
+
+    @property
+    def _folder(self) -> str:
+        return f"{self.prefix}/workspace"
+
+    def local_seq(self) -> int | None:
+        """The last command whose effects the local directory holds: None when there is no
+        directory, `NO_COMMAND` when there is one that no command of this run touched."""
+        if not self.workspace.is_dir():
+            return None
+        try:
+            return int(self._marker.read_text())
+        except FileNotFoundError:
+            return NO_COMMAND
+        except (OSError, ValueError):
+            return None
+
+    def stored_seq(self) -> int | None:
+        """The command the newest snapshot in storage was taken after."""
+        names = [n for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")]
+        return int(names[-1].split(".", 1)[0]) if names else None
+
+    def after_command(self, seq: int) -> None:
+        """Record that the workspace now holds the effects of command ``seq`` (see the module)."""
+        _write_durably(self._marker, str(seq))
+        if not self.enabled:
+            return
+        try:
+            data = _pack(self.workspace, self.limit_bytes)
+        except _TooLarge:
+            self.skipped_for_size = True
+            return
+        self.skipped_for_size = False
+        self.storage.write_bytes(self._key(seq), data)
+        # The older snapshots: listed once per actor (an earlier actor may have left several),
+        # then known, so a command costs one write and one delete, not a listing as well.
+        if self._stored is None:
+            older = [int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")]
+        else:
+            older = [self._stored]
+        for stale in older:
+            if stale < seq:
+                self.storage.delete(self._key(stale))
+        self._stored = seq
+
+    def _key(self, seq: int) -> str:
+        return f"{self._folder}/{seq:0{_DIGITS}d}.tar.gz"
+
+    snapshot_key = _key
+
+    def _seed(self) -> None:
+        data = self.storage.read_bytes(seed_key(self.prefix))
+        staging = self.workspace.with_name(f".{self.workspace.name}.seeding")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True, mode=0o700)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            archive.extractall(staging, filter="data")
+        os.rename(staging, self.workspace)
+
+    def ensure(self, accepted: tuple[int, ...]) -> str:
+        """Make the local workspace one of the ``accepted`` states; say which way it got there.
+
+        ``accepted`` is empty when the run never ran a command (any workspace will do, a new
+        one is created by the sandbox). Returns ``"local"`` or ``"restored"`` (`SandboxStatus.origin`).
+        """
+        local = self.local_seq()
+        if self.seeded and local is None and (not accepted or NO_COMMAND in accepted):
+            self._seed()
+            return "restored"
+        if not accepted or local in accepted or (local is None and NO_COMMAND in accepted):
+            return "local"
+        stored = self.stored_seq() if self.enabled else None
+        if stored in accepted:
+            self._restore(stored)
+            return "restored"
+        why = ("snapshots are off (NODUS_WORKSPACE_SNAPSHOTS=off)" if not self.enabled
+               else f"the newest snapshot in storage is from step seq {stored}" if stored is not None
+               else f"no snapshot is in storage (a workspace over {self.limit_bytes // (1024 * 1024)} MiB "
+                    "is not snapshotted)")
+        raise WorkspaceLost(
+            f"the workspace on this node does not hold the effects of the run's commands (up to "
+            f"journal seq {max(accepted)}) and cannot be restored: {why}"
+        )
+
+    def _restore(self, seq: int) -> None:
+        data = self.storage.read_bytes(self._key(seq))
+        shutil.rmtree(self.workspace, ignore_errors=True)
+        self.workspace.mkdir(parents=True, mode=0o700)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            # "data": no absolute paths, no links out of the directory, no device files.
+            archive.extractall(self.workspace, filter="data")
+        _write_durably(self._marker, str(seq))
+
+    def forget(self) -> None:
+        """The run is gone: its marker and snapshots too (the caller deletes the directory)."""
+        self._marker.unlink(missing_ok=True)
+        self.storage.delete_tree(self._folder)
+
+
+def _pack(workspace: Path, limit_bytes: int) -> bytes:
+    total = 0
+    for root, _dirs, files in os.walk(workspace):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+            if total > limit_bytes:
+                raise _TooLarge
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
+        archive.add(workspace, arcname=".", recursive=True)
+    return buffer.getvalue()
+
+
+def _write_durably(path: Path, text: str) -> None:
+    temporary = path.with_name(f"{path.name}.tmp")
+    with open(temporary, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def accepted_states(attempts: list[tuple[int, bool]]) -> tuple[int, ...]:
+    """Which workspace states fit a journal, from its command attempts ``(seq, completed)``.
+
+    ``completed`` means the run itself wrote the attempt's ``Completed`` (so the marker and the
+    snapshot were written first). The newest attempt's state always fits; when the run did not
+    complete it (interrupted, or decided by a person), the state before it fits too (-1: the
+    state before any command), because the attempt may not have touched the workspace.
+    """
+    if not attempts:
+        return ()
+    newest, completed = attempts[-1]
+    if completed:
+        return (newest,)
+    return (newest, attempts[-2][0] if len(attempts) > 1 else NO_COMMAND)
