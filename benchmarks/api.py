@@ -43,8 +43,13 @@ uvicorn.run(create_app(), host="127.0.0.1", port={port}, log_level="warning")
 """
 
 
-async def _load(base: str, headers: dict[str, str], clients: int, seconds: float,
-                request: Callable[[httpx.AsyncClient], object]) -> tuple[float, list[float], int]:
+async def _load(
+    base: str,
+    headers: dict[str, str],
+    clients: int,
+    seconds: float,
+    request: Callable[[httpx.AsyncClient], object],
+) -> tuple[float, list[float], int]:
     """Requests per second, latencies (s) and failures of ``clients`` loops for ``seconds``."""
     latencies: list[float] = []
     failures = 0
@@ -78,43 +83,89 @@ def main() -> None:
     args = parser.parse_args()
 
     serve_url, plain_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
-    with temporary_service("nodus-bench-api-", NODUS_OFFLINE_LATENCY="600", NODUS_INITIAL_CREDITS="10000") as env:
+    with temporary_service(
+        "nodus-bench-api-", NODUS_OFFLINE_LATENCY="600", NODUS_INITIAL_CREDITS="10000"
+    ) as env:
         subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
         _prepare(serve_url, auth_headers(env))
-        plain = subprocess.Popen([sys.executable, "-c", _UVICORN.format(port=args.port + 1)], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        plain = subprocess.Popen(
+            [sys.executable, "-c", _UVICORN.format(port=args.port + 1)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_until(lambda: _ready(plain_url), 120, "uvicorn to answer", interval=0.5)
             rows = []
             for label, request in (("GET a run", _get), ("POST a run", _post)):
                 for where, url in (("Ray Serve", serve_url), ("plain uvicorn", plain_url)):
-                    rate, latencies, failures = asyncio.run(_load(url, auth_headers(env), args.clients, args.seconds, request))
-                    rows.append((label, where, rate, _pct(latencies, 0.5), _pct(latencies, 0.99), len(latencies),
-                                 failures))
-                    print(f"{label} via {where}: {rate:,.0f}/s, p50 {statistics.median(latencies) * 1000:.1f} ms",
-                          file=sys.stderr)
+                    rate, latencies, failures = asyncio.run(
+                        _load(url, auth_headers(env), args.clients, args.seconds, request)
+                    )
+                    rows.append(
+                        (
+                            label,
+                            where,
+                            rate,
+                            _pct(latencies, 0.5),
+                            _pct(latencies, 0.99),
+                            len(latencies),
+                            failures,
+                        )
+                    )
+                    print(
+                        f"{label} via {where}: {rate:,.0f}/s, p50 {statistics.median(latencies) * 1000:.1f} ms",
+                        file=sys.stderr,
+                    )
         finally:
             plain.terminate()
             plain.wait(timeout=30)
 
-    print("| date | request | through | requests/s | p50 | p99 | requests | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| date | request | through | requests/s | p50 | p99 | requests | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
     for label, where, rate, p50, p99, count, failures in rows:
-        print(f"| {time.strftime('%Y-%m-%d')} | {label} | {where} | {rate:,.0f} | {p50:.1f} ms | {p99:.1f} ms "
-              f"| {count} | {failures} |")
+        print(
+            f"| {time.strftime('%Y-%m-%d')} | {label} | {where} | {rate:,.0f} | {p50:.1f} ms | {p99:.1f} ms "
+            f"| {count} | {failures} |"
+        )
 
 
 def _prepare(url: str, headers: dict[str, str]) -> None:
     """An agent, a group whose one place a run holds for 600 s, and that run (the one read)."""
     with httpx.Client(base_url=url, timeout=60, headers=headers) as http:
-        http.put("/v1/projects/default/agents/api-bench", json={
-            "apiVersion": V1, "kind": "Agent", "metadata": {"name": "api-bench"},
-            "spec": {"system": "x", "perRunMaxCostUSD": "0.01"}}).raise_for_status()
-        http.post("/v1/projects/default/agentgroups", json={
-            "apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "api-bench"},
-            "spec": {"agent": "api-bench", "limits": {"maxActive": 1}}}).raise_for_status()
-        http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": "api-bench-read"},
-                              "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": "read",
-                                       "input": "What is 1 + 1?"}}).raise_for_status()
+        http.put(
+            "/v1/projects/default/agents/api-bench",
+            json={
+                "apiVersion": V1,
+                "kind": "Agent",
+                "metadata": {"name": "api-bench"},
+                "spec": {"system": "x", "perRunMaxCostUSD": "0.01"},
+            },
+        ).raise_for_status()
+        http.post(
+            "/v1/projects/default/agentgroups",
+            json={
+                "apiVersion": V1,
+                "kind": "AgentGroup",
+                "metadata": {"name": "api-bench"},
+                "spec": {"agent": "api-bench", "limits": {"maxActive": 1}},
+            },
+        ).raise_for_status()
+        http.post(
+            RUNS,
+            json={
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "metadata": {"name": "api-bench-read"},
+                "spec": {
+                    "agent": "api-bench",
+                    "group": "api-bench",
+                    "taskKey": "read",
+                    "input": "What is 1 + 1?",
+                },
+            },
+        ).raise_for_status()
 
 
 def _get(client: httpx.AsyncClient) -> object:
@@ -123,9 +174,14 @@ def _get(client: httpx.AsyncClient) -> object:
 
 def _post(client: httpx.AsyncClient) -> object:
     key = uuid.uuid4().hex[:10]
-    return client.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun",
-                                   "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": key,
-                                            "input": "What is 2 + 2?"}})
+    return client.post(
+        RUNS,
+        json={
+            "apiVersion": V1,
+            "kind": "AgentRun",
+            "spec": {"agent": "api-bench", "group": "api-bench", "taskKey": key, "input": "What is 2 + 2?"},
+        },
+    )
 
 
 def _ready(url: str) -> bool:

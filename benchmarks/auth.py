@@ -47,7 +47,9 @@ class _Stub:
 
 async def _time(app: Any, token: str, requests: int, before: Any = None) -> list[float]:
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api", headers=headers) as http:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api", headers=headers
+    ) as http:
         for _ in range(50):
             (await http.get("/v1/projects/p/agents/a")).raise_for_status()
         times = []
@@ -65,14 +67,20 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args()
     store = TokenStore(Storage(str(Path(tempfile.mkdtemp(prefix="nodus-bench-auth-")))))
-    token = store.create("p", Token.model_validate({"metadata": {"name": "bench"}, "spec": {"role": "read"}}),
-                         created_by="bench")["status"]["token"]
+    token = store.create(
+        "p",
+        Token.model_validate({"metadata": {"name": "bench"}, "spec": {"role": "read"}}),
+        created_by="bench",
+    )["status"]["token"]
     served = create_app(_Stub(store))
     bare = create_app(_Stub(store))
     bare.user_middleware = [m for m in bare.user_middleware if m.cls is not Authenticator]
     cache = next(m.kwargs["cache"] for m in served.user_middleware if m.cls is Authenticator)
-    configurations = (("baseline (no check)", bare, None), ("token, cached", served, None),
-                      ("token, looked up", served, cache.clear))
+    configurations = (
+        ("baseline (no check)", bare, None),
+        ("token, cached", served, None),
+        ("token, looked up", served, cache.clear),
+    )
     measured: dict[str, list[float]] = {label: [] for label, _, _ in configurations}
     for _ in range(_ROUNDS):  # interleaved, so drift (GC, caches, the other core) hits all alike
         for label, app, before in configurations:

@@ -96,8 +96,28 @@ from tests.fakes.anthropic_api import FakeMessagesAPI, Reply, text_reply, tool_u
 
 API_KEY = "sk-bench"
 MAX_CALLS = 12
-_WORDS = ("the", "run", "cap", "journal", "step", "model", "answer", "sandbox", "token", "cost",
-          "replay", "result", "command", "output", "family", "router", "budget", "call", "we", "so")
+_WORDS = (
+    "the",
+    "run",
+    "cap",
+    "journal",
+    "step",
+    "model",
+    "answer",
+    "sandbox",
+    "token",
+    "cost",
+    "replay",
+    "result",
+    "command",
+    "output",
+    "family",
+    "router",
+    "budget",
+    "call",
+    "we",
+    "so",
+)
 _PROMPTS = (
     "What is {a} + {b}?",
     "List the numbers from 1 to {a} and tell me their sum.",
@@ -142,8 +162,11 @@ class RandomResponder:
         else:
             read = int(total_in * rng.uniform(0.5, 0.95)) if rng.random() < 0.85 else 0
             creation = int((total_in - read) * rng.uniform(0.0, 0.9))
-        usage = {"input_tokens": total_in - read - creation, "cache_creation_input_tokens": creation,
-                 "cache_read_input_tokens": read}
+        usage = {
+            "input_tokens": total_in - read - creation,
+            "cache_creation_input_tokens": creation,
+            "cache_read_input_tokens": read,
+        }
 
         if call >= MAX_CALLS or rng.random() < dice.p_end:
             if rng.random() < 0.1:  # cut at maxTokens
@@ -250,8 +273,12 @@ class TimedConversation(Conversation):
         result = await super()._model_call(step_id, model)
         elapsed = time.perf_counter() - started
         assert len(provider.durations) == done + 1
-        self._pending = (provider.durations[done], elapsed, journal.append_seconds - journal_before,
-                         self._bound_seconds)
+        self._pending = (
+            provider.durations[done],
+            elapsed,
+            journal.append_seconds - journal_before,
+            self._bound_seconds,
+        )
         return result
 
     async def _add_message(self, message: dict[str, Any]) -> None:
@@ -262,9 +289,14 @@ class TimedConversation(Conversation):
         elapsed = time.perf_counter() - started
         if message.get("role") == "assistant" and self._pending is not None:
             provider, call, journal_s, bound = self._pending
-            self.calls.append(CallTiming(provider=provider, journaled=call + elapsed,
-                                         journal=journal_s + journal.append_seconds - journal_before,
-                                         bound=bound))
+            self.calls.append(
+                CallTiming(
+                    provider=provider,
+                    journaled=call + elapsed,
+                    journal=journal_s + journal.append_seconds - journal_before,
+                    bound=bound,
+                )
+            )
             self._pending = None
 
 
@@ -307,8 +339,9 @@ def _first_check(prices: PriceTable, agent: dict[str, Any]) -> float:
     """Roughly what the turn's first cap check asks for: the router call and the dearest first call."""
     spend = RunSpend(prices, "Nodus", RunBudget(None), reserve_credits=_no_credits)
     tokens = max_input_tokens(agent["system"], [{"role": "user", "content": agent["prompt"]}], [BASH_TOOL])
-    first = max(spend.worst(prices.family_models[family], tokens, agent["max_tokens"])
-                for family in agent["families"])
+    first = max(
+        spend.worst(prices.family_models[family], tokens, agent["max_tokens"]) for family in agent["families"]
+    )
     if len(agent["families"]) > 1:
         first += spend.worst(ROUTER_MODEL, router_input_tokens(agent["prompt"]), ROUTER_MAX_OUTPUT_TOKENS)
     return float(first)
@@ -339,8 +372,12 @@ def _agent(rng: random.Random, prices: PriceTable) -> dict[str, Any]:
         "prompt": rng.choice(_PROMPTS).format(a=rng.randint(2, 400), b=rng.randint(2, 400)),
         "max_tool_calls": rng.randint(4, 50),
         "p_end": rng.uniform(0.08, 0.6),
-        "system": rng.choice(("Answer briefly.", "You are a careful engineer. Use the bash tool "
-                              "when a command helps, and keep answers short.")),
+        "system": rng.choice(
+            (
+                "Answer briefly.",
+                "You are a careful engineer. Use the bash tool when a command helps, and keep answers short.",
+            )
+        ),
     }
     first = _first_check(prices, agent)
     low, high = (0.3 * first, first) if rng.random() < 0.1 else (first, 30 * first)
@@ -351,14 +388,26 @@ def _agent(rng: random.Random, prices: PriceTable) -> dict[str, Any]:
     return agent
 
 
-async def one_run(index: int, seed: int, base: Path, storage: Storage, provider: TimedProvider,
-                  responder: RandomResponder, prices: PriceTable, overreport: float,
-                  exchanges: list[tuple[dict[str, Any], Reply]]) -> RunResult:
+async def one_run(
+    index: int,
+    seed: int,
+    base: Path,
+    storage: Storage,
+    provider: TimedProvider,
+    responder: RandomResponder,
+    prices: PriceTable,
+    overreport: float,
+    exchanges: list[tuple[dict[str, Any], Reply]],
+) -> RunResult:
     """One seeded run; ``exchanges`` receives the (request body, reply) pairs the fake served."""
     rng = random.Random(f"{seed}:{index}")
     agent = _agent(rng, prices)
-    responder.dice = Dice(rng=random.Random(f"{seed}:{index}:fake"), p_end=agent["p_end"],
-                          overreport=overreport, exchanges=exchanges)
+    responder.dice = Dice(
+        rng=random.Random(f"{seed}:{index}:fake"),
+        p_end=agent["p_end"],
+        overreport=overreport,
+        exchanges=exchanges,
+    )
     prefix = f"runs/run-{index:05d}/journal"
     journal = TimedJournal(storage, prefix)
     workspace = base / "sandboxes" / f"run-{index:05d}"
@@ -372,9 +421,14 @@ async def one_run(index: int, seed: int, base: Path, storage: Storage, provider:
     conversation = TimedConversation(
         steps=Steps(journal),
         provider=provider,
-        spec=ConversationSpec(system=agent["system"], families=agent["families"], model_name=None,
-                              max_tokens=agent["max_tokens"], max_tool_calls=agent["max_tool_calls"],
-                              prompt=agent["prompt"]),
+        spec=ConversationSpec(
+            system=agent["system"],
+            families=agent["families"],
+            model_name=None,
+            max_tokens=agent["max_tokens"],
+            max_tool_calls=agent["max_tool_calls"],
+            prompt=agent["prompt"],
+        ),
         spend=RunSpend(prices, "Nodus", RunBudget(agent["cap"]), reserve_credits=_no_credits),
         router=JevRouter().route,
         open_sandbox=open_sandbox,
@@ -396,8 +450,11 @@ async def one_run(index: int, seed: int, base: Path, storage: Storage, provider:
     # The spend as stored: read the journal back from storage, as a replay would.
     records = await asyncio.to_thread(Journal(storage, prefix).load)
     journal_spent = sum((Decimal(record.cost_usd) for record in records), Decimal(0))
-    bounds = {r.step_id: Decimal(r.payload["boundUSD"]) for r in records
-              if r.kind == "model" and r.state == "Started"}
+    bounds = {
+        r.step_id: Decimal(r.payload["boundUSD"])
+        for r in records
+        if r.kind == "model" and r.state == "Started"
+    }
     charge_errors: list[str] = []
     clamped = 0
     ratios: list[float] = []
@@ -416,22 +473,33 @@ async def one_run(index: int, seed: int, base: Path, storage: Storage, provider:
         charged = Decimal(record.cost_usd)
         clamped += actual > bound
         if charged != min(actual, bound) or charged != Decimal(result["billedUSD"]):
-            charge_errors.append(f"run {index} {record.step_id}: charged {charged}, actual {actual}, "
-                                 f"bound {bound}")
+            charge_errors.append(
+                f"run {index} {record.step_id}: charged {charged}, actual {actual}, bound {bound}"
+            )
         if bound > 0:
             ratios.append(float(charged / bound))
-    return RunResult(index=index, cap=agent["cap"], spent=conversation.cost_usd, journal_spent=journal_spent,
-                     outcome=outcome, model_calls=model_calls, router_calls=router_calls,
-                     calls=conversation.calls, charge_errors=charge_errors, clamped=clamped,
-                     charge_over_bound=ratios)
+    return RunResult(
+        index=index,
+        cap=agent["cap"],
+        spent=conversation.cost_usd,
+        journal_spent=journal_spent,
+        outcome=outcome,
+        model_calls=model_calls,
+        router_calls=router_calls,
+        calls=conversation.calls,
+        charge_errors=charge_errors,
+        clamped=clamped,
+        charge_over_bound=ratios,
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # The baseline
 
 
-def bare_call(client: anthropic.Anthropic, fake: FakeMessagesAPI, body: dict[str, Any],
-              answer: Reply) -> float:
+def bare_call(
+    client: anthropic.Anthropic, fake: FakeMessagesAPI, body: dict[str, Any], answer: Reply
+) -> float:
     """The same request, answered with the same reply, through the plain SDK; its seconds."""
     params = {key: value for key, value in body.items() if key != "stream"}
     fake.script(answer)
@@ -465,8 +533,11 @@ async def main_async(args: argparse.Namespace) -> int:
     responder = RandomResponder()
     fake = FakeMessagesAPI().start()  # it sets TCP_NODELAY, as real API front ends do
     fake.set_responder(responder)
-    provider = TimedProvider(AnthropicProvider(api_key=API_KEY, base_url=fake.base_url,
-                                               family_models=prices.family_models, max_retries=0))
+    provider = TimedProvider(
+        AnthropicProvider(
+            api_key=API_KEY, base_url=fake.base_url, family_models=prices.family_models, max_retries=0
+        )
+    )
     client = anthropic.Anthropic(api_key=API_KEY, base_url=fake.base_url, max_retries=0)
     results: list[RunResult] = []
     started = time.perf_counter()
@@ -479,19 +550,26 @@ async def main_async(args: argparse.Namespace) -> int:
         provider.durations.clear()
         for index in range(args.runs):
             exchanges: list[tuple[dict[str, Any], Reply]] = []
-            result = await one_run(index, args.seed, base, storage, provider, responder, prices,
-                                   args.overreport, exchanges)
+            result = await one_run(
+                index, args.seed, base, storage, provider, responder, prices, args.overreport, exchanges
+            )
             # The baseline for each of this run's model calls, right after the run.
-            bares = [await asyncio.to_thread(bare_call, client, fake, body, answer)
-                     for body, answer in exchanges]
+            bares = [
+                await asyncio.to_thread(bare_call, client, fake, body, answer) for body, answer in exchanges
+            ]
             if len(bares) != len(result.calls):
                 raise RuntimeError(f"run {index}: {len(bares)} replies for {len(result.calls)} timed calls")
-            result.calls = [CallTiming(c.provider, c.journaled, c.journal, c.bound, bare)
-                            for c, bare in zip(result.calls, bares, strict=True)]
+            result.calls = [
+                CallTiming(c.provider, c.journaled, c.journal, c.bound, bare)
+                for c, bare in zip(result.calls, bares, strict=True)
+            ]
             results.append(result)
             if args.verbose:
-                print(f"run {index}: {result.outcome} after {result.model_calls} call(s), "
-                      f"${result.spent} of ${result.cap} ({result.ratio:.3f})", file=sys.stderr)
+                print(
+                    f"run {index}: {result.outcome} after {result.model_calls} call(s), "
+                    f"${result.spent} of ${result.cap} ({result.ratio:.3f})",
+                    file=sys.stderr,
+                )
     finally:
         provider.inner.close()
         client.close()
@@ -519,49 +597,82 @@ def report(args: argparse.Namespace, results: list[RunResult], wall: float) -> i
     total_spent = sum((result.spent for result in results), Decimal(0))
 
     out = sys.stderr
-    print(f"{len(results)} runs (seed {args.seed}) in {wall:.1f} s: {len(calls)} model calls, "
-          f"{sum(r.router_calls for r in results)} router calls, ${total_spent} billed in all", file=out)
+    print(
+        f"{len(results)} runs (seed {args.seed}) in {wall:.1f} s: {len(calls)} model calls, "
+        f"{sum(r.router_calls for r in results)} router calls, ${total_spent} billed in all",
+        file=out,
+    )
     print("  outcomes: " + ", ".join(f"{name} {count}" for name, count in outcomes.most_common()), file=out)
-    print(f"  stopped at the cap: {len(at_cap)} ({at_cap_before_any} before their first model call, "
-          f"{len(at_cap) - at_cap_before_any} after 1+ calls)", file=out)
-    print("  model calls per run (calls: runs): "
-          + ", ".join(f"{n}: {c}" for n, c in sorted(per_run_calls.items())), file=out)
+    print(
+        f"  stopped at the cap: {len(at_cap)} ({at_cap_before_any} before their first model call, "
+        f"{len(at_cap) - at_cap_before_any} after 1+ calls)",
+        file=out,
+    )
+    print(
+        "  model calls per run (calls: runs): "
+        + ", ".join(f"{n}: {c}" for n, c in sorted(per_run_calls.items())),
+        file=out,
+    )
     if worst is not None:
         stopped_later = [r.ratio for r in at_cap if r.model_calls > 0]
-        print(f"  max spend/cap {max_ratio:.4f} (run {worst.index}: ${worst.spent} of ${worst.cap}, "
-              f"{worst.outcome}); spend/cap of the runs stopped at the cap after 1+ calls: median "
-              f"{statistics.median(stopped_later) if stopped_later else float('nan'):.4f}, "
-              f"max {max(stopped_later, default=float('nan')):.4f}", file=out)
+        print(
+            f"  max spend/cap {max_ratio:.4f} (run {worst.index}: ${worst.spent} of ${worst.cap}, "
+            f"{worst.outcome}); spend/cap of the runs stopped at the cap after 1+ calls: median "
+            f"{statistics.median(stopped_later) if stopped_later else float('nan'):.4f}, "
+            f"max {max(stopped_later, default=float('nan')):.4f}",
+            file=out,
+        )
     if charge_over_bound:
-        print(f"  charge / checked bound per model call: median {statistics.median(charge_over_bound):.4f}, "
-              f"max {max(charge_over_bound):.4f}; {clamped} charge(s) clamped to the bound", file=out)
-    print(f"  journal re-derivation: {len(results) - len(mismatched)}/{len(results)} runs agree; "
-          f"{len(charge_errors)} wrong charge(s)", file=out)
+        print(
+            f"  charge / checked bound per model call: median {statistics.median(charge_over_bound):.4f}, "
+            f"max {max(charge_over_bound):.4f}; {clamped} charge(s) clamped to the bound",
+            file=out,
+        )
+    print(
+        f"  journal re-derivation: {len(results) - len(mismatched)}/{len(results)} runs agree; "
+        f"{len(charge_errors)} wrong charge(s)",
+        file=out,
+    )
     if calls:
-        print(f"  per model call, p50 / p95: bare SDK {_ms([c.bare for c in calls])}, "
-              f"provider.complete {_ms([c.provider for c in calls])}, "
-              f"journaled {_ms([c.journaled for c in calls])}", file=out)
-        print(f"  bookkeeping (journaled - provider, same call) {_ms([c.bookkeeping for c in calls])}: "
-              f"journal appends {_ms([c.journal for c in calls])} (3 records), "
-              f"worst-case bound {_ms([c.bound for c in calls])}", file=out)
-        print(f"  journaled - bare SDK (same request and reply) {_ms([c.journaled - c.bare for c in calls])}",
-              file=out)
+        print(
+            f"  per model call, p50 / p95: bare SDK {_ms([c.bare for c in calls])}, "
+            f"provider.complete {_ms([c.provider for c in calls])}, "
+            f"journaled {_ms([c.journaled for c in calls])}",
+            file=out,
+        )
+        print(
+            f"  bookkeeping (journaled - provider, same call) {_ms([c.bookkeeping for c in calls])}: "
+            f"journal appends {_ms([c.journal for c in calls])} (3 records), "
+            f"worst-case bound {_ms([c.bound for c in calls])}",
+            file=out,
+        )
+        print(
+            f"  journaled - bare SDK (same request and reply) {_ms([c.journaled - c.bare for c in calls])}",
+            file=out,
+        )
     for error in charge_errors[:5]:
         print(f"  WRONG CHARGE: {error}", file=out)
     for result in mismatched[:5]:
-        print(f"  JOURNAL MISMATCH: run {result.index}: conversation ${result.spent}, journal "
-              f"${result.journal_spent}", file=out)
+        print(
+            f"  JOURNAL MISMATCH: run {result.index}: conversation ${result.spent}, journal "
+            f"${result.journal_spent}",
+            file=out,
+        )
 
-    print("| date | runs (seed) | model calls | stopped at cap (before 1st call) | max spend/cap "
-          "| bare SDK p50 / p95 | provider.complete p50 / p95 | journaled call p50 / p95 "
-          "| bookkeeping (journaled - provider) p50 / p95 | journaled - bare p50 / p95 |")
+    print(
+        "| date | runs (seed) | model calls | stopped at cap (before 1st call) | max spend/cap "
+        "| bare SDK p50 / p95 | provider.complete p50 / p95 | journaled call p50 / p95 "
+        "| bookkeeping (journaled - provider) p50 / p95 | journaled - bare p50 / p95 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     if calls:
-        print(f"| {time.strftime('%Y-%m-%d')} | {len(results)} ({args.seed}) | {len(calls)} "
-              f"| {len(at_cap)} ({at_cap_before_any}) | {max_ratio:.3f} "
-              f"| {_ms([c.bare for c in calls])} | {_ms([c.provider for c in calls])} "
-              f"| {_ms([c.journaled for c in calls])} | {_ms([c.bookkeeping for c in calls])} "
-              f"| {_ms([c.journaled - c.bare for c in calls])} |")
+        print(
+            f"| {time.strftime('%Y-%m-%d')} | {len(results)} ({args.seed}) | {len(calls)} "
+            f"| {len(at_cap)} ({at_cap_before_any}) | {max_ratio:.3f} "
+            f"| {_ms([c.bare for c in calls])} | {_ms([c.provider for c in calls])} "
+            f"| {_ms([c.journaled for c in calls])} | {_ms([c.bookkeeping for c in calls])} "
+            f"| {_ms([c.journaled - c.bare for c in calls])} |"
+        )
 
     failed = False
     if max_ratio > 1:
@@ -577,8 +688,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--overreport", type=float, default=0.0,
-                        help="fraction of replies that report 20x their usage (exercises the clamp)")
+    parser.add_argument(
+        "--overreport",
+        type=float,
+        default=0.0,
+        help="fraction of replies that report 20x their usage (exercises the clamp)",
+    )
     parser.add_argument("--dir", help="storage and sandbox directory (default: a temporary one, removed)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--verbose", action="store_true", help="one line per run on stderr")

@@ -67,14 +67,17 @@ class Phase:
     def row(self, runs: int, max_active: int, latency: float) -> str:
         p50 = statistics.median(self.start_latencies) * 1000
         p99 = _percentile(self.start_latencies, 0.99) * 1000
-        return (f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {self.name} | {runs} | {max_active} | {latency:g} s "
-                f"| {self.makespan:.1f} s / {self.ideal:.1f} s = {self.makespan / self.ideal:.2f}x "
-                f"| {self.run_time:.2f} s | {p50:.0f} / {p99:.0f} ms |")
+        return (
+            f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {self.name} | {runs} | {max_active} | {latency:g} s "
+            f"| {self.makespan:.1f} s / {self.ideal:.1f} s = {self.makespan / self.ideal:.2f}x "
+            f"| {self.run_time:.2f} s | {p50:.0f} / {p99:.0f} ms |"
+        )
 
 
 def _up(env: dict[str, str], port: int) -> None:
-    result = subprocess.run([NODUS, "up", "--port", str(port)], env=env, capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = subprocess.run(
+        [NODUS, "up", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     if result.returncode != 0:
         sys.exit(f"nodus up failed: {result.stderr}")
 
@@ -86,41 +89,78 @@ def _down(env: dict[str, str]) -> None:
 def _phase(name: str, pool: int, runs: int, max_active: int, latency: float, port: int) -> Phase:
     base = Path(tempfile.mkdtemp(prefix="nodus-bench-"))
     base.chmod(0o711)
-    env = {**os.environ, "HOME": str(base), "NODUS_STORAGE": str(base / "storage"),
-           "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "NODUS_OFFLINE_LATENCY": str(latency),
-           "NODUS_RUN_POOL": str(pool), "NODUS_INITIAL_CREDITS": "100", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "HOME": str(base),
+        "NODUS_STORAGE": str(base / "storage"),
+        "NODUS_SANDBOX_ROOT": str(base / "sandboxes"),
+        "NODUS_OFFLINE_LATENCY": str(latency),
+        "NODUS_RUN_POOL": str(pool),
+        "NODUS_INITIAL_CREDITS": "100",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     env.pop("ANTHROPIC_API_KEY", None)
     _up(env, port)
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=60,
-                          headers=auth_headers(env)) as http:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=60, headers=auth_headers(env)
+        ) as http:
             return _measure(http, name, runs, max_active)
     finally:
         _down(env)
 
 
 def _measure(http: httpx.Client, name: str, runs: int, max_active: int) -> Phase:
-    http.put("/agents/bench", json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": "bench"},
-                                    "spec": {"system": "Answer briefly.", "model": {"families": ["haiku"]}}}
-             ).raise_for_status()
+    http.put(
+        "/agents/bench",
+        json={
+            "apiVersion": V1,
+            "kind": "Agent",
+            "metadata": {"name": "bench"},
+            "spec": {"system": "Answer briefly.", "model": {"families": ["haiku"]}},
+        },
+    ).raise_for_status()
     # A warm-up run: the first run of a server pays for the router's and the pool's first starts.
-    http.post("/agentruns", json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": "warm"},
-                                  "spec": {"agent": "bench", "input": "What is 1 + 1?"}}).raise_for_status()
+    http.post(
+        "/agentruns",
+        json={
+            "apiVersion": V1,
+            "kind": "AgentRun",
+            "metadata": {"name": "warm"},
+            "spec": {"agent": "bench", "input": "What is 1 + 1?"},
+        },
+    ).raise_for_status()
     _wait(lambda: http.get("/agentruns/warm").json()["status"]["phase"] == "Succeeded")
     time.sleep(2.0)  # let the pool refill after the warm-up, as it would between batches
 
-    group = http.post("/agentgroups", json={"apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "g"},
-                                            "spec": {"agent": "bench", "limits": {"maxActive": max_active}}})
+    group = http.post(
+        "/agentgroups",
+        json={
+            "apiVersion": V1,
+            "kind": "AgentGroup",
+            "metadata": {"name": "g"},
+            "spec": {"agent": "bench", "limits": {"maxActive": max_active}},
+        },
+    )
     group.raise_for_status()
     for first in range(0, runs, 100):
-        items = [{"apiVersion": V1, "kind": "AgentRun",
-                  "spec": {"agent": "bench", "group": "g", "taskKey": f"t{i}", "input": f"What is {i} + {i}?"}}
-                 for i in range(first, min(first + 100, runs))]
-        http.post("/agentruns", json={"apiVersion": V1, "kind": "AgentRunList", "items": items},
-                  headers={"Idempotency-Key": f"bench-{first}"}).raise_for_status()
+        items = [
+            {
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "spec": {"agent": "bench", "group": "g", "taskKey": f"t{i}", "input": f"What is {i} + {i}?"},
+            }
+            for i in range(first, min(first + 100, runs))
+        ]
+        http.post(
+            "/agentruns",
+            json={"apiVersion": V1, "kind": "AgentRunList", "items": items},
+            headers={"Idempotency-Key": f"bench-{first}"},
+        ).raise_for_status()
     http.patch("/agentgroups/g", json={"spec": {"sealed": True}}).raise_for_status()
-    final = _wait(lambda: (g := http.get("/agentgroups/g").json())["status"]["phase"] != "Running" and g,
-                  timeout=3600)
+    final = _wait(
+        lambda: (g := http.get("/agentgroups/g").json())["status"]["phase"] != "Running" and g, timeout=3600
+    )
     assert final["status"]["phase"] == "Succeeded", final["status"]
     makespan = _seconds(final["metadata"]["creationTimestamp"], final["status"]["finishedAt"])
     latencies, run_times = [], []
@@ -142,8 +182,10 @@ def admission_rate(runs: int) -> tuple[float, int]:
     from nodus_ray.core.admission import Admission, GroupLimits, Member
 
     admission = Admission(GroupLimits(max_active=10, max_pending=max(runs, 1), max_cost=Decimal("1000000")))
-    members = [Member(key=f"t{i}", run=f"g-t{i}", cap=Decimal("0.10"),
-                      depends_on=(f"t{i - 1}",) if i % 10 else ()) for i in range(runs)]
+    members = [
+        Member(key=f"t{i}", run=f"g-t{i}", cap=Decimal("0.10"), depends_on=(f"t{i - 1}",) if i % 10 else ())
+        for i in range(runs)
+    ]
     started = time.perf_counter()
     decisions = 0
     pending = list(admission.add(members).start)
@@ -164,16 +206,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--max-active", type=int, default=4)
     parser.add_argument("--latency", type=float, default=0.5, help="offline model seconds per call")
-    parser.add_argument("--pool", type=int, default=2, help="pre-started run actors per node (the measured phase)")
+    parser.add_argument(
+        "--pool", type=int, default=2, help="pre-started run actors per node (the measured phase)"
+    )
     parser.add_argument("--admission-runs", type=int, default=2000)
     parser.add_argument("--port", type=int, default=int(os.environ.get("NODUS_BENCH_PORT", "8000")))
     args = parser.parse_args()
 
-    phases = [_phase("no pool (baseline)", 0, args.runs, args.max_active, args.latency, args.port),
-              _phase(f"pool of {args.pool}", args.pool, args.runs, args.max_active, args.latency, args.port)]
-    rates = {size: admission_rate(size) for size in (args.admission_runs // 10, args.admission_runs,
-                                                       args.admission_runs * 5)}
-    print("| date | cores | server | runs K | maxActive N | latency L | makespan / ideal | run time | start p50 / p99 |")
+    phases = [
+        _phase("no pool (baseline)", 0, args.runs, args.max_active, args.latency, args.port),
+        _phase(f"pool of {args.pool}", args.pool, args.runs, args.max_active, args.latency, args.port),
+    ]
+    rates = {
+        size: admission_rate(size)
+        for size in (args.admission_runs // 10, args.admission_runs, args.admission_runs * 5)
+    }
+    print(
+        "| date | cores | server | runs K | maxActive N | latency L | makespan / ideal | run time | start p50 / p99 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for phase in phases:
         print(phase.row(args.runs, args.max_active, args.latency))

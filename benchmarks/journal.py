@@ -78,11 +78,47 @@ from nodus_ray.sandbox.sandbox import CommandResult  # noqa: E402
 from nodus_ray.store.storage import Storage  # noqa: E402
 
 PREFIX = "projects/default/agentruns/bench/journal"
-_WORDS = ("the", "run", "journal", "step", "model", "answer", "sandbox", "token", "file", "output",
-          "replay", "result", "command", "workspace", "build", "test", "error", "line", "we", "so",
-          "because", "function", "returns", "value", "config", "directory", "passes", "fails")
-_COMMANDS = ("ls -la", "pytest -q tests/test_api.py", "grep -rn TODO src", "cat setup.cfg", "git status",
-             "python3 -c 'import sys; print(sys.version)'", "wc -l src/*.py", "make lint", "du -sh .")
+_WORDS = (
+    "the",
+    "run",
+    "journal",
+    "step",
+    "model",
+    "answer",
+    "sandbox",
+    "token",
+    "file",
+    "output",
+    "replay",
+    "result",
+    "command",
+    "workspace",
+    "build",
+    "test",
+    "error",
+    "line",
+    "we",
+    "so",
+    "because",
+    "function",
+    "returns",
+    "value",
+    "config",
+    "directory",
+    "passes",
+    "fails",
+)
+_COMMANDS = (
+    "ls -la",
+    "pytest -q tests/test_api.py",
+    "grep -rn TODO src",
+    "cat setup.cfg",
+    "git status",
+    "python3 -c 'import sys; print(sys.version)'",
+    "wc -l src/*.py",
+    "make lint",
+    "du -sh .",
+)
 
 
 def _words(rng: random.Random, low: int, high: int) -> str:
@@ -124,15 +160,25 @@ class ScriptedProvider:
             content: list[dict[str, Any]] = [{"type": "text", "text": _words(rng, 60, 250)}]
             for _ in range(1 if rng.random() < 0.75 else 2):
                 self.tool_ids += 1
-                content.append({"type": "tool_use", "id": f"toolu_{self.tool_ids:024d}", "name": "bash",
-                                "input": {"command": rng.choice(_COMMANDS)}})
+                content.append(
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_{self.tool_ids:024d}",
+                        "name": "bash",
+                        "input": {"command": rng.choice(_COMMANDS)},
+                    }
+                )
             stop = "tool_use"
         else:
             content = [{"type": "text", "text": _words(rng, 300, 800)}]
             stop = "end_turn"
         output = _content_chars(content) // 4 + rng.randint(5, 40)
-        usage = Usage(input_tokens=total_in - read - creation, output_tokens=output,
-                      cache_creation_input_tokens=creation, cache_read_input_tokens=read)
+        usage = Usage(
+            input_tokens=total_in - read - creation,
+            output_tokens=output,
+            cache_creation_input_tokens=creation,
+            cache_read_input_tokens=read,
+        )
         return ModelResponse(model=request.model, content=content, stop_reason=stop, usage=usage)
 
 
@@ -153,9 +199,15 @@ class StandInSandbox:
             lines.append(line)
             size += len(line) + 1
         output = "\n".join(lines)[:target]
-        return CommandResult(exit_code=0 if self.rng.random() < 0.85 else 1, output=output, truncated=False,
-                             timed_out=False, cancelled=False,
-                             duration_seconds=round(self.rng.uniform(0.01, 2.0), 3), limit=None)
+        return CommandResult(
+            exit_code=0 if self.rng.random() < 0.85 else 1,
+            output=output,
+            truncated=False,
+            timed_out=False,
+            cancelled=False,
+            duration_seconds=round(self.rng.uniform(0.01, 2.0), 3),
+            limit=None,
+        )
 
     def cancel(self) -> None:
         return None
@@ -183,10 +235,16 @@ async def conversation_records(turns: int, seed: int, storage: Storage) -> tuple
     conversation = Conversation(
         steps=Steps(journal),
         provider=ScriptedProvider(random.Random(f"{seed}:model")),
-        spec=ConversationSpec(system="You are a careful engineer. Use the bash tool when a command helps, "
-                                     "and keep answers short.",
-                              families=["haiku", "sonnet", "opus"], model_name=None, max_tokens=4096,
-                              max_tool_calls=50, prompt=prompts[0], keep_alive=True),
+        spec=ConversationSpec(
+            system="You are a careful engineer. Use the bash tool when a command helps, "
+            "and keep answers short.",
+            families=["haiku", "sonnet", "opus"],
+            model_name=None,
+            max_tokens=4096,
+            max_tool_calls=50,
+            prompt=prompts[0],
+            keep_alive=True,
+        ),
         spend=RunSpend(DEFAULT_PRICE_TABLE, "Nodus", RunBudget(Decimal(1000)), reserve_credits=_nothing),
         router=JevRouter().route,
         open_sandbox=lambda: sandbox,
@@ -236,7 +294,9 @@ def journal_trial(records: list[JournalRecord], root: Path) -> Trial:
     started = time.perf_counter()
     loaded = Journal(Storage(str(root)), PREFIX).load()
     load = time.perf_counter() - started
-    assert [(r.step_id, r.state, r.payload) for r in loaded] == [(r.step_id, r.state, r.payload) for r in records]
+    assert [(r.step_id, r.state, r.payload) for r in loaded] == [
+        (r.step_id, r.state, r.payload) for r in records
+    ]
     compacted, compact_seconds, objects = compacted_trial(records, root / "compacted")
     return Trial(times, load, apparent, on_disk, compacted, objects, compact_seconds)
 
@@ -295,22 +355,45 @@ def sqlite_trial(records: list[JournalRecord], root: Path, mode: str) -> Trial:
         started = time.perf_counter()
         at = datetime.now(UTC)
         with db:
-            db.execute("INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (seq, r.step_id, r.kind, r.state, r.attempt, json.dumps(r.payload, separators=(",", ":")),
-                        r.cost_usd, int(at.timestamp() * 1_000_000)))
+            db.execute(
+                "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    seq,
+                    r.step_id,
+                    r.kind,
+                    r.state,
+                    r.attempt,
+                    json.dumps(r.payload, separators=(",", ":")),
+                    r.cost_usd,
+                    int(at.timestamp() * 1_000_000),
+                ),
+            )
         times.append(time.perf_counter() - started)
     apparent, on_disk = _sizes([path, root / "journal.db-wal"])  # before close checkpoints the WAL away
     db.close()
     started = time.perf_counter()
     reader = sqlite3.connect(path)
-    rows = reader.execute("SELECT seq, step_id, kind, state, attempt, payload, cost_usd, at FROM journal "
-                          "ORDER BY seq").fetchall()
-    loaded = [JournalRecord(seq=row[0], step_id=row[1], kind=row[2], state=row[3], attempt=row[4],
-                            payload=json.loads(row[5]) if row[5] is not None else None, cost_usd=row[6] or "0",
-                            at=datetime.fromtimestamp(row[7] / 1_000_000, UTC)) for row in rows]
+    rows = reader.execute(
+        "SELECT seq, step_id, kind, state, attempt, payload, cost_usd, at FROM journal ORDER BY seq"
+    ).fetchall()
+    loaded = [
+        JournalRecord(
+            seq=row[0],
+            step_id=row[1],
+            kind=row[2],
+            state=row[3],
+            attempt=row[4],
+            payload=json.loads(row[5]) if row[5] is not None else None,
+            cost_usd=row[6] or "0",
+            at=datetime.fromtimestamp(row[7] / 1_000_000, UTC),
+        )
+        for row in rows
+    ]
     load = time.perf_counter() - started
     reader.close()
-    assert [(r.step_id, r.state, r.payload) for r in loaded] == [(r.step_id, r.state, r.payload) for r in records]
+    assert [(r.step_id, r.state, r.payload) for r in loaded] == [
+        (r.step_id, r.state, r.payload) for r in records
+    ]
     return Trial(times, load, apparent, on_disk)
 
 
@@ -340,6 +423,7 @@ class Row:
 
 def summarize(name: str, trials: list[Trial]) -> Row:
     """Medians over the repeats (each trial's own rate and percentiles, then the median of those)."""
+
     def med(f: Callable[[Trial], float]) -> float:
         return statistics.median(f(t) for t in trials)
 
@@ -363,10 +447,16 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3, help="trials per contender; the median is reported")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--dir", help="where the files go (default: a temporary directory under /tmp, removed)")
-    parser.add_argument("--recovery-runs", type=int, default=0,
-                        help="also time a full restart with this many unfinished runs (benchmarks/recovery.py; "
-                             "starts and stops its own Ray cluster)")
+    parser.add_argument(
+        "--dir", help="where the files go (default: a temporary directory under /tmp, removed)"
+    )
+    parser.add_argument(
+        "--recovery-runs",
+        type=int,
+        default=0,
+        help="also time a full restart with this many unfinished runs (benchmarks/recovery.py; "
+        "starts and stops its own Ray cluster)",
+    )
     args = parser.parse_args()
     if args.turns < 1 or args.repeat < 1:
         parser.error("--turns and --repeat must be at least 1")
@@ -375,12 +465,19 @@ def main() -> None:
     wall = time.perf_counter()
     try:
         records, conversation_seconds = asyncio.run(
-            conversation_records(args.turns, args.seed, Storage(str(base / "conversation"))))
+            conversation_records(args.turns, args.seed, Storage(str(base / "conversation")))
+        )
         steps = len(step_views(records))
         segments = [_encode_segment([r]) for r in records]
-        trials: dict[str, list[Trial]] = {name: [] for name in (
-            "nodus journal (Arrow segment per record)", "SQLite FULL, journal_mode=DELETE",
-            "SQLite FULL, journal_mode=WAL", "ref: same bytes, no encoding")}
+        trials: dict[str, list[Trial]] = {
+            name: []
+            for name in (
+                "nodus journal (Arrow segment per record)",
+                "SQLite FULL, journal_mode=DELETE",
+                "SQLite FULL, journal_mode=WAL",
+                "ref: same bytes, no encoding",
+            )
+        }
         names = list(trials)
         for attempt in range(args.repeat):  # interleaved, so drift in the disk hits all alike
             trials[names[0]].append(journal_trial(records, base / f"journal-{attempt}"))
@@ -397,36 +494,53 @@ def main() -> None:
     kinds = Counter(f"{r.kind}/{r.state}" for r in records)
     payload = [len(json.dumps(r.payload, separators=(",", ":"))) for r in records]
     out = sys.stderr
-    print(f"{args.turns} turns (seed {args.seed}): {len(records)} records, {steps} steps, "
-          f"{len(records) / args.turns:.1f} records per turn; conversation with its durable journal "
-          f"{conversation_seconds:.2f} s; whole benchmark {wall:.1f} s, {os.cpu_count()} cores", file=out)
+    print(
+        f"{args.turns} turns (seed {args.seed}): {len(records)} records, {steps} steps, "
+        f"{len(records) / args.turns:.1f} records per turn; conversation with its durable journal "
+        f"{conversation_seconds:.2f} s; whole benchmark {wall:.1f} s, {os.cpu_count()} cores",
+        file=out,
+    )
     print("  records: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), file=out)
-    print(f"  payload JSON bytes per record: median {statistics.median(payload):.0f}, max {max(payload)}, "
-          f"total {sum(payload)}; Arrow segment bytes: median {statistics.median(map(len, segments)):.0f}",
-          file=out)
+    print(
+        f"  payload JSON bytes per record: median {statistics.median(payload):.0f}, max {max(payload)}, "
+        f"total {sum(payload)}; Arrow segment bytes: median {statistics.median(map(len, segments)):.0f}",
+        file=out,
+    )
     journal_row = rows[0]
     for row in rows:
-        print(f"  {row.name}: {row.appends_per_second:,.0f} appends/s (p50 {row.p50_ms:.2f} ms, p99 "
-              f"{row.p99_ms:.2f} ms), {row.total_seconds:.2f} s for the conversation, "
-              f"{row.bytes_apparent / steps / 1024:.2f} KiB/step ({row.bytes_on_disk / steps / 1024:.2f} on disk)"
-              + (f", load {row.load_ms:.1f} ms" if row.load_ms == row.load_ms else ""), file=out)
-    print(f"  journal / SQLite DELETE, appends per second: "
-          f"{journal_row.appends_per_second / rows[1].appends_per_second:.2f}x; journal / WAL: "
-          f"{journal_row.appends_per_second / rows[2].appends_per_second:.2f}x", file=out)
+        print(
+            f"  {row.name}: {row.appends_per_second:,.0f} appends/s (p50 {row.p50_ms:.2f} ms, p99 "
+            f"{row.p99_ms:.2f} ms), {row.total_seconds:.2f} s for the conversation, "
+            f"{row.bytes_apparent / steps / 1024:.2f} KiB/step ({row.bytes_on_disk / steps / 1024:.2f} on disk)"
+            + (f", load {row.load_ms:.1f} ms" if row.load_ms == row.load_ms else ""),
+            file=out,
+        )
+    print(
+        f"  journal / SQLite DELETE, appends per second: "
+        f"{journal_row.appends_per_second / rows[1].appends_per_second:.2f}x; journal / WAL: "
+        f"{journal_row.appends_per_second / rows[2].appends_per_second:.2f}x",
+        file=out,
+    )
 
-    print(f"| date | turns (records, steps) | store | durable appends/s | append p50 / p99 | all {len(records)} appends "
-          "| bytes / step (on disk) | bytes / record | load all |")
+    print(
+        f"| date | turns (records, steps) | store | durable appends/s | append p50 / p99 | all {len(records)} appends "
+        "| bytes / step (on disk) | bytes / record | load all |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         load = f"{row.load_ms:.1f} ms" if row.load_ms == row.load_ms else "-"
-        print(f"| {time.strftime('%Y-%m-%d')} | {args.turns} ({len(records)}, {steps}) | {row.name} "
-              f"| {row.appends_per_second:,.0f} | {row.p50_ms:.2f} / {row.p99_ms:.2f} ms | {row.total_seconds:.2f} s "
-              f"| {row.bytes_apparent / steps:,.0f} ({row.bytes_on_disk / steps:,.0f}) "
-              f"| {row.bytes_apparent / len(records):,.0f} | {load} |")
-    print(f"\nCompacted at the end of every turn (as a parked keep-alive run's actor does): "
-          f"{journal_row.compacted_objects} objects instead of {len(records)}; load all "
-          f"{journal_row.compacted_load_ms:.1f} ms instead of {journal_row.load_ms:.1f} ms; compaction "
-          f"{journal_row.compact_ms / args.turns:.1f} ms a turn.")
+        print(
+            f"| {time.strftime('%Y-%m-%d')} | {args.turns} ({len(records)}, {steps}) | {row.name} "
+            f"| {row.appends_per_second:,.0f} | {row.p50_ms:.2f} / {row.p99_ms:.2f} ms | {row.total_seconds:.2f} s "
+            f"| {row.bytes_apparent / steps:,.0f} ({row.bytes_on_disk / steps:,.0f}) "
+            f"| {row.bytes_apparent / len(records):,.0f} | {load} |"
+        )
+    print(
+        f"\nCompacted at the end of every turn (as a parked keep-alive run's actor does): "
+        f"{journal_row.compacted_objects} objects instead of {len(records)}; load all "
+        f"{journal_row.compacted_load_ms:.1f} ms instead of {journal_row.load_ms:.1f} ms; compaction "
+        f"{journal_row.compact_ms / args.turns:.1f} ms a turn."
+    )
     if args.recovery_runs > 0:
         from recovery import main as recovery_main  # benchmarks/recovery.py, beside this file
 

@@ -59,8 +59,12 @@ def _phases(http: httpx.Client) -> dict[str, str]:
 
 
 def recovery(runs: int, port: int) -> dict[str, float]:
-    with temporary_service("nodus-bench-recovery-", NODUS_OFFLINE_LATENCY="120", NODUS_INITIAL_CREDITS="10000",
-                           NODUS_API_URL=f"http://127.0.0.1:{port}") as env:
+    with temporary_service(
+        "nodus-bench-recovery-",
+        NODUS_OFFLINE_LATENCY="120",
+        NODUS_INITIAL_CREDITS="10000",
+        NODUS_API_URL=f"http://127.0.0.1:{port}",
+    ) as env:
         return _recover(env, runs, port)
 
 
@@ -73,18 +77,39 @@ def _recover(env: dict[str, str], runs: int, port: int) -> dict[str, float]:
     figures["baseline: nodus up, empty storage"] = _run(up, env)
 
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120, headers=auth_headers(env))
-    http.put("/v1/projects/default/agents/recovering", json={
-        "apiVersion": V1, "kind": "Agent", "metadata": {"name": "recovering"},
-        "spec": {"system": "x", "perRunMaxCostUSD": "0.50"}}).raise_for_status()
-    http.post("/v1/projects/default/agentgroups", json={
-        "apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": "many"},
-        "spec": {"agent": "recovering", "limits": {"maxActive": ACTIVE}},
-    }).raise_for_status()
+    http.put(
+        "/v1/projects/default/agents/recovering",
+        json={
+            "apiVersion": V1,
+            "kind": "Agent",
+            "metadata": {"name": "recovering"},
+            "spec": {"system": "x", "perRunMaxCostUSD": "0.50"},
+        },
+    ).raise_for_status()
+    http.post(
+        "/v1/projects/default/agentgroups",
+        json={
+            "apiVersion": V1,
+            "kind": "AgentGroup",
+            "metadata": {"name": "many"},
+            "spec": {"agent": "recovering", "limits": {"maxActive": ACTIVE}},
+        },
+    ).raise_for_status()
     created = time.perf_counter()
     for first in range(0, runs, 100):
-        items = [{"apiVersion": V1, "kind": "AgentRun",
-                  "spec": {"agent": "recovering", "group": "many", "taskKey": f"t{i}", "input": "What is 2 + 2?"}}
-                 for i in range(first, min(first + 100, runs))]
+        items = [
+            {
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "spec": {
+                    "agent": "recovering",
+                    "group": "many",
+                    "taskKey": f"t{i}",
+                    "input": "What is 2 + 2?",
+                },
+            }
+            for i in range(first, min(first + 100, runs))
+        ]
         http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRunList", "items": items}).raise_for_status()
     figures["creating the runs (batches of 100)"] = time.perf_counter() - created
     _wait(lambda: list(_phases(http).values()).count("Running") == ACTIVE, 300, f"{ACTIVE} running runs")

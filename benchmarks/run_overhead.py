@@ -77,8 +77,9 @@ class _Bare:
 
 def _bare_ray(index: int) -> float:
     started = time.perf_counter()
-    actor = _Bare.options(name=f"bench-bare-{os.getpid()}-{index}", namespace="nodus-bench",
-                          lifetime="detached").remote()
+    actor = _Bare.options(
+        name=f"bench-bare-{os.getpid()}-{index}", namespace="nodus-bench", lifetime="detached"
+    ).remote()
     ray.get(actor.ping.remote())
     ray.kill(actor)
     return time.perf_counter() - started
@@ -145,12 +146,19 @@ def main() -> None:
     server_side: list[float] = []
     measured = _measure("nodus", args.runs, args.concurrency, _nodus_run(agent, tag, server_side))
     for phase in (bare, measured):
-        print(f"{phase.name:>9}: {phase.items} items in {phase.wall_seconds:.2f} s wall, "
-              f"{phase.cpu_seconds:.2f} CPU s, p50 {phase.p50:.2f} s, p95 {phase.p95:.2f} s", file=sys.stderr)
+        print(
+            f"{phase.name:>9}: {phase.items} items in {phase.wall_seconds:.2f} s wall, "
+            f"{phase.cpu_seconds:.2f} CPU s, p50 {phase.p50:.2f} s, p95 {phase.p95:.2f} s",
+            file=sys.stderr,
+        )
     server = Phase("server", len(server_side), 0.0, 0.0, server_side)
-    print(f"   server: createdAt -> finishedAt p50 {server.p50:.2f} s, p95 {server.p95:.2f} s", file=sys.stderr)
-    print("| date | runs | concurrency | wall: nodus / bare = ratio | CPU: nodus / bare = ratio "
-          "| nodus p50 / p95 (client) | nodus p50 / p95 (server) | bare p50 / p95 |")
+    print(
+        f"   server: createdAt -> finishedAt p50 {server.p50:.2f} s, p95 {server.p95:.2f} s", file=sys.stderr
+    )
+    print(
+        "| date | runs | concurrency | wall: nodus / bare = ratio | CPU: nodus / bare = ratio "
+        "| nodus p50 / p95 (client) | nodus p50 / p95 (server) | bare p50 / p95 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print(_row(measured, bare, args.runs, args.concurrency, server))
     ray.shutdown()

@@ -32,7 +32,11 @@ from nodus_ray.egress.proxy import EgressProxy
 from nodus_ray.sandbox import sandbox as sandbox_module
 from nodus_ray.sandbox.sandbox import BubblewrapSandbox, bwrap_available
 
-COMMANDS = {"true": "true", "python3 -c pass": "python3 -c pass", "write 1 MiB": "head -c 1048576 /dev/zero > f"}
+COMMANDS = {
+    "true": "true",
+    "python3 -c pass": "python3 -c pass",
+    "write 1 MiB": "head -c 1048576 /dev/zero > f",
+}
 
 
 class _NoDiskWatch:
@@ -78,7 +82,9 @@ def _times(box: BubblewrapSandbox, command: str, count: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commands", type=int, default=40, help="timed commands per configuration and command")
+    parser.add_argument(
+        "--commands", type=int, default=40, help="timed commands per configuration and command"
+    )
     args = parser.parse_args()
     if not bwrap_available():
         sys.exit("bubblewrap is not available here")
@@ -86,16 +92,27 @@ def main() -> None:
     root.chmod(0o711)
     uid = 310_000 + os.getpid() % 1000 if os.geteuid() == 0 else None
     rows = []
-    with EgressProxy(root / "egress.sock", EgressPolicy.from_settings(["example.com"], ""), lambda _: None) as proxy:
+    with EgressProxy(
+        root / "egress.sock", EgressPolicy.from_settings(["example.com"], ""), lambda _: None
+    ) as proxy:
         for label, command in COMMANDS.items():
             with _baseline():
                 base = _times(BubblewrapSandbox(root / "baseline", uid=uid), command, args.commands)
             hardened = _times(BubblewrapSandbox(root / "hardened", uid=uid), command, args.commands)
-            egress = _times(BubblewrapSandbox(root / "egress", uid=uid, egress_socket=proxy.socket_path),
-                            command, args.commands)
+            egress = _times(
+                BubblewrapSandbox(root / "egress", uid=uid, egress_socket=proxy.socket_path),
+                command,
+                args.commands,
+            )
             for name, times in (("baseline", base), ("hardened", hardened), ("hardened + egress", egress)):
-                rows.append((label, name, statistics.median(times) * 1000,
-                             sorted(times)[int(0.9 * len(times))] * 1000))
+                rows.append(
+                    (
+                        label,
+                        name,
+                        statistics.median(times) * 1000,
+                        sorted(times)[int(0.9 * len(times))] * 1000,
+                    )
+                )
                 print(f"{label} / {name}: median {rows[-1][2]:.1f} ms", file=sys.stderr)
     print("| date | command | sandbox | median | p90 |\n| --- | --- | --- | --- | --- |")
     for label, name, median, p90 in rows:

@@ -61,9 +61,15 @@ def _run_actor_pss() -> tuple[int, int]:
 
 
 def _group(http: httpx.Client, name: str, runs: int, max_active: int) -> dict[str, Any]:
-    http.post("/agentgroups", json={"apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": name},
-                                    "spec": {"agent": "scale", "limits": {"maxActive": max_active}}}
-              ).raise_for_status()
+    http.post(
+        "/agentgroups",
+        json={
+            "apiVersion": V1,
+            "kind": "AgentGroup",
+            "metadata": {"name": name},
+            "spec": {"agent": "scale", "limits": {"maxActive": max_active}},
+        },
+    ).raise_for_status()
     samples: list[float] = []
     done = threading.Event()
 
@@ -77,13 +83,24 @@ def _group(http: httpx.Client, name: str, runs: int, max_active: int) -> dict[st
     sampler.start()
     began = time.monotonic()
     for first in range(0, runs, 100):
-        items = [{"apiVersion": V1, "kind": "AgentRun",
-                  "spec": {"agent": "scale", "group": name, "taskKey": f"t{i}", "input": f"What is {i} + 1?"}}
-                 for i in range(first, min(first + 100, runs))]
-        http.post("/agentruns", json={"apiVersion": V1, "kind": "AgentRunList", "items": items}).raise_for_status()
+        items = [
+            {
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "spec": {"agent": "scale", "group": name, "taskKey": f"t{i}", "input": f"What is {i} + 1?"},
+            }
+            for i in range(first, min(first + 100, runs))
+        ]
+        http.post(
+            "/agentruns", json={"apiVersion": V1, "kind": "AgentRunList", "items": items}
+        ).raise_for_status()
     http.patch(f"/agentgroups/{name}", json={"spec": {"sealed": True}}).raise_for_status()
-    final = wait_until(lambda: (g := http.get(f"/agentgroups/{name}").json())["status"]["phase"] != "Running" and g,
-                       7200, f"group {name}", interval=1.0)
+    final = wait_until(
+        lambda: (g := http.get(f"/agentgroups/{name}").json())["status"]["phase"] != "Running" and g,
+        7200,
+        f"group {name}",
+        interval=1.0,
+    )
     wall = time.monotonic() - began
     done.set()
     sampler.join()
@@ -96,10 +113,15 @@ def _group(http: httpx.Client, name: str, runs: int, max_active: int) -> dict[st
         from_admission.append(_seconds(run["status"]["admittedAt"], model["startedAt"]))
         from_submission.append(_seconds(run["status"]["createdAt"], model["startedAt"]))
     return {
-        "runs": runs, "phase": final["status"]["phase"], "succeeded": final["status"]["counts"]["succeeded"],
-        "wall": wall, "admission_rate": (len(admitted) - 1) / max(_seconds(admitted[0], admitted[-1]), 1e-9),
-        "admit_p50": statistics.median(from_admission), "admit_p99": _pct(from_admission, 0.99),
-        "submit_p50": statistics.median(from_submission), "submit_p99": _pct(from_submission, 0.99),
+        "runs": runs,
+        "phase": final["status"]["phase"],
+        "succeeded": final["status"]["counts"]["succeeded"],
+        "wall": wall,
+        "admission_rate": (len(admitted) - 1) / max(_seconds(admitted[0], admitted[-1]), 1e-9),
+        "admit_p50": statistics.median(from_admission),
+        "admit_p99": _pct(from_admission, 0.99),
+        "submit_p50": statistics.median(from_submission),
+        "submit_p99": _pct(from_submission, 0.99),
         "pss": statistics.median(samples) if samples else float("nan"),
     }
 
@@ -114,27 +136,45 @@ def main() -> None:
     args = parser.parse_args()
 
     results = []
-    with temporary_service("nodus-bench-scale-", NODUS_OFFLINE_LATENCY=str(args.latency),
-                           NODUS_INITIAL_CREDITS="100000") as env:
+    with temporary_service(
+        "nodus-bench-scale-", NODUS_OFFLINE_LATENCY=str(args.latency), NODUS_INITIAL_CREDITS="100000"
+    ) as env:
         subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
-        with httpx.Client(base_url=f"http://127.0.0.1:{args.port}/v1/projects/default", timeout=120,
-                          headers=auth_headers(env)) as http:
-            http.put("/agents/scale", json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": "scale"},
-                                            "spec": {"system": "Answer briefly.", "perRunMaxCostUSD": "0.01",
-                                                     "model": {"families": ["haiku"]}}}).raise_for_status()
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{args.port}/v1/projects/default",
+            timeout=120,
+            headers=auth_headers(env),
+        ) as http:
+            http.put(
+                "/agents/scale",
+                json={
+                    "apiVersion": V1,
+                    "kind": "Agent",
+                    "metadata": {"name": "scale"},
+                    "spec": {
+                        "system": "Answer briefly.",
+                        "perRunMaxCostUSD": "0.01",
+                        "model": {"families": ["haiku"]},
+                    },
+                },
+            ).raise_for_status()
             for label, runs in (("baseline", args.baseline_runs), ("scale", args.runs)):
                 result = _group(http, f"{label}-group", runs, args.max_active)
                 results.append((label, result))
                 print(f"{label}: {result}", file=sys.stderr, flush=True)
 
-    print("| date | group | runs (succeeded) | maxActive | wall | admitted/s | admission -> first call p50 / p99 "
-          "| submission -> first call p50 / p99 | PSS per active run |")
+    print(
+        "| date | group | runs (succeeded) | maxActive | wall | admitted/s | admission -> first call p50 / p99 "
+        "| submission -> first call p50 / p99 | PSS per active run |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, r in results:
-        print(f"| {time.strftime('%Y-%m-%d')} | {label} | {r['runs']} ({r['succeeded']}) | {args.max_active} "
-              f"| {r['wall']:.0f} s | {r['admission_rate']:.1f} | {r['admit_p50'] * 1000:.0f} / "
-              f"{r['admit_p99'] * 1000:.0f} ms | {r['submit_p50']:.1f} / {r['submit_p99']:.1f} s "
-              f"| {r['pss'] / 2**20:.0f} MiB |")
+        print(
+            f"| {time.strftime('%Y-%m-%d')} | {label} | {r['runs']} ({r['succeeded']}) | {args.max_active} "
+            f"| {r['wall']:.0f} s | {r['admission_rate']:.1f} | {r['admit_p50'] * 1000:.0f} / "
+            f"{r['admit_p99'] * 1000:.0f} ms | {r['submit_p50']:.1f} / {r['submit_p99']:.1f} s "
+            f"| {r['pss'] / 2**20:.0f} MiB |"
+        )
 
 
 if __name__ == "__main__":

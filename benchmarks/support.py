@@ -66,8 +66,14 @@ def temporary_service(prefix: str, **settings: str) -> Iterator[dict[str, str]]:
     base.chmod(0o711)  # sandboxed commands run as another uid and must traverse to their workspace
     for part in ("home", "storage", "sandboxes"):
         (base / part).mkdir(mode=0o711)
-    env = {**os.environ, "HOME": str(base / "home"), "NODUS_STORAGE": str(base / "storage"),
-           "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "RAY_USAGE_STATS_ENABLED": "0", **settings}
+    env = {
+        **os.environ,
+        "HOME": str(base / "home"),
+        "NODUS_STORAGE": str(base / "storage"),
+        "NODUS_SANDBOX_ROOT": str(base / "sandboxes"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **settings,
+    }
     env.pop("ANTHROPIC_API_KEY", None)
     try:
         yield env

@@ -35,7 +35,9 @@ V1 = "nodus.dev/v1"
 
 
 def _used_memory_mb() -> float:
-    info = {line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()}
+    info = {
+        line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+    }
     return (info["MemTotal"] - info["MemAvailable"]) / 1024
 
 
@@ -59,8 +61,10 @@ class _Idle:
 def _baseline(count: int) -> float:
     """Used memory per idle detached actor (what a waiting run with an actor would cost)."""
     before = _used_memory_mb()
-    actors = [_Idle.options(name=f"bench-idle-{i}", namespace="nodus-bench", lifetime="detached").remote()
-              for i in range(count)]
+    actors = [
+        _Idle.options(name=f"bench-idle-{i}", namespace="nodus-bench", lifetime="detached").remote()
+        for i in range(count)
+    ]
     ray.get([actor.ping.remote() for actor in actors])
     time.sleep(2)
     per_actor = (_used_memory_mb() - before) / count
@@ -83,12 +87,23 @@ def main() -> None:
 
     base = Path(tempfile.mkdtemp(prefix="nodus-bench-"))
     base.chmod(0o711)
-    env = {**os.environ, "HOME": str(base), "NODUS_STORAGE": str(base / "storage"),
-           "NODUS_SANDBOX_ROOT": str(base / "sandboxes"), "NODUS_INITIAL_CREDITS": "1000",
-           "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "HOME": str(base),
+        "NODUS_STORAGE": str(base / "storage"),
+        "NODUS_SANDBOX_ROOT": str(base / "sandboxes"),
+        "NODUS_INITIAL_CREDITS": "1000",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     env.pop("ANTHROPIC_API_KEY", None)
-    up = subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, capture_output=True, text=True,
-                        timeout=300, check=False)
+    up = subprocess.run(
+        [NODUS, "up", "--port", str(args.port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if up.returncode != 0:
         sys.exit(f"nodus up failed: {up.stderr}")
     try:
@@ -102,14 +117,33 @@ def main() -> None:
         api = f"http://127.0.0.1:{args.port}/v1/projects/default"
         started = time.monotonic()
         with httpx.Client(base_url=api, timeout=60, headers=auth_headers(env)) as http:
-            http.put("/agents/waiter", json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": "waiter"},
-                                             "spec": {"system": "Answer briefly."}}).raise_for_status()
+            http.put(
+                "/agents/waiter",
+                json={
+                    "apiVersion": V1,
+                    "kind": "Agent",
+                    "metadata": {"name": "waiter"},
+                    "spec": {"system": "Answer briefly."},
+                },
+            ).raise_for_status()
             for first in range(0, args.runs, args.wave):
                 names = [f"w-{i}" for i in range(first, min(first + args.wave, args.runs))]
-                http.post("/agentruns", json={"apiVersion": V1, "kind": "AgentRunList", "items": [
-                    {"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name},
-                     "spec": {"agent": "waiter", "input": "What is 1 + 1?", "keepAlive": True}} for name in names
-                ]}).raise_for_status()
+                http.post(
+                    "/agentruns",
+                    json={
+                        "apiVersion": V1,
+                        "kind": "AgentRunList",
+                        "items": [
+                            {
+                                "apiVersion": V1,
+                                "kind": "AgentRun",
+                                "metadata": {"name": name},
+                                "spec": {"agent": "waiter", "input": "What is 1 + 1?", "keepAlive": True},
+                            }
+                            for name in names
+                        ],
+                    },
+                ).raise_for_status()
 
                 def wave_waits(names: list[str] = names) -> bool:
                     runs = http.get("/agentruns", params={"agent": "waiter"}).json()["items"]
@@ -117,28 +151,39 @@ def main() -> None:
                     return all(r["status"].get("reason") == "AwaitingMessage" for r in mine)
 
                 _wait(wave_waits, 600, f"wave {first}")
-                print(f"{first + len(names)} runs waiting after {time.monotonic() - started:.0f} s", file=sys.stderr)
+                print(
+                    f"{first + len(names)} runs waiting after {time.monotonic() - started:.0f} s",
+                    file=sys.stderr,
+                )
             elapsed = time.monotonic() - started
             time.sleep(3)
-            actors = list_actors(filters=[("state", "=", "ALIVE"), ("class_name", "=", "RunActor")],
-                                 limit=10000, detail=True)
+            actors = list_actors(
+                filters=[("state", "=", "ALIVE"), ("class_name", "=", "RunActor")], limit=10000, detail=True
+            )
             cp_after, used_after = _rss_mb(int(control_plane.pid)), _used_memory_mb()
             storage = _tree_bytes(base / "storage" / "projects" / "default" / "agentruns")
             sandboxes = _tree_bytes(base / "sandboxes")
             # A message still wakes a waiting run.
             woke = time.monotonic()
             http.post("/agentruns/w-0/messages", json={"payload": "What is 2 + 3?"}).raise_for_status()
-            _wait(lambda: http.get("/agentruns/w-0").json()["status"]["answer"]["preview"] == "2 + 3 = 5.", 120,
-                  "w-0 to answer its message")
+            _wait(
+                lambda: http.get("/agentruns/w-0").json()["status"]["answer"]["preview"] == "2 + 3 = 5.",
+                120,
+                "w-0 to answer its message",
+            )
             wake_seconds = time.monotonic() - woke
-        print("| date | cores | waiting runs | run actors alive | used memory (machine) | control plane RSS "
-              "| storage / run | sandbox dir / run | idle Ray actor (baseline) | wake one |")
+        print(
+            "| date | cores | waiting runs | run actors alive | used memory (machine) | control plane RSS "
+            "| storage / run | sandbox dir / run | idle Ray actor (baseline) | wake one |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        print(f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {args.runs} (started in {elapsed:.0f} s) "
-              f"| {len(actors)} | +{used_after - used_before:.0f} MB "
-              f"| {cp_before:.0f} -> {cp_after:.0f} MB | {storage / args.runs / 1024:.1f} KiB "
-              f"| {sandboxes / args.runs / 1024:.1f} KiB | {per_idle_actor:.0f} MB each "
-              f"(x {args.runs} = {per_idle_actor * args.runs / 1024:.0f} GB) | {wake_seconds:.2f} s |")
+        print(
+            f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {args.runs} (started in {elapsed:.0f} s) "
+            f"| {len(actors)} | +{used_after - used_before:.0f} MB "
+            f"| {cp_before:.0f} -> {cp_after:.0f} MB | {storage / args.runs / 1024:.1f} KiB "
+            f"| {sandboxes / args.runs / 1024:.1f} KiB | {per_idle_actor:.0f} MB each "
+            f"(x {args.runs} = {per_idle_actor * args.runs / 1024:.0f} GB) | {wake_seconds:.2f} s |"
+        )
     finally:
         ray.shutdown()
         subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)

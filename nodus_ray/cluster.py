@@ -52,8 +52,14 @@ def _ray_executable() -> str:
 
 
 def _start_local_head() -> None:
-    command = [_ray_executable(), "start", "--head", "--disable-usage-stats",
-               "--include-dashboard=true", "--dashboard-host=127.0.0.1"]
+    command = [
+        _ray_executable(),
+        "start",
+        "--head",
+        "--disable-usage-stats",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+    ]
     # Ray's workers inherit this environment; the server's key reaches the control plane over
     # RPC instead, so it is kept out of every worker process.
     environment = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "NODUS_SECRET_KEY")}
@@ -78,14 +84,18 @@ def _join(address: str) -> Any:
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except (OSError, ValueError):
-            raise Unavailable(f"no Ray cluster answers at {address}; start one with `ray start --head`, "
-                              "or run `nodus up` without --address to start a local one") from None
+            raise Unavailable(
+                f"no Ray cluster answers at {address}; start one with `ray start --head`, "
+                "or run `nodus up` without --address to start a local one"
+            ) from None
     try:
         return _init(address)
     except ConnectionError as exc:
         first = (str(exc).strip().splitlines() or ["no cluster"])[0]
-        raise Unavailable(f"no Ray cluster to join at {address!r} ({first}); start one with `ray start --head`, "
-                          "or run `nodus up` without --address to start a local one") from None
+        raise Unavailable(
+            f"no Ray cluster to join at {address!r} ({first}); start one with `ray start --head`, "
+            "or run `nodus up` without --address to start a local one"
+        ) from None
 
 
 def _connect(address: str | None) -> tuple[bool, Any]:
@@ -108,15 +118,21 @@ def _ensure_control_plane(settings: ServerSettings) -> tuple[Any, dict[str, obje
     # Pinned to the node `nodus up` runs on: the key that seals Secrets is a file there.
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     actor = RemoteControlPlane.options(
-        name=CONTROL_PLANE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        name=CONTROL_PLANE_NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
         scheduling_strategy=here,
     ).remote(settings)
     info = ray.get(actor.ready.remote())
     if info.get("settingsDigest") != settings.digest():
         running = ray.get(actor.running_settings.remote())
         wanted = settings.describe()
-        changed = ", ".join(f"{key} is {running.get(key)!r} (asked {wanted[key]!r})"
-                            for key in wanted if running.get(key) != wanted[key])
+        changed = ", ".join(
+            f"{key} is {running.get(key)!r} (asked {wanted[key]!r})"
+            for key in wanted
+            if running.get(key) != wanted[key]
+        )
         raise NodusError(
             f"nodus is already running with other settings: {changed or 'they differ'}; "
             "run `nodus down` first to change them",
@@ -129,9 +145,11 @@ def _ensure_router() -> None:
     """The routing service every run asks before a turn; runs fall back to sonnet without it."""
     from nodus_ray.runtime.router import ROUTER_ACTOR_NAME, JevRouter
 
-    router = ray.remote(num_cpus=0, max_restarts=-1)(JevRouter).options(
-        name=ROUTER_ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote()
+    router = (
+        ray.remote(num_cpus=0, max_restarts=-1)(JevRouter)
+        .options(name=ROUTER_ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True)
+        .remote()
+    )
     ray.get(router.route.remote("ping", ["haiku", "sonnet"]))
 
 
@@ -222,7 +240,9 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         # workers would keep this call's environment) and `nodus down` would leave it running.
         ray.shutdown()
         if started:
-            subprocess.run([_ray_executable(), "stop", "--force"], capture_output=True, text=True, check=False)
+            subprocess.run(
+                [_ray_executable(), "stop", "--force"], capture_output=True, text=True, check=False
+            )
         raise
     finally:
         ray.shutdown()
@@ -247,10 +267,16 @@ def down() -> str:
     if state.get("started_ray"):
         subprocess.run([_ray_executable(), "stop"], capture_output=True, text=True, check=False)
         _STATE_FILE.unlink(missing_ok=True)
-        return "stopped the local Ray cluster (the API, the control plane and every run actor); storage is kept"
+        return (
+            "stopped the local Ray cluster (the API, the control plane and every run actor); storage is kept"
+        )
     try:
-        ray.init(address=str(state.get("ray_address") or "auto"), namespace=NAMESPACE,
-                 logging_level="ERROR", log_to_driver=False)
+        ray.init(
+            address=str(state.get("ray_address") or "auto"),
+            namespace=NAMESPACE,
+            logging_level="ERROR",
+            log_to_driver=False,
+        )
     except ConnectionError:
         _STATE_FILE.unlink(missing_ok=True)
         return "no Ray cluster is running; nothing to stop"
@@ -267,4 +293,3 @@ def down() -> str:
         ray.shutdown()
     _STATE_FILE.unlink(missing_ok=True)
     return f"removed the API and {stopped} nodus actors from the cluster; the cluster and storage are kept"
-

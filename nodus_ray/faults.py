@@ -38,8 +38,17 @@ from pathlib import Path
 
 __all__ = ["POINTS", "crash_point", "arm", "enabled"]
 
-POINTS = frozenset({"step-effect-done", "admission-decided", "batch-half-written", "api-answering",
-                    "run-ended-untold", "evaluation-unsealed", "case-graded-unrecorded"})
+POINTS = frozenset(
+    {
+        "step-effect-done",
+        "admission-decided",
+        "batch-half-written",
+        "api-answering",
+        "run-ended-untold",
+        "evaluation-unsealed",
+        "case-graded-unrecorded",
+    }
+)
 _ENV = "NODUS_FAULTS"
 
 

@@ -19,8 +19,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
-    "RUN_PHASES", "GROUP_STATES", "set_runs_by_phase", "set_group_runs", "model_call", "command_ran",
-    "journal_write", "admission_decisions",
+    "RUN_PHASES",
+    "GROUP_STATES",
+    "set_runs_by_phase",
+    "set_group_runs",
+    "model_call",
+    "command_ran",
+    "journal_write",
+    "admission_decisions",
 ]
 
 RUN_PHASES = ("Pending", "Running", "Waiting", "Succeeded", "Failed", "Cancelled")
@@ -49,19 +55,40 @@ def _registry() -> dict[str, Any] | None:
 
             _metrics = {
                 "runs": Gauge("nodus_runs", "AgentRuns in each phase", tag_keys=("phase", "project")),
-                "group_runs": Gauge("nodus_group_runs", "Members of each AgentGroup by admission state",
-                                    tag_keys=("project", "group", "state")),
-                "calls": Counter("nodus_model_calls", "Model calls made", tag_keys=("model", "family", "access")),
-                "tokens": Counter("nodus_model_tokens", "Tokens of model calls", tag_keys=("model", "family", "kind")),
-                "cost": Counter("nodus_model_cost_usd", "Dollars billed for model calls", tag_keys=("model", "family")),
-                "call_seconds": Histogram("nodus_model_call_seconds", "Wall time of one model call",
-                                          boundaries=_MODEL_SECONDS, tag_keys=("model",)),
-                "command_seconds": Histogram("nodus_command_seconds", "Wall time of one sandboxed command",
-                                             boundaries=_COMMAND_SECONDS, tag_keys=("outcome",)),
-                "journal_seconds": Histogram("nodus_journal_write_seconds", "Writing one journal segment",
-                                             boundaries=_JOURNAL_SECONDS),
-                "admissions": Counter("nodus_admission_decisions", "Group supervisors' admission decisions",
-                                      tag_keys=("project", "group", "decision")),
+                "group_runs": Gauge(
+                    "nodus_group_runs",
+                    "Members of each AgentGroup by admission state",
+                    tag_keys=("project", "group", "state"),
+                ),
+                "calls": Counter(
+                    "nodus_model_calls", "Model calls made", tag_keys=("model", "family", "access")
+                ),
+                "tokens": Counter(
+                    "nodus_model_tokens", "Tokens of model calls", tag_keys=("model", "family", "kind")
+                ),
+                "cost": Counter(
+                    "nodus_model_cost_usd", "Dollars billed for model calls", tag_keys=("model", "family")
+                ),
+                "call_seconds": Histogram(
+                    "nodus_model_call_seconds",
+                    "Wall time of one model call",
+                    boundaries=_MODEL_SECONDS,
+                    tag_keys=("model",),
+                ),
+                "command_seconds": Histogram(
+                    "nodus_command_seconds",
+                    "Wall time of one sandboxed command",
+                    boundaries=_COMMAND_SECONDS,
+                    tag_keys=("outcome",),
+                ),
+                "journal_seconds": Histogram(
+                    "nodus_journal_write_seconds", "Writing one journal segment", boundaries=_JOURNAL_SECONDS
+                ),
+                "admissions": Counter(
+                    "nodus_admission_decisions",
+                    "Group supervisors' admission decisions",
+                    tag_keys=("project", "group", "decision"),
+                ),
             }
     return _metrics or None
 
@@ -81,10 +108,14 @@ def set_group_runs(project: str, group: str, counts: Mapping[str, int]) -> None:
     if registry is None:
         return
     for state in GROUP_STATES:
-        registry["group_runs"].set(int(counts.get(state) or 0), tags={"project": project, "group": group, "state": state})
+        registry["group_runs"].set(
+            int(counts.get(state) or 0), tags={"project": project, "group": group, "state": state}
+        )
 
 
-def model_call(model: str, family: str, access: str, seconds: float, usage: Mapping[str, int], cost_usd: float) -> None:
+def model_call(
+    model: str, family: str, access: str, seconds: float, usage: Mapping[str, int], cost_usd: float
+) -> None:
     """One model call that was made (a replayed one is not made again, and not counted)."""
     registry = _registry()
     if registry is None:

@@ -74,7 +74,9 @@ class ServerSettings:
             if Decimal(initial_credits) < 0:
                 raise InvalidOperation
         except InvalidOperation:
-            raise ValueError(f"NODUS_INITIAL_CREDITS={initial_credits!r} must be a decimal amount of dollars") from None
+            raise ValueError(
+                f"NODUS_INITIAL_CREDITS={initial_credits!r} must be a decimal amount of dollars"
+            ) from None
         raw_pool = os.environ.get("NODUS_RUN_POOL", "2") or "2"
         if not raw_pool.isdigit() or int(raw_pool) > 64:
             raise ValueError(f"NODUS_RUN_POOL={raw_pool!r} must be a whole number from 0 to 64")
@@ -91,8 +93,11 @@ class ServerSettings:
             storage_uri=default_storage_uri(),
             sandbox_root=sandbox_root,
             offline_latency_seconds=latency,
-            secret_key_file=os.path.abspath(os.path.expanduser(
-                os.environ.get("NODUS_SECRET_KEY_FILE") or str(Path.home() / ".nodus" / "secret.key"))),
+            secret_key_file=os.path.abspath(
+                os.path.expanduser(
+                    os.environ.get("NODUS_SECRET_KEY_FILE") or str(Path.home() / ".nodus" / "secret.key")
+                )
+            ),
             anthropic_base_url=os.environ.get("ANTHROPIC_BASE_URL") or None,
             prices_file=prices_file,
             initial_credits_usd=initial_credits,
@@ -108,4 +113,3 @@ class ServerSettings:
     def describe(self) -> dict[str, object]:
         """The settings as they may be shown: credentials in the storage URI redacted."""
         return {**asdict(self), "storage_uri": redact_uri(self.storage_uri)}
-

@@ -27,12 +27,21 @@ def main() -> None:
     args = parser.parse_args()
 
     # The agent the tasks run on: created on first use, the same one afterwards.
-    agent = nodus.ClaudeAgent(args.agent, system="You answer in one short sentence.", families=["haiku"],
-                              per_run_max_cost="0.05")
+    agent = nodus.ClaudeAgent(
+        args.agent, system="You answer in one short sentence.", families=["haiku"], per_run_max_cost="0.05"
+    )
     agent.deploy()
-    result = run_batch(args.tasks, agent=args.agent, out=args.out, max_active=args.max_active,
-                       max_cost=args.max_cost, on_progress=log_progress(batch_group_name(args.out), every=2.0))
-    print(f"{len(result.rows) - len(result.failed)} of {len(result.rows)} tasks succeeded; rows in {args.out}")
+    result = run_batch(
+        args.tasks,
+        agent=args.agent,
+        out=args.out,
+        max_active=args.max_active,
+        max_cost=args.max_cost,
+        on_progress=log_progress(batch_group_name(args.out), every=2.0),
+    )
+    print(
+        f"{len(result.rows) - len(result.failed)} of {len(result.rows)} tasks succeeded; rows in {args.out}"
+    )
     for row in result.rows:
         print(f"  {row['key']}: {row['phase']} {row.get('answer') or row.get('reason')}")
 

@@ -22,9 +22,7 @@ def main() -> None:
     try:
         status = evaluation.wait(timeout=660)
         results = evaluation.results()
-        print(
-            f"{status.phase}: cases={len(results)}, pending={status.evaluation.pending}"
-        )
+        print(f"{status.phase}: cases={len(results)}, pending={status.evaluation.pending}")
         print("pass rate:", status.evaluation.get("passRate"))
         print("mean reward:", status.evaluation.get("meanReward"))
         for result in results:

@@ -51,4 +51,3 @@ class AccessControl:
         """`nodus up`: the local user's operator token, the same one while it still works."""
         await self._ensure_started()
         return await asyncio.to_thread(self.tokens.ensure_operator_token, current)
-

@@ -67,9 +67,15 @@ class BatchRecords:
 
     def begin(self, project: str, idempotency_key: str | None, digest: str, names: list[str]) -> str:
         record_id = _record_id(idempotency_key) if idempotency_key else f"anon-{uuid.uuid4().hex}"
-        self.storage.write_json(self._path(project, record_id), {
-            "state": "Pending", "digest": digest, "names": names, "createdAt": utc_now(),
-        })
+        self.storage.write_json(
+            self._path(project, record_id),
+            {
+                "state": "Pending",
+                "digest": digest,
+                "names": names,
+                "createdAt": utc_now(),
+            },
+        )
         return record_id
 
     def commit(self, project: str, record_id: str, digest: str, items: list[dict[str, Any]] | None) -> None:
@@ -77,9 +83,15 @@ class BatchRecords:
         if items is None:
             self.storage.delete(self._path(project, record_id))
             return
-        self.storage.write_json(self._path(project, record_id), {
-            "state": "Done", "digest": digest, "items": items, "createdAt": utc_now(),
-        })
+        self.storage.write_json(
+            self._path(project, record_id),
+            {
+                "state": "Done",
+                "digest": digest,
+                "items": items,
+                "createdAt": utc_now(),
+            },
+        )
 
     def abandon(self, project: str, record_id: str) -> None:
         self.storage.delete(self._path(project, record_id))

@@ -125,7 +125,9 @@ class EvaluationControl:
 
     # -- creation ---------------------------------------------------------------------------
 
-    async def _plan_evaluation(self, name: str, spec: dict[str, Any], created: str) -> tuple[dict[str, Any], list[Task]]:
+    async def _plan_evaluation(
+        self, name: str, spec: dict[str, Any], created: str
+    ) -> tuple[dict[str, Any], list[Task]]:
         """Resolve the Environment and generate the batch; refused before anything is stored."""
         evaluation = spec["evaluation"]
         ref = evaluation["environment"]
@@ -133,35 +135,56 @@ class EvaluationControl:
         try:
             environment = await asyncio.to_thread(resolve, ref)
         except EnvironmentNotFound as error:
-            raise NotFound(f"{field_name}: {error}", code="EnvironmentNotFound",
-                           details={"field": field_name, "kind": "Environment", "name": ref}) from None
+            raise NotFound(
+                f"{field_name}: {error}",
+                code="EnvironmentNotFound",
+                details={"field": field_name, "kind": "Environment", "name": ref},
+            ) from None
         except ValueError as error:
             raise Invalid(f"{field_name}: {error}", details={"field": field_name}) from None
         split = evaluation.get("split", "test")
         if split not in environment.splits:
-            raise Invalid(f"spec.evaluation.split: {ref} has no split {split!r} (splits: "
-                          f"{', '.join(environment.splits)})", details={"field": "spec.evaluation.split"})
+            raise Invalid(
+                f"spec.evaluation.split: {ref} has no split {split!r} (splits: "
+                f"{', '.join(environment.splits)})",
+                details={"field": "spec.evaluation.split"},
+            )
         count = int(evaluation["tasks"])
         if count > environment.max_tasks:
-            raise Invalid(f"spec.evaluation.tasks: {ref} has {environment.max_tasks} tasks in a split, "
-                          f"not {count}", details={"field": "spec.evaluation.tasks"})
+            raise Invalid(
+                f"spec.evaluation.tasks: {ref} has {environment.max_tasks} tasks in a split, not {count}",
+                details={"field": "spec.evaluation.tasks"},
+            )
         tasks = await asyncio.to_thread(environment.tasks, split, int(evaluation.get("seed", 0)), count)
         repetitions = int(evaluation.get("repetitions", 1))
         cases = plan_cases(name, [task.id for task in tasks], repetitions)
         longest = max(cases, key=lambda case: len(case.run)).run
         if len(longest) > 63:
-            raise Invalid(f"metadata.name: an evaluation's runs are named <group>-<case> ({longest[:70]!r}...), "
-                          f"which must fit in 63 characters; use a group name of at most "
-                          f"{63 - (len(longest) - len(name))} characters", details={"field": "metadata.name"})
+            raise Invalid(
+                f"metadata.name: an evaluation's runs are named <group>-<case> ({longest[:70]!r}...), "
+                f"which must fit in 63 characters; use a group name of at most "
+                f"{63 - (len(longest) - len(name))} characters",
+                details={"field": "metadata.name"},
+            )
         max_pending = int((spec.get("limits") or {}).get("maxPending", 10000))
         if len(cases) > max_pending:
-            raise Invalid(f"spec.limits.maxPending: the evaluation runs {len(cases)} cases, more than the group's "
-                          f"maxPending {max_pending}", details={"field": "spec.limits.maxPending"})
+            raise Invalid(
+                f"spec.limits.maxPending: the evaluation runs {len(cases)} cases, more than the group's "
+                f"maxPending {max_pending}",
+                details={"field": "spec.limits.maxPending"},
+            )
         deadline = parse_timestamp(created) + parse_duration(evaluation.get("timeout", "30m"))
         status = EvaluationStatus(
-            environment=ref, version=environment.version, imageDigest=None, split=split,
-            seed=int(evaluation.get("seed", 0)), tasks=count, repetitions=repetitions, cases=len(cases),
-            deadlineAt=format_timestamp(deadline), pending=len(cases),
+            environment=ref,
+            version=environment.version,
+            imageDigest=None,
+            split=split,
+            seed=int(evaluation.get("seed", 0)),
+            tasks=count,
+            repetitions=repetitions,
+            cases=len(cases),
+            deadlineAt=format_timestamp(deadline),
+            pending=len(cases),
         ).model_dump(mode="json")
         return status, tasks
 
@@ -177,45 +200,77 @@ class EvaluationControl:
         if group["spec"].get("state") == "Cancelled":
             # Cancelled before its runs existed (between a crash and the restart): no run will come.
             for case in missing:
-                await self._record(key, final_record(case, "RunCancelled", reason="GroupCancelled", at=utc_now(),
-                                                     evidence="the group was cancelled before this case's run was created"))
+                await self._record(
+                    key,
+                    final_record(
+                        case,
+                        "RunCancelled",
+                        reason="GroupCancelled",
+                        at=utc_now(),
+                        evidence="the group was cancelled before this case's run was created",
+                    ),
+                )
             missing = []
         for case in missing:
             files = dict(tasks[case.task_index].files)
             if files:
                 seed = await asyncio.to_thread(pack_files, files)
-                await asyncio.to_thread(self.storage.write_bytes, seed_key(run_storage_prefix(project, case.run)), seed)
+                await asyncio.to_thread(
+                    self.storage.write_bytes, seed_key(run_storage_prefix(project, case.run)), seed
+                )
         runs = [self._member(group, case, tasks[case.task_index]) for case in missing]
         if runs:
             # Every case runs the Agent revision of the group's creation, even when its runs are
             # created only after a restart and the Agent has changed since.
             pinned = await asyncio.to_thread(
                 self.storage.read_json,
-                f"projects/{project}/agents/{group['spec']['agent']}/revisions/{int(group['status']['agentRevision']):06d}.json")
+                f"projects/{project}/agents/{group['spec']['agent']}/revisions/{int(group['status']['agentRevision']):06d}.json",
+            )
             try:
-                await self._create_runs(project, runs, mode="create", evaluation_member=True, pinned_agent=pinned)
+                await self._create_runs(
+                    project, runs, mode="create", evaluation_member=True, pinned_agent=pinned
+                )
             except NodusError as refusal:  # e.g. the agent was stopped in between: these cases cannot run
                 logger.warning("evaluation %s/%s could not create its runs: %s", project, name, refusal)
                 for case in missing:
-                    await asyncio.to_thread(self.storage.delete, seed_key(run_storage_prefix(project, case.run)))
-                    await self._record(key, final_record(case, "RunFailed", reason=refusal.code, at=utc_now(),
-                                                         evidence=f"its run could not be created: {refusal.message}"))
+                    await asyncio.to_thread(
+                        self.storage.delete, seed_key(run_storage_prefix(project, case.run))
+                    )
+                    await self._record(
+                        key,
+                        final_record(
+                            case,
+                            "RunFailed",
+                            reason=refusal.code,
+                            at=utc_now(),
+                            evidence=f"its run could not be created: {refusal.message}",
+                        ),
+                    )
         crash_point("evaluation-unsealed", f"{project}/{name}")
         if not group["spec"].get("sealed"):
             group["spec"]["sealed"] = True
             await self._persist_group(key)
             status = await self._supervisor(key).configure.remote(
-                self._limits_wire(group["spec"]), True, group["spec"].get("state") == "Cancelled")
+                self._limits_wire(group["spec"]), True, group["spec"].get("state") == "Cancelled"
+            )
             await self._take_status(key, status, {})
 
     @staticmethod
     def _member(group: dict[str, Any], case: Case, task: Task) -> AgentRun:
-        run = parse_resource({
-            "apiVersion": API_VERSION, "kind": "AgentRun",
-            "metadata": {"name": case.run, "labels": case_labels(case)},
-            "spec": {"agent": group["spec"]["agent"], "input": task.prompt, "group": group["metadata"]["name"],
-                     "taskKey": case.key},
-        }, expected_kind="AgentRun")
+        run = parse_resource(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "AgentRun",
+                "metadata": {"name": case.run, "labels": case_labels(case)},
+                "spec": {
+                    "agent": group["spec"]["agent"],
+                    "input": task.prompt,
+                    "group": group["metadata"]["name"],
+                    "taskKey": case.key,
+                },
+            },
+            expected_kind="AgentRun",
+        )
         assert isinstance(run, AgentRun)
         return run
 
@@ -232,7 +287,9 @@ class EvaluationControl:
     def _open_evaluation(self, key: Key, tasks: list[Task]) -> Evaluation:
         status = self._groups[key]["status"]["evaluation"]
         cases = plan_cases(key[1], [task.id for task in tasks], int(status["repetitions"]))
-        book = Evaluation(cases, tasks=tasks, seeded={case.run for case in cases if tasks[case.task_index].files})
+        book = Evaluation(
+            cases, tasks=tasks, seeded={case.run for case in cases if tasks[case.task_index].files}
+        )
         self._evaluations[key] = book
         return book
 
@@ -248,11 +305,16 @@ class EvaluationControl:
         status = self._groups[key]["status"]["evaluation"]
         environment = resolve(status["environment"])
         folder = f"{_prefix(key)}/cases"
-        records = [self.storage.read_json(f"{folder}/{file}") for file in self.storage.list_dir(folder)
-                   if file.endswith(".json")]
+        records = [
+            self.storage.read_json(f"{folder}/{file}")
+            for file in self.storage.list_dir(folder)
+            if file.endswith(".json")
+        ]
         if key in self._evaluations:  # opened meanwhile (this runs in a thread)
             return self._evaluations[key]
-        book = self._open_evaluation(key, environment.tasks(status["split"], int(status["seed"]), int(status["tasks"])))
+        book = self._open_evaluation(
+            key, environment.tasks(status["split"], int(status["seed"]), int(status["tasks"]))
+        )
         book.records.update({record["run"]: record for record in records})
         return book
 
@@ -302,14 +364,16 @@ class EvaluationControl:
         crash_point("case-graded-unrecorded", f"{key[0]}/{run_name}")
         await self._record(key, record)
 
-    async def _final_record(self, key: Key, group: dict[str, Any], case: Case, status: dict[str, Any]
-                            ) -> dict[str, Any]:
+    async def _final_record(
+        self, key: Key, group: dict[str, Any], case: Case, status: dict[str, Any]
+    ) -> dict[str, Any]:
         """What the case comes to: unscored for a run that failed or left no answer, else graded."""
         phase = status["phase"]
         if phase != "Succeeded":
             state = "RunFailed" if phase == "Failed" else "RunCancelled"
-            return final_record(case, state, reason=status.get("reason"), evidence=status.get("message") or "",
-                                at=utc_now())
+            return final_record(
+                case, state, reason=status.get("reason"), evidence=status.get("message") or "", at=utc_now()
+            )
         if group["spec"].get("state") == "Cancelled":
             return final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
         try:
@@ -317,16 +381,26 @@ class EvaluationControl:
         except FileNotFoundError:  # an answer status without its file: no answer to grade
             answer = ""
         if not answer.strip():
-            return final_record(case, "MissingAnswer", evidence="the run ended without an answer", at=utc_now())
+            return final_record(
+                case, "MissingAnswer", evidence="the run ended without an answer", at=utc_now()
+            )
         left = self._seconds_left(group)
         if left <= 0:
-            return final_record(case, "EvaluationTimeout", at=utc_now(),
-                                evidence="the run answered, but not in time to be graded")
+            return final_record(
+                case,
+                "EvaluationTimeout",
+                at=utc_now(),
+                evidence="the run answered, but not in time to be graded",
+            )
         await self._take_status(key, {}, {})  # shows the case as Grading
         evaluation = group["status"]["evaluation"]
         request = {
-            "environment": evaluation["environment"], "split": evaluation["split"], "seed": evaluation["seed"],
-            "tasks": evaluation["tasks"], "taskIndex": case.task_index, "run": case.run,
+            "environment": evaluation["environment"],
+            "split": evaluation["split"],
+            "seed": evaluation["seed"],
+            "tasks": evaluation["tasks"],
+            "taskIndex": case.task_index,
+            "run": case.run,
             "runPrefix": run_storage_prefix(key[0], case.run),
             "localWorkspace": str(Path(self.settings.sandbox_root) / key[0] / case.run),
             "commands": sum(int(turn.get("toolCalls") or 0) for turn in status.get("turns") or []),
@@ -336,18 +410,32 @@ class EvaluationControl:
         try:
             outcome = await asyncio.wait_for(self._grader(key).grade.remote(request), timeout=left)
         except TimeoutError:
-            return final_record(case, "EvaluationTimeout", at=utc_now(),
-                                evidence="grading did not finish by the evaluation's deadline")
+            return final_record(
+                case,
+                "EvaluationTimeout",
+                at=utc_now(),
+                evidence="grading did not finish by the evaluation's deadline",
+            )
         except Exception as error:  # noqa: BLE001 - a grader that died (or was released) unscored the case
             logger.warning("grading %s/%s failed: %s", key[1], case.run, type(error).__name__)
             if group["spec"].get("state") == "Cancelled" or key not in self._groups:
-                return final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
+                return final_record(
+                    case, "GradingCancelled", evidence="the group was cancelled", at=utc_now()
+                )
             return final_record(case, "GraderFailed", evidence="the grader process failed", at=utc_now())
         if outcome["outcome"] == "scored":
-            return final_record(case, "Scored", verdict=outcome["verdict"], reward=outcome["reward"],
-                                evidence=outcome["evidence"], seconds=outcome["seconds"], at=utc_now())
-        return final_record(case, "GraderFailed", evidence=outcome["evidence"], seconds=outcome.get("seconds"),
-                            at=utc_now())
+            return final_record(
+                case,
+                "Scored",
+                verdict=outcome["verdict"],
+                reward=outcome["reward"],
+                evidence=outcome["evidence"],
+                seconds=outcome["seconds"],
+                at=utc_now(),
+            )
+        return final_record(
+            case, "GraderFailed", evidence=outcome["evidence"], seconds=outcome.get("seconds"), at=utc_now()
+        )
 
     async def _cancel_grading(self, key: Key) -> None:
         """The group was cancelled: grading stops, and what was being graded is unscored."""
@@ -358,8 +446,10 @@ class EvaluationControl:
         for run_name in sorted(book.grading):
             case = book.by_run(run_name)
             if case is not None and run_name not in book.records:
-                await self._record(key, final_record(case, "GradingCancelled", evidence="the group was cancelled",
-                                                     at=utc_now()))
+                await self._record(
+                    key,
+                    final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now()),
+                )
 
     async def _record(self, key: Key, record: dict[str, Any]) -> None:
         """Keep a case's final record (first one wins), store it, and update the group."""
@@ -369,14 +459,18 @@ class EvaluationControl:
         book.records[record["run"]] = record
         await asyncio.to_thread(self.storage.write_json, f"{_prefix(key)}/cases/{record['run']}.json", record)
         group = self._groups[key]
-        await asyncio.to_thread(self.storage.write_bytes, f"{_prefix(key)}/results.parquet",
-                                results_parquet(key[1], group["status"]["evaluation"], self._case_records(key)))
+        await asyncio.to_thread(
+            self.storage.write_bytes,
+            f"{_prefix(key)}/results.parquet",
+            results_parquet(key[1], group["status"]["evaluation"], self._case_records(key)),
+        )
         await self._take_status(key, {}, {})
 
     def _grader(self, key: Key) -> Any:
         grading_root = str(Path(self.settings.sandbox_root) / ".grading")
         return RemoteGrader.options(**grader_options(*key)).remote(
-            key[0], key[1], self.storage, grading_root, self._hidden_paths())
+            key[0], key[1], self.storage, grading_root, self._hidden_paths()
+        )
 
     def _release_grader(self, key: Key) -> None:
         try:
@@ -405,14 +499,19 @@ class EvaluationControl:
         """``GET .../agentgroups/NAME/results``: one record per case, in case order."""
         group = await self.get_group(project, name)  # type: ignore[attr-defined]
         if not group["spec"].get("evaluation"):
-            raise Conflict(f"agentgroup {name!r} is not an evaluation group; it has no results (read its runs)",
-                           code="NotAnEvaluation", details={"kind": "AgentGroup", "name": name})
+            raise Conflict(
+                f"agentgroup {name!r} is not an evaluation group; it has no results (read its runs)",
+                code="NotAnEvaluation",
+                details={"kind": "AgentGroup", "name": name},
+            )
         try:
             await asyncio.to_thread(self._load_evaluation, (project, name))
         except EnvironmentNotFound as error:
-            raise Conflict(f"agentgroup {name!r}: its cases cannot be listed: {error}", code="EnvironmentNotFound",
-                           details={"kind": "AgentGroup", "name": name, "field": "spec.evaluation.environment"}
-                           ) from None
+            raise Conflict(
+                f"agentgroup {name!r}: its cases cannot be listed: {error}",
+                code="EnvironmentNotFound",
+                details={"kind": "AgentGroup", "name": name, "field": "spec.evaluation.environment"},
+            ) from None
         records = self._case_records((project, name))
         return {"evaluation": group["status"].get("evaluation"), "items": records}
 
@@ -430,6 +529,11 @@ class EvaluationControl:
             out.update({"phase": phase, "reason": reason, "message": message})
         elif runs_phase in GROUP_TERMINAL_PHASES or runs_phase == "Running":
             cancelling = group["spec"].get("state") == "Cancelled"
-            out.update({"phase": "Cancelling" if cancelling else "Running", "reason": None,
-                        "message": f"{summary['pending']} of {len(book.cases)} cases not final yet"})
+            out.update(
+                {
+                    "phase": "Cancelling" if cancelling else "Running",
+                    "reason": None,
+                    "message": f"{summary['pending']} of {len(book.cases)} cases not final yet",
+                }
+            )
         return out

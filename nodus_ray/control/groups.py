@@ -168,8 +168,14 @@ class GroupControl:
             run = self._runs.get((key[0], name))
             state = _admission_state(run) if run else "Queued"
             if run is not None and state != "Queued":
-                reports.append({"run": name, "state": state, "spent": run["status"]["cost"].get("totalUSD") or "0",
-                                "reason": run["status"].get("reason")})
+                reports.append(
+                    {
+                        "run": name,
+                        "state": state,
+                        "spent": run["status"]["cost"].get("totalUSD") or "0",
+                        "reason": run["status"].get("reason"),
+                    }
+                )
         try:
             supervisor = self._supervisor(key)
             status = await supervisor.load.remote()
@@ -199,7 +205,9 @@ class GroupControl:
     async def _persist_group(self, key: Key) -> None:
         group = self._groups.get(key)
         if group is not None:
-            await asyncio.to_thread(self.storage.write_json, f"{group_storage_prefix(*key)}/group.json", group)
+            await asyncio.to_thread(
+                self.storage.write_json, f"{group_storage_prefix(*key)}/group.json", group
+            )
 
     # -- the group resource -----------------------------------------------------------------
 
@@ -207,16 +215,23 @@ class GroupControl:
         await self._ensure_started()
         group = self._groups.get((project, name))
         if group is None or group["metadata"].get("deletionTimestamp"):
-            raise NotFound(f"agentgroup {name!r} not found in project {project!r}",
-                           details={"kind": "AgentGroup", "name": name})
+            raise NotFound(
+                f"agentgroup {name!r} not found in project {project!r}",
+                details={"kind": "AgentGroup", "name": name},
+            )
         return group
 
     async def list_groups(self, project: str) -> list[dict[str, Any]]:
         await self._ensure_started()
-        return [group for (p, _), group in sorted(self._groups.items())
-                if p == project and not group["metadata"].get("deletionTimestamp")]
+        return [
+            group
+            for (p, _), group in sorted(self._groups.items())
+            if p == project and not group["metadata"].get("deletionTimestamp")
+        ]
 
-    async def apply_group(self, project: str, document: dict[str, Any], mode: str = "apply") -> dict[str, Any]:
+    async def apply_group(
+        self, project: str, document: dict[str, Any], mode: str = "apply"
+    ) -> dict[str, Any]:
         """Create (``mode="create"``) or create-or-update a group.
 
         An update may raise ``maxActive``/``maxPending`` either way, raise the cap, seal or
@@ -232,14 +247,20 @@ class GroupControl:
         async with self._locks[("group", *key)]:
             existing = self._groups.get(key)
             if existing is not None and existing["metadata"].get("deletionTimestamp"):
-                raise Conflict(f"agentgroup {name!r} is being deleted", code="GroupDeleting",
-                               details={"kind": "AgentGroup", "name": name})
+                raise Conflict(
+                    f"agentgroup {name!r} is being deleted",
+                    code="GroupDeleting",
+                    details={"kind": "AgentGroup", "name": name},
+                )
             if existing is None:
                 outcome = await self._create_group(key, parsed, spec)
             else:
                 if mode == "create":
-                    raise Conflict(f"agentgroup {name!r} already exists", code="AlreadyExists",
-                                   details={"kind": "AgentGroup", "name": name})
+                    raise Conflict(
+                        f"agentgroup {name!r} already exists",
+                        code="AlreadyExists",
+                        details={"kind": "AgentGroup", "name": name},
+                    )
                 # The one-way switches are often flipped by a patch after the file was applied:
                 # applying the same file again (without them) keeps them instead of refusing.
                 given = document.get("spec") if isinstance(document.get("spec"), dict) else {}
@@ -257,21 +278,32 @@ class GroupControl:
         project, name = key
         agent = self._agents.get((project, parsed.spec.agent))
         if agent is None:
-            raise NotFound(f"spec.agent: agent {parsed.spec.agent!r} not found in project {project!r}",
-                           details={"kind": "Agent", "name": parsed.spec.agent, "field": "spec.agent"})
+            raise NotFound(
+                f"spec.agent: agent {parsed.spec.agent!r} not found in project {project!r}",
+                details={"kind": "Agent", "name": parsed.spec.agent, "field": "spec.agent"},
+            )
         if spec.get("state") == "Cancelled":
-            raise Invalid("spec.state: a group is created Running; cancel it once it exists",
-                          details={"field": "spec.state"})
+            raise Invalid(
+                "spec.state: a group is created Running; cancel it once it exists",
+                details={"field": "spec.state"},
+            )
         created = utc_now()
         evaluation, tasks = None, None
         if spec.get("evaluation"):
             if agent["spec"].get("state") == "Stopped":
-                raise Conflict(f"spec.agent: agent {parsed.spec.agent!r} is stopped (spec.state: Stopped); an "
-                               "evaluation's runs could not start", code="AgentStopped",
-                               details={"kind": "Agent", "name": parsed.spec.agent, "field": "spec.agent"})
+                raise Conflict(
+                    f"spec.agent: agent {parsed.spec.agent!r} is stopped (spec.state: Stopped); an "
+                    "evaluation's runs could not start",
+                    code="AgentStopped",
+                    details={"kind": "Agent", "name": parsed.spec.agent, "field": "spec.agent"},
+                )
             if spec.get("sealed"):
-                raise Invalid("spec.sealed: an evaluation group creates its own runs and seals itself; "
-                              "leave spec.sealed out", code="EvaluationGroup", details={"field": "spec.sealed"})
+                raise Invalid(
+                    "spec.sealed: an evaluation group creates its own runs and seals itself; "
+                    "leave spec.sealed out",
+                    code="EvaluationGroup",
+                    details={"field": "spec.sealed"},
+                )
             evaluation, tasks = await self._plan_evaluation(name, spec, created)
         status = AgentGroupStatus(
             phase="Running",
@@ -283,9 +315,14 @@ class GroupControl:
         resource = {
             "apiVersion": API_VERSION,
             "kind": "AgentGroup",
-            "metadata": ObjectMeta(name=name, project=project, uid=uuid.uuid4().hex, generation=1,
-                                   creationTimestamp=created, labels=parsed.metadata.labels
-                                   ).model_dump(mode="json"),
+            "metadata": ObjectMeta(
+                name=name,
+                project=project,
+                uid=uuid.uuid4().hex,
+                generation=1,
+                creationTimestamp=created,
+                labels=parsed.metadata.labels,
+            ).model_dump(mode="json"),
             "spec": spec,
             "status": status,
         }
@@ -325,26 +362,41 @@ class GroupControl:
     @staticmethod
     def _check_update(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         def refuse(field: str, code: str, message: str) -> None:
-            raise Conflict(f"agentgroup {name!r} {field}: {message}", code=code,
-                           details={"kind": "AgentGroup", "name": name, "field": field})
+            raise Conflict(
+                f"agentgroup {name!r} {field}: {message}",
+                code=code,
+                details={"kind": "AgentGroup", "name": name, "field": field},
+            )
 
         if new["agent"] != old["agent"]:
-            raise Invalid(f"agentgroup {name!r} spec.agent: the agent of a group cannot change "
-                          f"(its runs use {old['agent']!r})", code="FieldImmutable",
-                          details={"kind": "AgentGroup", "name": name, "field": "spec.agent"})
+            raise Invalid(
+                f"agentgroup {name!r} spec.agent: the agent of a group cannot change "
+                f"(its runs use {old['agent']!r})",
+                code="FieldImmutable",
+                details={"kind": "AgentGroup", "name": name, "field": "spec.agent"},
+            )
         if new.get("evaluation") != old.get("evaluation"):
-            raise Invalid(f"agentgroup {name!r} spec.evaluation: an evaluation is fixed when its group is created "
-                          "(create another group to evaluate again)", code="FieldImmutable",
-                          details={"kind": "AgentGroup", "name": name, "field": "spec.evaluation"})
+            raise Invalid(
+                f"agentgroup {name!r} spec.evaluation: an evaluation is fixed when its group is created "
+                "(create another group to evaluate again)",
+                code="FieldImmutable",
+                details={"kind": "AgentGroup", "name": name, "field": "spec.evaluation"},
+            )
         old_cap, new_cap = old.get("maxCostUSD"), new.get("maxCostUSD")
         if old_cap is None and new_cap is not None:
-            refuse("spec.maxCostUSD", "CapLowered", "a group without a cost cap cannot be given one: "
-                   "its started runs were never held to one")
+            refuse(
+                "spec.maxCostUSD",
+                "CapLowered",
+                "a group without a cost cap cannot be given one: its started runs were never held to one",
+            )
         if old_cap is not None and new_cap is None:
             refuse("spec.maxCostUSD", "CapLowered", f"the cap ${old_cap} can be raised, not removed")
         if old_cap is not None and new_cap is not None and Decimal(new_cap) < Decimal(old_cap):
-            refuse("spec.maxCostUSD", "CapLowered", f"the cap can be raised, not lowered (from ${old_cap} "
-                   f"to ${new_cap})")
+            refuse(
+                "spec.maxCostUSD",
+                "CapLowered",
+                f"the cap can be raised, not lowered (from ${old_cap} to ${new_cap})",
+            )
         if old.get("sealed") and not new.get("sealed"):
             refuse("spec.sealed", "GroupSealed", "sealing cannot be undone")
         if old.get("state") == "Cancelled" and new.get("state") != "Cancelled":
@@ -353,15 +405,21 @@ class GroupControl:
     @staticmethod
     def _limits_wire(spec: dict[str, Any]) -> dict[str, Any]:
         limits = spec.get("limits") or {}
-        return {"maxActive": int(limits.get("maxActive", 10)), "maxPending": int(limits.get("maxPending", 10000)),
-                "maxCostUSD": spec.get("maxCostUSD")}
+        return {
+            "maxActive": int(limits.get("maxActive", 10)),
+            "maxPending": int(limits.get("maxPending", 10000)),
+            "maxCostUSD": spec.get("maxCostUSD"),
+        }
 
     async def patch_group(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         current = await self.get_group(project, name)
         if current["spec"].get("evaluation") and "sealed" in (patch.get("spec") or {}):
-            raise Conflict(f"agentgroup {name!r} is an evaluation group: it creates its own runs and seals itself, "
-                           "so it takes no seal", code="EvaluationGroup",
-                           details={"kind": "AgentGroup", "name": name, "field": "spec.sealed"})
+            raise Conflict(
+                f"agentgroup {name!r} is an evaluation group: it creates its own runs and seals itself, "
+                "so it takes no seal",
+                code="EvaluationGroup",
+                details={"kind": "AgentGroup", "name": name, "field": "spec.sealed"},
+            )
         return await self.apply_group(project, patched_document(current, patch, name), mode="apply")
 
     async def cancel_group(self, project: str, name: str) -> dict[str, Any]:
@@ -369,9 +427,12 @@ class GroupControl:
         group = await self.get_group(project, name)
         if group["status"]["phase"] in GROUP_TERMINAL_PHASES or group["spec"].get("state") == "Cancelled":
             return group
-        document = {"apiVersion": API_VERSION, "kind": "AgentGroup",
-                    "metadata": {"name": name, "labels": group["metadata"].get("labels") or {}},
-                    "spec": {**group["spec"], "state": "Cancelled"}}
+        document = {
+            "apiVersion": API_VERSION,
+            "kind": "AgentGroup",
+            "metadata": {"name": name, "labels": group["metadata"].get("labels") or {}},
+            "spec": {**group["spec"], "state": "Cancelled"},
+        }
         return (await self.apply_group(project, document, mode="apply"))["resource"]
 
     async def delete_group(self, project: str, name: str) -> dict[str, Any]:
@@ -413,14 +474,24 @@ class GroupControl:
             run = self._runs.get((project, run_name))
             if run is None:
                 continue
-            members.append(member_wire(
-                run["spec"]["taskKey"], run_name, run["status"]["cost"].get("limitUSD") or "0",
-                run["spec"].get("dependsOn"), state=_admission_state(run), reason=run["status"].get("reason"),
-                spent=run["status"]["cost"].get("totalUSD") or "0",
-            ))
+            members.append(
+                member_wire(
+                    run["spec"]["taskKey"],
+                    run_name,
+                    run["status"]["cost"].get("limitUSD") or "0",
+                    run["spec"].get("dependsOn"),
+                    state=_admission_state(run),
+                    reason=run["status"].get("reason"),
+                    spent=run["status"]["cost"].get("totalUSD") or "0",
+                )
+            )
         spec = group["spec"]
-        return {"limits": self._limits_wire(spec), "sealed": bool(spec.get("sealed")),
-                "cancelled": spec.get("state") == "Cancelled", "members": members}
+        return {
+            "limits": self._limits_wire(spec),
+            "sealed": bool(spec.get("sealed")),
+            "cancelled": spec.get("state") == "Cancelled",
+            "members": members,
+        }
 
     async def start_member(self, project: str, name: str) -> bool:
         """Admitted by its supervisor: record the admission, then give the run its actor. Idempotent.
@@ -471,7 +542,11 @@ class GroupControl:
         project = key[0]
         for run_name, why in queued_reasons.items():
             run = self._runs.get((project, run_name))
-            if run is not None and run["status"]["phase"] == "Pending" and not run["status"].get("admittedAt"):
+            if (
+                run is not None
+                and run["status"]["phase"] == "Pending"
+                and not run["status"].get("admittedAt")
+            ):
                 run["status"]["reason"] = why
         previous = group["status"].get("phase")
         if previous in GROUP_TERMINAL_PHASES:
@@ -499,8 +574,11 @@ class GroupControl:
             return
         key = (run_key[0], group_name)
         group = self._groups.get(key)
-        if (group is None or group["metadata"].get("deletionTimestamp")
-                or group["status"]["phase"] in GROUP_TERMINAL_PHASES):
+        if (
+            group is None
+            or group["metadata"].get("deletionTimestamp")
+            or group["status"]["phase"] in GROUP_TERMINAL_PHASES
+        ):
             return
         state = _admission_state(run)
         if state == "Queued":

@@ -51,14 +51,19 @@ def _check(payload: Any, message_key: Any, name: Any) -> None:
     if not isinstance(payload, str):
         raise Invalid("payload: a message is text (a JSON string)", details={"field": "payload"})
     if len(payload.encode("utf-8")) > MAX_INPUT_BYTES:
-        raise PayloadTooLarge(f"payload: a message is at most {MAX_INPUT_BYTES} bytes (256 KiB)",
-                              details={"field": "payload"})
+        raise PayloadTooLarge(
+            f"payload: a message is at most {MAX_INPUT_BYTES} bytes (256 KiB)", details={"field": "payload"}
+        )
     if message_key is not None and not (
         isinstance(message_key, str) and 0 < len(message_key) <= _MAX_KEY_LENGTH and message_key.isprintable()
     ):
-        raise Invalid(f"messageKey: 1 to {_MAX_KEY_LENGTH} printable characters", details={"field": "messageKey"})
+        raise Invalid(
+            f"messageKey: 1 to {_MAX_KEY_LENGTH} printable characters", details={"field": "messageKey"}
+        )
     if not (isinstance(name, str) and 0 < len(name) <= 63):
-        raise Invalid("name: the message's name, 1 to 63 characters (e.g. \"message\")", details={"field": "name"})
+        raise Invalid(
+            'name: the message\'s name, 1 to 63 characters (e.g. "message")', details={"field": "name"}
+        )
 
 
 class RunMessages:
@@ -86,7 +91,12 @@ class RunMessages:
         return self._inbox(key).last_seq > read_seq
 
     async def send_message(
-        self, project: str, name: str, payload: Any, message_key: str | None = None, message_name: str = "message"
+        self,
+        project: str,
+        name: str,
+        payload: Any,
+        message_key: str | None = None,
+        message_name: str = "message",
     ) -> dict[str, Any]:
         """Store a message for a keep-alive run; the same ``message_key`` again is delivered once.
 
@@ -97,21 +107,35 @@ class RunMessages:
         run = await self.get_run(project, name)
         key = (project, name)
         if not run["spec"].get("keepAlive"):
-            raise Conflict(f"agentrun {name!r} is not keepAlive: it ends after its first turn and reads no "
-                           "messages (create it with spec.keepAlive: true)", code="NotKeepAlive",
-                           details={"kind": "AgentRun", "name": name, "field": "spec.keepAlive"})
+            raise Conflict(
+                f"agentrun {name!r} is not keepAlive: it ends after its first turn and reads no "
+                "messages (create it with spec.keepAlive: true)",
+                code="NotKeepAlive",
+                details={"kind": "AgentRun", "name": name, "field": "spec.keepAlive"},
+            )
         async with self._locks[key]:
             inbox = await asyncio.to_thread(self._inbox, key)
             if message_key and message_key in inbox.by_key:
                 return {**self._receipt(name, inbox.by_key[message_key]), "duplicate": True}
             phase = run["status"]["phase"]
             if phase in TERMINAL_PHASES:
-                raise Conflict(f"agentrun {name!r} has finished ({phase}) and takes no more messages",
-                               code="AgentRunFinished", details={"kind": "AgentRun", "name": name, "phase": phase})
-            message = {"seq": inbox.last_seq + 1, "name": message_name, "payload": payload,
-                       "messageKey": message_key, "receivedAt": utc_now()}
-            await asyncio.to_thread(self.storage.write_json,
-                                    f"{run_storage_prefix(*key)}/messages/{message['seq']:08d}.json", message)
+                raise Conflict(
+                    f"agentrun {name!r} has finished ({phase}) and takes no more messages",
+                    code="AgentRunFinished",
+                    details={"kind": "AgentRun", "name": name, "phase": phase},
+                )
+            message = {
+                "seq": inbox.last_seq + 1,
+                "name": message_name,
+                "payload": payload,
+                "messageKey": message_key,
+                "receivedAt": utc_now(),
+            }
+            await asyncio.to_thread(
+                self.storage.write_json,
+                f"{run_storage_prefix(*key)}/messages/{message['seq']:08d}.json",
+                message,
+            )
             inbox.add(message)
             status = run["status"]
             status["messages"] = {**(status.get("messages") or {}), "received": message["seq"]}
@@ -125,8 +149,13 @@ class RunMessages:
 
     @staticmethod
     def _receipt(name: str, message: dict[str, Any]) -> dict[str, Any]:
-        return {"run": name, "seq": message["seq"], "name": message["name"], "messageKey": message.get("messageKey"),
-                "receivedAt": message["receivedAt"]}
+        return {
+            "run": name,
+            "seq": message["seq"],
+            "name": message["name"],
+            "messageKey": message.get("messageKey"),
+            "receivedAt": message["receivedAt"],
+        }
 
     async def next_message(self, project: str, name: str, after_seq: int) -> dict[str, Any] | None:
         """The first message after ``after_seq`` (what a run reads next), or None."""

@@ -76,7 +76,6 @@ _METRICS_SECONDS = 5.0  # how often runs by phase are published (Prometheus scra
 Key = tuple[str, str]
 
 
-
 def _check_project(project: str) -> str:
     try:
         return validate_dns_label(project)
@@ -88,7 +87,9 @@ def _agent_key(project: str, name: str) -> str:
     return f"projects/{project}/agents/{name}"
 
 
-class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, EvaluationControl, AccessControl):
+class ControlPlane(
+    RunSupervision, RunMessages, RunResolution, GroupControl, EvaluationControl, AccessControl
+):
     """Resources in memory, mirrored to storage; supervisors for unfinished runs and live groups."""
 
     def __init__(self, settings: ServerSettings):
@@ -134,7 +135,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             await asyncio.to_thread(self.secrets.load)
             await asyncio.to_thread(self.tokens.load)
             for (project, name), run in self._runs.items():
-                self.credits.record_run_spend(project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
+                self.credits.record_run_spend(
+                    project, name, Decimal(run["status"]["cost"].get("totalUSD") or "0")
+                )
             for key, run in self._runs.items():
                 if run["status"]["phase"] in TERMINAL_PHASES:
                     continue
@@ -188,7 +191,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         }
 
     async def _refill_pool(self) -> None:
-        byok = any((agent["spec"].get("model") or {}).get("access") == "BYOK" for agent in self._agents.values())
+        byok = any(
+            (agent["spec"].get("model") or {}).get("access") == "BYOK" for agent in self._agents.values()
+        )
         self.pool.warm_anthropic = byok or bool(await asyncio.to_thread(self.secrets.server_key))
         self.pool.fill()
 
@@ -229,7 +234,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
 
     # -- agents ---------------------------------------------------------------------------
 
-    async def apply_agent(self, project: str, document: dict[str, Any], mode: str = "apply") -> dict[str, Any]:
+    async def apply_agent(
+        self, project: str, document: dict[str, Any], mode: str = "apply"
+    ) -> dict[str, Any]:
         """Create (``mode="create"``) or create-or-update an Agent; a changed spec is a revision."""
         await self._ensure_started()
         _check_project(project)
@@ -239,14 +246,21 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         async with self._locks[key]:
             existing = self._agents.get(key)
             if existing is not None and mode == "create":
-                raise Conflict(f"agent {agent.metadata.name!r} already exists", code="AlreadyExists",
-                               details={"kind": "Agent", "name": agent.metadata.name})
+                raise Conflict(
+                    f"agent {agent.metadata.name!r} already exists",
+                    code="AlreadyExists",
+                    details={"kind": "Agent", "name": agent.metadata.name},
+                )
             self._check_model(agent)
             spec = agent.spec.model_dump(mode="json", exclude_none=True)
             if not spec.get("env"):  # agents stored before spec.env existed compare equal
                 spec.pop("env", None)
             labels = agent.metadata.labels
-            if existing is not None and existing["spec"] == spec and existing["metadata"].get("labels", {}) == labels:
+            if (
+                existing is not None
+                and existing["spec"] == spec
+                and existing["metadata"].get("labels", {}) == labels
+            ):
                 return {"resource": existing, "result": "unchanged"}
             revision = (existing["status"]["revision"] + 1) if existing else 1
             resource = Agent(
@@ -264,7 +278,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             resource["spec"] = spec  # the same normal form the next apply compares against
             base = _agent_key(project, agent.metadata.name)
             # The revision first: agent.json must never name a revision that is not stored.
-            await asyncio.to_thread(self.storage.write_json, f"{base}/revisions/{revision:06d}.json", resource)
+            await asyncio.to_thread(
+                self.storage.write_json, f"{base}/revisions/{revision:06d}.json", resource
+            )
             await asyncio.to_thread(self.storage.write_json, f"{base}/agent.json", resource)
             self._agents[key] = resource
             return {"resource": resource, "result": "created" if existing is None else "configured"}
@@ -273,15 +289,22 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         """Refuse what could only fail later: an unpriced model, BYOK without a secret."""
         model = agent.spec.model
         if model.name is not None and not self.prices.has(model.name):
-            raise Invalid(f"spec.model.name: model {model.name!r} has no price in the price table "
-                          f"(effective {self.prices.effective}); the operator adds prices with NODUS_PRICES",
-                          code="UnpricedModel", details={"field": "spec.model.name"})
+            raise Invalid(
+                f"spec.model.name: model {model.name!r} has no price in the price table "
+                f"(effective {self.prices.effective}); the operator adds prices with NODUS_PRICES",
+                code="UnpricedModel",
+                details={"field": "spec.model.name"},
+            )
         if model.access == "BYOK" and not model.apiKeySecret:
-            raise Invalid("spec.model.apiKeySecret: access BYOK needs the name of a Secret holding "
-                          "ANTHROPIC_API_KEY", details={"field": "spec.model.apiKeySecret"})
+            raise Invalid(
+                "spec.model.apiKeySecret: access BYOK needs the name of a Secret holding ANTHROPIC_API_KEY",
+                details={"field": "spec.model.apiKeySecret"},
+            )
         if model.access == "Nodus" and model.apiKeySecret:
-            raise Invalid("spec.model.apiKeySecret: only access BYOK uses a key of its own",
-                          details={"field": "spec.model.apiKeySecret"})
+            raise Invalid(
+                "spec.model.apiKeySecret: only access BYOK uses a key of its own",
+                details={"field": "spec.model.apiKeySecret"},
+            )
 
     async def patch_agent(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         current = await self.get_agent(project, name)
@@ -292,8 +315,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         _check_project(project)
         agent = self._agents.get((project, name))
         if agent is None:
-            raise NotFound(f"agent {name!r} not found in project {project!r}",
-                           details={"kind": "Agent", "name": name})
+            raise NotFound(
+                f"agent {name!r} not found in project {project!r}", details={"kind": "Agent", "name": name}
+            )
         return agent
 
     async def list_agents(self, project: str) -> list[dict[str, Any]]:
@@ -305,25 +329,41 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         agent = await self.get_agent(project, name)
         key = (project, name)
         async with self._locks[key]:
-            users = [run_name for (p, run_name), run in self._runs.items()
-                     if p == project and run["spec"]["agent"] == name
-                     and run["status"]["phase"] not in TERMINAL_PHASES]
+            users = [
+                run_name
+                for (p, run_name), run in self._runs.items()
+                if p == project
+                and run["spec"]["agent"] == name
+                and run["status"]["phase"] not in TERMINAL_PHASES
+            ]
             if users:
-                raise Conflict(f"agent {name!r} has unfinished runs ({', '.join(sorted(users)[:5])}); "
-                               "cancel or delete them first", details={"kind": "Agent", "name": name})
-            groups = [group_name for (p, group_name), group in self._groups.items()
-                      if p == project and group["spec"]["agent"] == name
-                      and group["status"]["phase"] not in GROUP_TERMINAL_PHASES]
+                raise Conflict(
+                    f"agent {name!r} has unfinished runs ({', '.join(sorted(users)[:5])}); "
+                    "cancel or delete them first",
+                    details={"kind": "Agent", "name": name},
+                )
+            groups = [
+                group_name
+                for (p, group_name), group in self._groups.items()
+                if p == project
+                and group["spec"]["agent"] == name
+                and group["status"]["phase"] not in GROUP_TERMINAL_PHASES
+            ]
             if groups:
-                raise Conflict(f"agent {name!r} is the agent of unfinished groups ({', '.join(sorted(groups)[:5])}); "
-                               "cancel or delete them first", details={"kind": "Agent", "name": name})
+                raise Conflict(
+                    f"agent {name!r} is the agent of unfinished groups ({', '.join(sorted(groups)[:5])}); "
+                    "cancel or delete them first",
+                    details={"kind": "Agent", "name": name},
+                )
             await asyncio.to_thread(self.storage.delete_tree, _agent_key(project, name))
             self._agents.pop(key, None)
         return agent
 
     # -- runs -----------------------------------------------------------------------------
 
-    async def create_run(self, project: str, document: dict[str, Any], mode: str = "create") -> dict[str, Any]:
+    async def create_run(
+        self, project: str, document: dict[str, Any], mode: str = "create"
+    ) -> dict[str, Any]:
         """Accept one run: a batch of one (``mode="apply"`` answers an identical run as unchanged)."""
         await self._ensure_started()
         _check_project(project)
@@ -349,12 +389,16 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
                 record = await asyncio.to_thread(self.batches.find, project, idempotency_key)
                 if record is not None:
                     if record["digest"] != digest:
-                        raise Conflict("the Idempotency-Key was used for a different batch of runs; "
-                                       "use a new key for new runs", code="IdempotencyKeyReused",
-                                       details={"field": "Idempotency-Key"})
+                        raise Conflict(
+                            "the Idempotency-Key was used for a different batch of runs; "
+                            "use a new key for new runs",
+                            code="IdempotencyKeyReused",
+                            details={"field": "Idempotency-Key"},
+                        )
                     return {"items": record["items"], "replayed": True}
-            results = await self._create_runs(project, runs, mode="create", idempotency_key=idempotency_key,
-                                              digest=digest)
+            results = await self._create_runs(
+                project, runs, mode="create", idempotency_key=idempotency_key, digest=digest
+            )
         return {"items": [result["resource"] for result in results], "replayed": False}
 
     async def _create_runs(
@@ -390,11 +434,16 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
                     results[index] = {"resource": existing, "result": "unchanged"}
                     continue
                 if existing is not None and mode == "apply":
-                    raise Conflict(f"{where}agentrun {name!r} exists with another spec; a run's spec cannot "
-                                   "change (delete it and create it again)",
-                                   details={"kind": "AgentRun", "name": name, "index": index})
-                raise Conflict(f"{where}agentrun {name!r} already exists", code="AlreadyExists",
-                               details={"kind": "AgentRun", "name": name, "index": index})
+                    raise Conflict(
+                        f"{where}agentrun {name!r} exists with another spec; a run's spec cannot "
+                        "change (delete it and create it again)",
+                        details={"kind": "AgentRun", "name": name, "index": index},
+                    )
+                raise Conflict(
+                    f"{where}agentrun {name!r} already exists",
+                    code="AlreadyExists",
+                    details={"kind": "AgentRun", "name": name, "index": index},
+                )
             agent = self._check_new_run(project, run, index, where)
             fresh.append((index, run, pinned_agent or agent))
             taken.add(key)
@@ -427,15 +476,23 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         """The refusals that need no group: the agent exists and takes runs; returns the agent."""
         agent = self._agents.get((project, run.spec.agent))
         if agent is None:
-            raise NotFound(f"{where}spec.agent: agent {run.spec.agent!r} not found in project {project!r}",
-                           details={"kind": "Agent", "name": run.spec.agent, "field": "spec.agent", "index": index})
+            raise NotFound(
+                f"{where}spec.agent: agent {run.spec.agent!r} not found in project {project!r}",
+                details={"kind": "Agent", "name": run.spec.agent, "field": "spec.agent", "index": index},
+            )
         if agent["spec"]["state"] == "Stopped":
-            raise Conflict(f"{where}agent {run.spec.agent!r} is stopped (spec.state: Stopped); it takes no runs",
-                           code="AgentStopped", details={"kind": "Agent", "name": run.spec.agent, "index": index})
+            raise Conflict(
+                f"{where}agent {run.spec.agent!r} is stopped (spec.state: Stopped); it takes no runs",
+                code="AgentStopped",
+                details={"kind": "Agent", "name": run.spec.agent, "index": index},
+            )
         return agent
 
     async def _check_members(
-        self, project: str, fresh: list[tuple[int, AgentRun, dict[str, Any]]], groups: list[str],
+        self,
+        project: str,
+        fresh: list[tuple[int, AgentRun, dict[str, Any]]],
+        groups: list[str],
         evaluation_member: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
         """Ask each group's supervisor whether it takes its new members; nothing is stored yet.
@@ -451,24 +508,35 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             where = f"items[{index}]: " if len(fresh) > 1 else ""
             group = self._groups.get((project, group_name))
             if group is None or group["metadata"].get("deletionTimestamp"):
-                raise NotFound(f"{where}spec.group: agentgroup {group_name!r} not found in project {project!r}",
-                               details={"kind": "AgentGroup", "name": group_name, "field": "spec.group",
-                                        "index": index})
+                raise NotFound(
+                    f"{where}spec.group: agentgroup {group_name!r} not found in project {project!r}",
+                    details={"kind": "AgentGroup", "name": group_name, "field": "spec.group", "index": index},
+                )
             if run.spec.agent != group["spec"]["agent"]:
-                raise Invalid(f"{where}spec.agent: the runs of group {group_name!r} use its agent "
-                              f"{group['spec']['agent']!r}, not {run.spec.agent!r}", code="AgentMismatch",
-                              details={"field": "spec.agent", "index": index})
+                raise Invalid(
+                    f"{where}spec.agent: the runs of group {group_name!r} use its agent "
+                    f"{group['spec']['agent']!r}, not {run.spec.agent!r}",
+                    code="AgentMismatch",
+                    details={"field": "spec.agent", "index": index},
+                )
             if group["spec"].get("evaluation") and not evaluation_member:
-                raise Conflict(f"{where}agentgroup {group_name!r} is an evaluation group: it creates its own runs "
-                               f"from {group['spec']['evaluation']['environment']} and takes none submitted",
-                               code="EvaluationGroup", details={"kind": "AgentGroup", "name": group_name,
-                                                                 "field": "spec.group", "index": index})
-            closed = ("GroupCancelled", "cancelled") if group["spec"].get("state") == "Cancelled" else (
-                ("GroupSealed", "sealed") if group["spec"].get("sealed") else None)
+                raise Conflict(
+                    f"{where}agentgroup {group_name!r} is an evaluation group: it creates its own runs "
+                    f"from {group['spec']['evaluation']['environment']} and takes none submitted",
+                    code="EvaluationGroup",
+                    details={"kind": "AgentGroup", "name": group_name, "field": "spec.group", "index": index},
+                )
+            closed = (
+                ("GroupCancelled", "cancelled")
+                if group["spec"].get("state") == "Cancelled"
+                else (("GroupSealed", "sealed") if group["spec"].get("sealed") else None)
+            )
             if closed is not None:
-                raise Conflict(f"{where}agentgroup {group_name!r} is {closed[1]} and takes no new runs",
-                               code=closed[0], details={"kind": "AgentGroup", "name": group_name,
-                                                        "field": "spec.group", "index": index})
+                raise Conflict(
+                    f"{where}agentgroup {group_name!r} is {closed[1]} and takes no new runs",
+                    code=closed[0],
+                    details={"kind": "AgentGroup", "name": group_name, "field": "spec.group", "index": index},
+                )
             assert run.spec.taskKey is not None  # the schema requires it of a group's run
             members.setdefault(group_name, []).append(
                 member_wire(run.spec.taskKey, run.metadata.name, self._run_cap(agent), run.spec.dependsOn)
@@ -502,7 +570,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         names = [run.metadata.name for _, run, _ in fresh]
         record = None
         if len(fresh) > 1 or idempotency_key:
-            record = await asyncio.to_thread(self.batches.begin, project, idempotency_key, digest or "", names)
+            record = await asyncio.to_thread(
+                self.batches.begin, project, idempotency_key, digest or "", names
+            )
         created: list[tuple[Key, dict[str, Any]]] = []
         added: defaultdict[str, int] = defaultdict(int)  # members of this batch per group so far
         try:
@@ -541,8 +611,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
     ) -> dict[str, Any]:
         """The stored form of an accepted run: Pending, pinned to the agent's current revision."""
         created = utc_now()
-        status = AgentRunStatus(phase="Pending", agentRevision=agent["status"]["revision"],
-                                createdAt=created).model_dump(mode="json")
+        status = AgentRunStatus(
+            phase="Pending", agentRevision=agent["status"]["revision"], createdAt=created
+        ).model_dump(mode="json")
         # The cap is copied now: changing the agent later does not change a started run.
         cap = self._run_cap(agent)
         status["cost"]["limitUSD"] = None if cap == "0" else cap
@@ -557,9 +628,14 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         return {
             "apiVersion": run.apiVersion,
             "kind": "AgentRun",
-            "metadata": ObjectMeta(name=run.metadata.name, project=project, uid=uuid.uuid4().hex, generation=1,
-                                   creationTimestamp=created, labels=run.metadata.labels
-                                   ).model_dump(mode="json"),
+            "metadata": ObjectMeta(
+                name=run.metadata.name,
+                project=project,
+                uid=uuid.uuid4().hex,
+                generation=1,
+                creationTimestamp=created,
+                labels=run.metadata.labels,
+            ).model_dump(mode="json"),
             "spec": run.spec.model_dump(mode="json", exclude_none=True),
             "status": status,
         }
@@ -577,8 +653,10 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         _check_project(project)
         run = self._runs.get((project, name))
         if run is None:
-            raise NotFound(f"agentrun {name!r} not found in project {project!r}",
-                           details={"kind": "AgentRun", "name": name})
+            raise NotFound(
+                f"agentrun {name!r} not found in project {project!r}",
+                details={"kind": "AgentRun", "name": name},
+            )
         return run
 
     async def list_runs(
@@ -591,8 +669,11 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             names = self._group_members.get((project, group), [])
             runs = [self._runs[(project, name)] for name in names if (project, name) in self._runs]
             return [run for run in runs if agent is None or run["spec"]["agent"] == agent]
-        return [run for (p, _), run in sorted(self._runs.items())
-                if p == project and (agent is None or run["spec"]["agent"] == agent)]
+        return [
+            run
+            for (p, _), run in sorted(self._runs.items())
+            if p == project and (agent is None or run["spec"]["agent"] == agent)
+        ]
 
     async def run_steps(self, project: str, name: str) -> list[dict[str, Any]]:
         await self.get_run(project, name)
@@ -611,9 +692,14 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         run = await self.get_run(project, name)
         phase = run["status"]["phase"]
         if run["status"].get("answer") is None:
-            raise Conflict(f"agentrun {name!r} has no answer (phase {phase})", code="AnswerNotReady",
-                           details={"kind": "AgentRun", "name": name, "phase": phase})
-        data = await asyncio.to_thread(self.storage.read_bytes, f"{run_storage_prefix(project, name)}/answer.txt")
+            raise Conflict(
+                f"agentrun {name!r} has no answer (phase {phase})",
+                code="AnswerNotReady",
+                details={"kind": "AgentRun", "name": name, "phase": phase},
+            )
+        data = await asyncio.to_thread(
+            self.storage.read_bytes, f"{run_storage_prefix(project, name)}/answer.txt"
+        )
         text = data.decode("utf-8")
         return {"name": name, "phase": phase, "answer": text, "bytes": len(data)}
 
@@ -628,8 +714,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             if run["status"]["phase"] in TERMINAL_PHASES:
                 return run
             # Terminal first, so neither the supervisor nor a late report revives the run.
-            run["status"].update({"phase": "Cancelled", "reason": reason, "message": message,
-                                  "finishedAt": utc_now()})
+            run["status"].update(
+                {"phase": "Cancelled", "reason": reason, "message": message, "finishedAt": utc_now()}
+            )
             await self._persist_run(key)
         await self._tell_group(key)
         await self._stop_actor(key, run)
@@ -639,9 +726,12 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         run = await self.get_run(project, name)
         group = run["spec"].get("group")
         if group and (project, group) in self._groups:
-            raise Conflict(f"agentrun {name!r} is a run of group {group!r} and is deleted with it; "
-                           f"cancel the run, or delete agentgroup/{group}", code="GroupMember",
-                           details={"kind": "AgentRun", "name": name, "group": group})
+            raise Conflict(
+                f"agentrun {name!r} is a run of group {group!r} and is deleted with it; "
+                f"cancel the run, or delete agentgroup/{group}",
+                code="GroupMember",
+                details={"kind": "AgentRun", "name": name, "group": group},
+            )
         await self._delete_run_now((project, name))
         return run
 
@@ -681,7 +771,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
 
     # -- secrets --------------------------------------------------------------------------
 
-    async def apply_secret(self, project: str, document: dict[str, Any], mode: str = "apply") -> dict[str, Any]:
+    async def apply_secret(
+        self, project: str, document: dict[str, Any], mode: str = "apply"
+    ) -> dict[str, Any]:
         await self._ensure_started()
         _check_project(project)
         secret = parse_resource(document, expected_kind="Secret")
@@ -689,13 +781,19 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         key = (project, f"secret/{secret.metadata.name}")
         async with self._locks[key]:
             if mode == "create" and self.secrets.exists(project, secret.metadata.name):
-                raise Conflict(f"secret {secret.metadata.name!r} already exists", code="AlreadyExists",
-                               details={"kind": "Secret", "name": secret.metadata.name})
+                raise Conflict(
+                    f"secret {secret.metadata.name!r} already exists",
+                    code="AlreadyExists",
+                    details={"kind": "Secret", "name": secret.metadata.name},
+                )
             if not (secret.stringData or secret.data):
-                raise Invalid("a Secret needs stringData (or data) with at least one value",
-                              details={"field": "stringData"})
-            view, result = await asyncio.to_thread(self.secrets.apply, project, secret,
-                                                   create_only=(mode == "create"))
+                raise Invalid(
+                    "a Secret needs stringData (or data) with at least one value",
+                    details={"field": "stringData"},
+                )
+            view, result = await asyncio.to_thread(
+                self.secrets.apply, project, secret, create_only=(mode == "create")
+            )
         return {"resource": view, "result": result}
 
     async def get_secret(self, project: str, name: str) -> dict[str, Any]:
@@ -723,18 +821,26 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
     async def model_access(self, project: str, name: str) -> dict[str, Any]:
         """What a run actor needs to call its model: which provider, and the key, in memory only."""
         await self.get_run(project, name)
-        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
+        pinned = await asyncio.to_thread(
+            self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json"
+        )
         model = pinned["spec"].get("model") or {}
         base = {"baseUrl": self.settings.anthropic_base_url, "access": model.get("access", "Nodus")}
         if model.get("access") == "BYOK":
             secret = model.get("apiKeySecret") or ""
             if not self.secrets.exists(project, secret):
-                raise NotFound(f"the agent's apiKeySecret {secret!r} does not exist in project {project!r}",
-                               code="SecretNotFound", details={"kind": "Secret", "name": secret})
+                raise NotFound(
+                    f"the agent's apiKeySecret {secret!r} does not exist in project {project!r}",
+                    code="SecretNotFound",
+                    details={"kind": "Secret", "name": secret},
+                )
             values = await asyncio.to_thread(self.secrets.values, project, secret)
             if not values.get("ANTHROPIC_API_KEY"):
-                raise Invalid(f"secret {secret!r} has no ANTHROPIC_API_KEY", code="SecretKeyMissing",
-                              details={"kind": "Secret", "name": secret})
+                raise Invalid(
+                    f"secret {secret!r} has no ANTHROPIC_API_KEY",
+                    code="SecretKeyMissing",
+                    details={"kind": "Secret", "name": secret},
+                )
             return {**base, "provider": "anthropic", "apiKey": values["ANTHROPIC_API_KEY"]}
         server_key = await asyncio.to_thread(self.secrets.server_key)
         if server_key:
@@ -750,7 +856,9 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
         already gave it.
         """
         await self.get_run(project, name)
-        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
+        pinned = await asyncio.to_thread(
+            self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json"
+        )
         env: dict[str, str] = {}
         redact: dict[str, str] = {}
         opened: dict[str, dict[str, str]] = {}
@@ -762,15 +870,20 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             secret, key = reference["name"], reference["key"]
             if secret not in opened:
                 if not self.secrets.exists(project, secret):
-                    raise NotFound(f"spec.env[{index}] ({variable['name']}) names secret {secret!r}, which does not "
-                                   f"exist in project {project!r}", code="SecretNotFound",
-                                   details={"kind": "Secret", "name": secret, "field": f"spec.env[{index}]"})
+                    raise NotFound(
+                        f"spec.env[{index}] ({variable['name']}) names secret {secret!r}, which does not "
+                        f"exist in project {project!r}",
+                        code="SecretNotFound",
+                        details={"kind": "Secret", "name": secret, "field": f"spec.env[{index}]"},
+                    )
                 opened[secret] = await asyncio.to_thread(self.secrets.values, project, secret)
             if key not in opened[secret]:
-                raise Invalid(f"spec.env[{index}] ({variable['name']}) names key {key!r}, which secret {secret!r} "
-                              f"does not have (it has {', '.join(sorted(opened[secret])) or 'none'})",
-                              code="SecretKeyMissing", details={"kind": "Secret", "name": secret,
-                                                                "field": f"spec.env[{index}]"})
+                raise Invalid(
+                    f"spec.env[{index}] ({variable['name']}) names key {key!r}, which secret {secret!r} "
+                    f"does not have (it has {', '.join(sorted(opened[secret])) or 'none'})",
+                    code="SecretKeyMissing",
+                    details={"kind": "Secret", "name": secret, "field": f"spec.env[{index}]"},
+                )
             env[variable["name"]] = redact[f"{secret}/{key}"] = opened[secret][key]
         return {"env": env, "redact": redact}
 
@@ -793,8 +906,10 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             if not value.is_finite() or value <= 0 or value != value.quantize(Decimal("0.000001")):
                 raise InvalidOperation
         except InvalidOperation:
-            raise Invalid(f"amountUSD: {str(amount)[:40]!r} is not a positive amount of dollars "
-                          "(at most 6 decimals)", details={"field": "amountUSD"}) from None
+            raise Invalid(
+                f"amountUSD: {str(amount)[:40]!r} is not a positive amount of dollars (at most 6 decimals)",
+                details={"field": "amountUSD"},
+            ) from None
         view = await asyncio.to_thread(self.credits.add, project, value)
         await self._resume_runs_waiting_for_credits(project)
         return view
@@ -805,7 +920,10 @@ class ControlPlane(RunSupervision, RunMessages, RunResolution, GroupControl, Eva
             if key[0] != project or run["status"].get("reason") != "InsufficientCredits":
                 continue
             async with self._locks[key]:
-                if run["status"]["phase"] != "Waiting" or run["status"].get("reason") != "InsufficientCredits":
+                if (
+                    run["status"]["phase"] != "Waiting"
+                    or run["status"].get("reason") != "InsufficientCredits"
+                ):
                     continue
                 run["status"].update({"phase": "Running", "reason": None, "message": "credits were added"})
                 await self._persist_run(key)

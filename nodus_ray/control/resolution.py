@@ -37,23 +37,35 @@ def _text(value: Any, field: str, *, required: bool) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or (required and not value) or len(value.encode("utf-8")) > _MAX_TEXT:
-        raise Invalid(f"{field}: {'required; ' if required else ''}text of at most {_MAX_TEXT} bytes",
-                      details={"field": field})
+        raise Invalid(
+            f"{field}: {'required; ' if required else ''}text of at most {_MAX_TEXT} bytes",
+            details={"field": field},
+        )
     return value
 
 
 def _command_result(result: Any) -> dict[str, Any]:
     """A command's result as a person states it (``exitCode``, ``output``), as the journal keeps it."""
     if not isinstance(result, dict) or set(result) - {"exitCode", "output"}:
-        raise Invalid("result: a command's result is {\"exitCode\": 0, \"output\": \"...\"}",
-                      details={"field": "result"})
+        raise Invalid(
+            'result: a command\'s result is {"exitCode": 0, "output": "..."}', details={"field": "result"}
+        )
     exit_code = result.get("exitCode")
     if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
-        raise Invalid("result.exitCode: a whole number, or null for a command that was killed",
-                      details={"field": "result.exitCode"})
+        raise Invalid(
+            "result.exitCode: a whole number, or null for a command that was killed",
+            details={"field": "result.exitCode"},
+        )
     output = _text(result.get("output", ""), "result.output", required=False) or ""
-    return {"exit_code": exit_code, "output": output, "truncated": False, "timed_out": False,
-            "cancelled": False, "duration_seconds": 0.0, "limit": None}
+    return {
+        "exit_code": exit_code,
+        "output": output,
+        "truncated": False,
+        "timed_out": False,
+        "cancelled": False,
+        "duration_seconds": 0.0,
+        "limit": None,
+    }
 
 
 class RunResolution:
@@ -71,65 +83,116 @@ class RunResolution:
         """Record a person's decision on the run's uncertain step, then let the run go on (or fail)."""
         unknown = sorted(set(body) - {"step", "decision", "result", "evidence", "revision"})
         if unknown:
-            raise Invalid(f"{unknown[0]}: unknown field (a resolution has step, decision, result, evidence, "
-                          "revision)", details={"field": unknown[0]})
+            raise Invalid(
+                f"{unknown[0]}: unknown field (a resolution has step, decision, result, evidence, revision)",
+                details={"field": unknown[0]},
+            )
         step = _text(body.get("step"), "step", required=True)
         decision = body.get("decision")
         if decision not in DECISIONS:
-            raise Invalid(f"decision: one of {', '.join(DECISIONS)}, not {str(decision)[:40]!r}",
-                          details={"field": "decision"})
+            raise Invalid(
+                f"decision: one of {', '.join(DECISIONS)}, not {str(decision)[:40]!r}",
+                details={"field": "decision"},
+            )
         revision = body.get("revision")
         if isinstance(revision, bool) or not isinstance(revision, int):
-            raise Invalid("revision: the run's metadata.resourceVersion the decision was made on (a whole number)",
-                          details={"field": "revision"})
+            raise Invalid(
+                "revision: the run's metadata.resourceVersion the decision was made on (a whole number)",
+                details={"field": "revision"},
+            )
         evidence = _text(body.get("evidence"), "evidence", required=False)
         run = await self.get_run(project, name)
         key = (project, name)
         async with self._locks[key]:
             status = run["status"]
-            uncertain = status.get("step") if (status["phase"], status.get("reason")) == (
-                "Waiting", "NeedsResolution") else None
+            uncertain = (
+                status.get("step")
+                if (status["phase"], status.get("reason")) == ("Waiting", "NeedsResolution")
+                else None
+            )
             if uncertain is None:
-                raise Conflict(f"agentrun {name!r} has no step to resolve (phase {status['phase']}"
-                               f"{', ' + status['reason'] if status.get('reason') else ''})",
-                               code="StepNotUncertain", details={"kind": "AgentRun", "name": name, "field": "step"})
+                raise Conflict(
+                    f"agentrun {name!r} has no step to resolve (phase {status['phase']}"
+                    f"{', ' + status['reason'] if status.get('reason') else ''})",
+                    code="StepNotUncertain",
+                    details={"kind": "AgentRun", "name": name, "field": "step"},
+                )
             if step != uncertain:
-                raise Conflict(f"step {step!r} of agentrun {name!r} is not uncertain; {uncertain!r} is",
-                               code="StepNotUncertain", details={"kind": "AgentRun", "name": name, "field": "step"})
+                raise Conflict(
+                    f"step {step!r} of agentrun {name!r} is not uncertain; {uncertain!r} is",
+                    code="StepNotUncertain",
+                    details={"kind": "AgentRun", "name": name, "field": "step"},
+                )
             current = int(run["metadata"].get("resourceVersion") or 0)
             if revision != current:
-                raise Conflict(f"revision {revision} is stale: agentrun {name!r} is at revision {current}; "
-                               "read it again before deciding", code="RevisionMismatch",
-                               details={"kind": "AgentRun", "name": name, "field": "revision", "current": current})
+                raise Conflict(
+                    f"revision {revision} is stale: agentrun {name!r} is at revision {current}; "
+                    "read it again before deciding",
+                    code="RevisionMismatch",
+                    details={"kind": "AgentRun", "name": name, "field": "revision", "current": current},
+                )
             journal = Journal(self.storage, f"{run_storage_prefix(*key)}/journal")
             records = await asyncio.to_thread(journal.load)
             last = next(record for record in reversed(records) if record.step_id == step)
             resolution = {"decision": decision, "evidence": evidence, "resolvedAt": utc_now()}
             if decision == "Completed":
                 if last.kind != "command":
-                    raise Invalid(f"decision: a {last.kind} step can be resolved NoEffect or Cancelled; "
-                                  "Completed records a command's result", details={"field": "decision"})
+                    raise Invalid(
+                        f"decision: a {last.kind} step can be resolved NoEffect or Cancelled; "
+                        "Completed records a command's result",
+                        details={"field": "decision"},
+                    )
                 recorded = _command_result(body.get("result"))
-                await asyncio.to_thread(journal.append, step, last.kind, "Resolved", {
-                    "result": recorded, "resolution": resolution,
-                    "summary": f"resolved Completed by a person (exit {recorded['exit_code']})"},
-                    attempt=last.attempt)
+                await asyncio.to_thread(
+                    journal.append,
+                    step,
+                    last.kind,
+                    "Resolved",
+                    {
+                        "result": recorded,
+                        "resolution": resolution,
+                        "summary": f"resolved Completed by a person (exit {recorded['exit_code']})",
+                    },
+                    attempt=last.attempt,
+                )
             elif decision == "NoEffect":
-                await asyncio.to_thread(journal.append, step, last.kind, "NoEffect", {
-                    "resolution": resolution, "summary": "resolved NoEffect by a person: it runs again"},
-                    attempt=last.attempt)
+                await asyncio.to_thread(
+                    journal.append,
+                    step,
+                    last.kind,
+                    "NoEffect",
+                    {"resolution": resolution, "summary": "resolved NoEffect by a person: it runs again"},
+                    attempt=last.attempt,
+                )
             else:
                 error = {"reason": "StepCancelled", "message": f"step {step} was resolved Cancelled"}
-                await asyncio.to_thread(journal.append, step, last.kind, "Failed", {
-                    "error": error, "resolution": resolution, "summary": "resolved Cancelled by a person"},
-                    attempt=last.attempt)
+                await asyncio.to_thread(
+                    journal.append,
+                    step,
+                    last.kind,
+                    "Failed",
+                    {"error": error, "resolution": resolution, "summary": "resolved Cancelled by a person"},
+                    attempt=last.attempt,
+                )
             if decision == "Cancelled":
-                status.update({"phase": "Failed", "reason": "StepCancelled", "finishedAt": utc_now(),
-                               "message": f"step {step} was resolved Cancelled"
-                                          + (f": {evidence}" if evidence else "")})
+                status.update(
+                    {
+                        "phase": "Failed",
+                        "reason": "StepCancelled",
+                        "finishedAt": utc_now(),
+                        "message": f"step {step} was resolved Cancelled"
+                        + (f": {evidence}" if evidence else ""),
+                    }
+                )
             else:
-                status.update({"phase": "Running", "reason": None, "step": None,
-                               "message": f"step {step} was resolved {decision}"})
+                status.update(
+                    {
+                        "phase": "Running",
+                        "reason": None,
+                        "step": None,
+                        "message": f"step {step} was resolved {decision}",
+                    }
+                )
             await self._persist_run(key)
         await self._tell_group(key)
         if decision != "Cancelled":

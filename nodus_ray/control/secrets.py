@@ -23,7 +23,6 @@ __all__ = ["SecretStore", "SERVER_MODEL_KEY"]
 SERVER_MODEL_KEY = "system/anthropic-key.json"
 
 
-
 def _key(project: str, name: str) -> str:
     return f"projects/{project}/secrets/{name}.json"
 
@@ -77,8 +76,9 @@ class SecretStore:
     def get(self, project: str, name: str) -> dict[str, Any]:
         view = self._views.get((project, name))
         if view is None:
-            raise NotFound(f"secret {name!r} not found in project {project!r}",
-                           details={"kind": "Secret", "name": name})
+            raise NotFound(
+                f"secret {name!r} not found in project {project!r}", details={"kind": "Secret", "name": name}
+            )
         return view
 
     def list(self, project: str) -> list[dict[str, Any]]:
@@ -98,7 +98,9 @@ class SecretStore:
     def set_server_key(self, key: str | None) -> None:
         """The server's own Anthropic key, from the environment of ``nodus up``; None clears it."""
         if key:
-            self._storage.write_json(SERVER_MODEL_KEY, self._box.seal({"ANTHROPIC_API_KEY": key}, context="system"))
+            self._storage.write_json(
+                SERVER_MODEL_KEY, self._box.seal({"ANTHROPIC_API_KEY": key}, context="system")
+            )
         else:
             self._storage.delete(SERVER_MODEL_KEY)
         self._server_key = (key or None,)

@@ -38,7 +38,6 @@ Key = tuple[str, str]
 _CANCEL_GRACE_SECONDS = 15.0
 
 
-
 class RunSupervision:
     """Actor lifecycle of runs; the control plane provides the attributes declared here."""
 
@@ -121,7 +120,9 @@ class RunSupervision:
     async def _run_config(self, key: Key) -> RunConfig:
         run = self._runs[key]
         project, name = key
-        pinned = await asyncio.to_thread(self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json")
+        pinned = await asyncio.to_thread(
+            self.storage.read_json, f"{run_storage_prefix(project, name)}/agent.json"
+        )
         return RunConfig(
             project=project,
             name=name,
@@ -159,8 +160,14 @@ class RunSupervision:
                         losses = int(run["status"].get("actorLosses") or 0) + 1
                         await self.report(project, name, {"actorLosses": losses, "actorName": None})
                         if losses > self.settings.max_actor_restarts:
-                            await self._finish(key, {"phase": "Failed", "reason": "RunnerLost",
-                                                     "message": f"the run's actor was lost {losses} times"})
+                            await self._finish(
+                                key,
+                                {
+                                    "phase": "Failed",
+                                    "reason": "RunnerLost",
+                                    "message": f"the run's actor was lost {losses} times",
+                                },
+                            )
                             return
                     try:
                         actor = await self._start_actor(key)
@@ -168,8 +175,14 @@ class RunSupervision:
                         if self._is_over(key):
                             return
                         logger.exception("could not start an actor for run %s/%s", project, name)
-                        await self._finish(key, {"phase": "Failed", "reason": "InternalError",
-                                                 "message": "the run's actor could not be started"})
+                        await self._finish(
+                            key,
+                            {
+                                "phase": "Failed",
+                                "reason": "InternalError",
+                                "message": "the run's actor could not be started",
+                            },
+                        )
                         return
                 self._actors[key] = actor
                 if self._is_over(key):  # cancelled or deleted while the actor was starting
@@ -177,16 +190,24 @@ class RunSupervision:
                 try:
                     outcome = await actor.run.remote()
                 except RayActorError:
-                    logger.warning("actor of run %s/%s died; replaying its journal in a new actor", project, name)
+                    logger.warning(
+                        "actor of run %s/%s died; replaying its journal in a new actor", project, name
+                    )
                     continue
                 except Exception as error:  # noqa: BLE001 - a bug in a run must fail that run only
                     if self._is_over(key):
                         return
                     cause = getattr(error, "cause", None) or error
                     logger.exception("run %s/%s failed inside its actor", project, name)
-                    await self._finish(key, {"phase": "Failed", "reason": "InternalError",
-                                             "message": f"{type(cause).__name__}: "
-                                                        f"{str(cause).splitlines()[0][:400] if str(cause) else ''}"})
+                    await self._finish(
+                        key,
+                        {
+                            "phase": "Failed",
+                            "reason": "InternalError",
+                            "message": f"{type(cause).__name__}: "
+                            f"{str(cause).splitlines()[0][:400] if str(cause) else ''}",
+                        },
+                    )
                     return
                 resumed = await self._finish(key, outcome)
                 run = self._runs.get(key)
@@ -262,9 +283,15 @@ class RunSupervision:
             return
         if not (parked(run) or self._awaits_admission(run)):
             return  # it has an actor, which watches its own deadline
-        await self._finish(key, {"phase": "Failed", "reason": "DeadlineExceeded",
-                                 "message": f"the run passed its deadline ({run['spec'].get('deadline') or run['status'].get('deadlineAt')}) "
-                                            f"while waiting ({run['status'].get('reason')})"})
+        await self._finish(
+            key,
+            {
+                "phase": "Failed",
+                "reason": "DeadlineExceeded",
+                "message": f"the run passed its deadline ({run['spec'].get('deadline') or run['status'].get('deadlineAt')}) "
+                f"while waiting ({run['status'].get('reason')})",
+            },
+        )
         await asyncio.to_thread(self._remove_workspace, *key)
 
     async def _stop_actor(self, key: Key, run: dict[str, Any]) -> None:
@@ -297,4 +324,3 @@ def merge_status(status: dict[str, Any], patch: dict[str, Any]) -> None:
             status[field].update(value)
         else:
             status[field] = value
-

@@ -96,15 +96,22 @@ class TokenStore:
         expires_at = resource["status"].get("expiresAt")
         if expires_at and parse_timestamp(expires_at) <= (now or datetime.now(UTC)):
             return None
-        return Principal(resource["metadata"]["name"], resource["metadata"]["project"], resource["spec"]["role"],
-                         expires_at)
+        return Principal(
+            resource["metadata"]["name"],
+            resource["metadata"]["project"],
+            resource["spec"]["role"],
+            expires_at,
+        )
 
     def create(self, project: str, token: Token, *, created_by: str) -> dict[str, Any]:
         """Store a new token; the answer is the only place its value ever appears."""
         name = token.metadata.name
         if (project, name) in self._records:
-            raise Conflict(f"token {name!r} already exists in project {project!r}; revoke it first or pick another name",
-                           code="AlreadyExists", details={"kind": "Token", "name": name})
+            raise Conflict(
+                f"token {name!r} already exists in project {project!r}; revoke it first or pick another name",
+                code="AlreadyExists",
+                details={"kind": "Token", "name": name},
+            )
         value = _PREFIX + secrets.token_urlsafe(32)
         created = utc_now()
         expires_at = None
@@ -113,11 +120,20 @@ class TokenStore:
         resource = {
             "apiVersion": API_VERSION,
             "kind": "Token",
-            "metadata": {"name": name, "project": project, "uid": secrets.token_hex(16),
-                         "creationTimestamp": created, "labels": token.metadata.labels},
+            "metadata": {
+                "name": name,
+                "project": project,
+                "uid": secrets.token_hex(16),
+                "creationTimestamp": created,
+                "labels": token.metadata.labels,
+            },
             "spec": {"role": token.spec.role, "expiresIn": token.spec.expiresIn},
-            "status": {"prefix": value[:_SHOWN_PREFIX], "createdAt": created, "expiresAt": expires_at,
-                       "createdBy": created_by},
+            "status": {
+                "prefix": value[:_SHOWN_PREFIX],
+                "createdAt": created,
+                "expiresAt": expires_at,
+                "createdBy": created_by,
+            },
         }
         record = {"resource": resource, "sha256": token_digest(value)}
         self._storage.write_json(_path(project, name), record)
@@ -127,7 +143,9 @@ class TokenStore:
     def get(self, project: str, name: str) -> dict[str, Any]:
         record = self._records.get((project, name))
         if record is None:
-            raise NotFound(f"token {name!r} not found in project {project!r}", details={"kind": "Token", "name": name})
+            raise NotFound(
+                f"token {name!r} not found in project {project!r}", details={"kind": "Token", "name": name}
+            )
         return record["resource"]
 
     def list(self, project: str) -> list[dict[str, Any]]:
@@ -147,8 +165,11 @@ class TokenStore:
         A lost or revoked ``local-admin`` is replaced, so the person at the machine that runs the
         server can always get back in (they hold the storage and the key anyway).
         """
-        if current and (principal := self.authenticate(token_digest(current))) is not None \
-                and principal.project == OPERATOR:
+        if (
+            current
+            and (principal := self.authenticate(token_digest(current))) is not None
+            and principal.project == OPERATOR
+        ):
             return current
         if (OPERATOR, LOCAL_ADMIN) in self._records:
             self.revoke(OPERATOR, LOCAL_ADMIN)

@@ -378,8 +378,11 @@ class Admission:
     @property
     def queued_reasons(self) -> dict[str, str]:
         """Each queued run's own reason: DependencyWait, or GroupWait (waiting for room)."""
-        return {member.run: member.reason or GROUP_WAIT for member in self._members.values()
-                if member.state == QUEUED}
+        return {
+            member.run: member.reason or GROUP_WAIT
+            for member in self._members.values()
+            if member.state == QUEUED
+        }
 
     def take_reason_changes(self) -> dict[str, str]:
         """Queued runs whose reason changed since the last call (a supervisor publishes these)."""
@@ -838,8 +841,10 @@ class Admission:
         )
 
     def _status(self, plan: _Plan) -> GroupStatus:
-        counts = {state.lower(): self._counts[state] for state in
-                  (QUEUED, ACTIVE, WAITING, SUCCEEDED, FAILED, CANCELLED)}
+        counts = {
+            state.lower(): self._counts[state]
+            for state in (QUEUED, ACTIVE, WAITING, SUCCEEDED, FAILED, CANCELLED)
+        }
         total = len(self._members)
         counts["total"] = total
         unfinished = self._unfinished()
@@ -869,7 +874,9 @@ class Admission:
                 message = " and ".join(parts)
             else:
                 phase = "Succeeded"
-                message = f"{counts['succeeded']} of {total} runs succeeded" if total else "sealed with no runs"
+                message = (
+                    f"{counts['succeeded']} of {total} runs succeeded" if total else "sealed with no runs"
+                )
         else:
             phase = "Running"
             message = self._running_message(plan, total, unfinished)

@@ -24,8 +24,19 @@ import pyarrow.parquet as pq
 
 from nodus.resources import UNSCORED_STATES, member_run_name
 
-__all__ = ["Case", "plan_cases", "case_labels", "final_record", "live_record", "summarize", "final_phase",
-           "results_parquet", "TASK_LABEL", "REPETITION_LABEL", "FINAL_STATES"]
+__all__ = [
+    "Case",
+    "plan_cases",
+    "case_labels",
+    "final_record",
+    "live_record",
+    "summarize",
+    "final_phase",
+    "results_parquet",
+    "TASK_LABEL",
+    "REPETITION_LABEL",
+    "FINAL_STATES",
+]
 
 TASK_LABEL = "nodus.dev/task-id"
 REPETITION_LABEL = "nodus.dev/repetition"
@@ -71,16 +82,34 @@ def final_record(
     """The stored result of a case: what `results()` shows, never the task or the hidden answer."""
     if state not in FINAL_STATES:
         raise ValueError(f"{state!r} is not a final case state")
-    return {"taskId": case.task_id, "repetition": case.repetition, "run": case.run, "state": state,
-            "verdict": verdict, "reward": reward, "evidence": evidence, "reason": reason,
-            "gradingSeconds": seconds, "finishedAt": at}
+    return {
+        "taskId": case.task_id,
+        "repetition": case.repetition,
+        "run": case.run,
+        "state": state,
+        "verdict": verdict,
+        "reward": reward,
+        "evidence": evidence,
+        "reason": reason,
+        "gradingSeconds": seconds,
+        "finishedAt": at,
+    }
 
 
 def live_record(case: Case, state: str) -> dict[str, Any]:
     """A case that is not final yet (``Pending`` or ``Grading``)."""
-    return {"taskId": case.task_id, "repetition": case.repetition, "run": case.run, "state": state,
-            "verdict": None, "reward": None, "evidence": "", "reason": None, "gradingSeconds": None,
-            "finishedAt": None}
+    return {
+        "taskId": case.task_id,
+        "repetition": case.repetition,
+        "run": case.run,
+        "state": state,
+        "verdict": None,
+        "reward": None,
+        "evidence": "",
+        "reason": None,
+        "gradingSeconds": None,
+        "finishedAt": None,
+    }
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -105,7 +134,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         else:
             pending += 1
     return {
-        "scored": scored, "unscored": unscored, "pending": pending, "passed": passed,
+        "scored": scored,
+        "unscored": unscored,
+        "pending": pending,
+        "passed": passed,
         "passRate": round(passed / scored, 6) if scored else None,
         "meanReward": round(sum(rewards) / scored, 6) if scored else None,
         "unscoredReasons": dict(sorted(reasons.items())),
@@ -131,19 +163,38 @@ def final_phase(summary: dict[str, Any], *, cancelled: bool) -> tuple[str, str |
     return "Succeeded", "Evaluated", message
 
 
-_RESULT_SCHEMA = pa.schema([
-    ("group", pa.string()), ("environment", pa.string()), ("split", pa.string()), ("seed", pa.int64()),
-    ("taskId", pa.string()), ("repetition", pa.int32()), ("run", pa.string()), ("state", pa.string()),
-    ("verdict", pa.string()), ("reward", pa.float64()), ("evidence", pa.string()), ("reason", pa.string()),
-    ("gradingSeconds", pa.float64()), ("finishedAt", pa.string()),
-])
+_RESULT_SCHEMA = pa.schema(
+    [
+        ("group", pa.string()),
+        ("environment", pa.string()),
+        ("split", pa.string()),
+        ("seed", pa.int64()),
+        ("taskId", pa.string()),
+        ("repetition", pa.int32()),
+        ("run", pa.string()),
+        ("state", pa.string()),
+        ("verdict", pa.string()),
+        ("reward", pa.float64()),
+        ("evidence", pa.string()),
+        ("reason", pa.string()),
+        ("gradingSeconds", pa.float64()),
+        ("finishedAt", pa.string()),
+    ]
+)
 
 
 def results_parquet(group: str, evaluation: dict[str, Any], records: Sequence[dict[str, Any]]) -> bytes:
     """The per-case records as one Parquet file, with the evaluation's identity on every row."""
-    rows = [{"group": group, "environment": evaluation["environment"], "split": evaluation["split"],
-             "seed": int(evaluation["seed"]), **{name: record.get(name) for name in _RESULT_SCHEMA.names[4:]}}
-            for record in records]
+    rows = [
+        {
+            "group": group,
+            "environment": evaluation["environment"],
+            "split": evaluation["split"],
+            "seed": int(evaluation["seed"]),
+            **{name: record.get(name) for name in _RESULT_SCHEMA.names[4:]},
+        }
+        for record in records
+    ]
     table = pa.Table.from_pylist(rows, schema=_RESULT_SCHEMA)
     sink = io.BytesIO()
     pq.write_table(table, sink)

@@ -54,7 +54,7 @@ class Redactor:
         # Where the output limit cut the text, a value may be cut too: mask a piece of one there.
         cut = _CUT.search(masked)
         if cut is not None:
-            masked = self._mask_cut_end(masked[:cut.start()]) + masked[cut.start():]
+            masked = self._mask_cut_end(masked[: cut.start()]) + masked[cut.start() :]
         return masked
 
     def _mask_cut_end(self, text: str) -> str:

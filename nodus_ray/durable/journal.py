@@ -163,8 +163,11 @@ class Journal:
         """Merge single-record segments into a chunk, and many chunks into one; return how many
         objects were replaced. Only the journal's writer calls this, when it appends no more."""
         with self._lock:
-            spans = {name: span for name in self._storage.list_dir(self._prefix)
-                     if (span := _span(name)) is not None}
+            spans = {
+                name: span
+                for name in self._storage.list_dir(self._prefix)
+                if (span := _span(name)) is not None
+            }
             singles = [name for name, (first, last) in spans.items() if first == last and "-" not in name]
             chunks = [name for name in spans if name not in singles]
             replaced = 0
@@ -212,8 +215,10 @@ def _span(name: str) -> tuple[int, int] | None:
 def _covering(names: list[str]) -> list[str]:
     """The objects to read: the widest chunks first, then whatever they do not cover (after a
     crash mid-compaction a chunk and the segments it replaced both exist)."""
-    spans = sorted(((span, name) for name in names if (span := _span(name)) is not None),
-                   key=lambda item: (item[0][0] - item[0][1], item[0][0]))
+    spans = sorted(
+        ((span, name) for name in names if (span := _span(name)) is not None),
+        key=lambda item: (item[0][0] - item[0][1], item[0][0]),
+    )
     chosen: list[str] = []
     covered: list[tuple[int, int]] = []
     for (first, last), name in spans:
@@ -259,8 +264,16 @@ def record_view(record: JournalRecord) -> dict[str, Any]:
     summary = payload.get("summary") or ""
     if not summary and record.kind == "command" and record.state == "Started":
         summary = f"$ {payload.get('command', '')}"
-    view = {"seq": record.seq, "step": record.step_id, "kind": record.kind, "state": record.state,
-            "attempt": record.attempt, "summary": summary, "costUSD": record.cost_usd, "at": _iso(record.at)}
+    view = {
+        "seq": record.seq,
+        "step": record.step_id,
+        "kind": record.kind,
+        "state": record.state,
+        "attempt": record.attempt,
+        "summary": summary,
+        "costUSD": record.cost_usd,
+        "at": _iso(record.at),
+    }
     result = payload.get("result")
     if record.kind == "command" and isinstance(result, dict) and result.get("egress"):
         view["egress"] = result["egress"]  # host, port, outcome, reason, bytes: never content

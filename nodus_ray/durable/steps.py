@@ -76,8 +76,9 @@ class Steps:
         """The conversation so far, from the journal's message records, in order."""
         return [r.payload for r in self.journal.records if r.kind == "message"]
 
-    async def _append(self, step_id: str, kind: str, state: StepState, payload: Any, *,
-                      attempt: int, cost_usd: str = "0") -> JournalRecord:
+    async def _append(
+        self, step_id: str, kind: str, state: StepState, payload: Any, *, attempt: int, cost_usd: str = "0"
+    ) -> JournalRecord:
         record = await asyncio.to_thread(
             self.journal.append, step_id, kind, state, payload, attempt=attempt, cost_usd=cost_usd
         )
@@ -112,17 +113,26 @@ class Steps:
                 pass  # resolved as "it did nothing": run it again, as the next attempt
             elif last.state == "NeedsResolution" or effect == "external":
                 if last.state != "NeedsResolution":
-                    await self._append(step_id, kind, "NeedsResolution",
-                                       {"summary": "interrupted; outcome unknown"}, attempt=last.attempt)
+                    await self._append(
+                        step_id,
+                        kind,
+                        "NeedsResolution",
+                        {"summary": "interrupted; outcome unknown"},
+                        attempt=last.attempt,
+                    )
                 raise NeedsResolution(step_id, kind)
         attempt = self._attempts.get(step_id, 0) + 1
         await self._append(step_id, kind, "Started", dict(started or {}), attempt=attempt)
         try:
             result = await action()
         except StepFailed as failure:
-            await self._append(step_id, kind, "Failed",
-                               {"error": failure.error, "summary": failure.error.get("message", "")},
-                               attempt=attempt)
+            await self._append(
+                step_id,
+                kind,
+                "Failed",
+                {"error": failure.error, "summary": failure.error.get("message", "")},
+                attempt=attempt,
+            )
             raise
         crash_point("step-effect-done", f"{self.journal.prefix}/{step_id}")
         payload: dict[str, Any] = {"result": result}

@@ -52,7 +52,7 @@ def _parse(argv: list[str]) -> tuple[str, int, str, list[str]]:
     if "--" not in argv:
         _usage()
     split = argv.index("--")
-    options, command = argv[:split], argv[split + 1:]
+    options, command = argv[:split], argv[split + 1 :]
     values: dict[str, str | None] = {}
     it = iter(options)
     for flag in it:
@@ -278,8 +278,10 @@ def main(argv: list[str]) -> NoReturn:
     try:
         listener = _listen(host, port)
     except OSError as exc:
-        sys.stderr.write(f"nodus egress: cannot listen on {host}:{port} ({exc.strerror or exc}); "
-                         "no network for this command\n")
+        sys.stderr.write(
+            f"nodus egress: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+            "no network for this command\n"
+        )
         sys.stderr.flush()
     else:
         threading.Thread(target=_Relay(listener, path).run, name="relay", daemon=True).start()

@@ -94,10 +94,18 @@ _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 1 << 20
 _METHOD = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
 # Hop-by-hop headers a proxy must not pass on; Connection is replaced by "close".
-_HOP_BY_HOP = frozenset({
-    "connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate",
-    "upgrade", "te", "trailer",
-})
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "upgrade",
+        "te",
+        "trailer",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -170,10 +178,15 @@ class _Attempt:
 
     def record(self) -> EgressRecord:
         return EgressRecord(
-            host=self.host, port=self.port, outcome=self.outcome, reason=self.reason,
-            bytes_up=self.bytes_up, bytes_down=self.bytes_down,
+            host=self.host,
+            port=self.port,
+            outcome=self.outcome,
+            reason=self.reason,
+            bytes_up=self.bytes_up,
+            bytes_down=self.bytes_down,
             duration_seconds=round(time.monotonic() - self.started, 3),
-            started_at=self.started_at, method=self.method,
+            started_at=self.started_at,
+            method=self.method,
         )
 
 
@@ -245,7 +258,8 @@ def _parse_head(head: bytes) -> _Request:
         headers.append((name, value.strip()))
     named_hop = {
         token.strip().lower()
-        for name, value in headers if name.lower() in ("connection", "proxy-connection")
+        for name, value in headers
+        if name.lower() in ("connection", "proxy-connection")
         for token in value.split(",")
     }
     out = [f"{method} {path} {version}", f"Host: {authority}"]
@@ -407,8 +421,12 @@ class EgressProxy:
             attempt.method, attempt.port = request.method, request.port
             attempt.host = request.host[:_MAX_HOST_CHARS]  # a record of junk stays small
             if len(self._tasks) > self.max_connections:
-                raise _Refusal(503, "refused", "TooManyConnections",
-                               f"nodus egress: more than {self.max_connections} connections open")
+                raise _Refusal(
+                    503,
+                    "refused",
+                    "TooManyConnections",
+                    f"nodus egress: more than {self.max_connections} connections open",
+                )
             upstream_reader, upstream = await self._open(request.host, request.port)
             attempt.outcome, attempt.reason = "allowed", None
             if request.method == "CONNECT":
@@ -442,13 +460,19 @@ class EgressProxy:
     async def _open(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A connection to an address of ``host`` that the policy allows, or a _Refusal."""
         if not self.policy.allows(host, port):
-            raise _Refusal(403, "refused", "HostNotAllowed",
-                           f"nodus egress: {host[:_MAX_HOST_CHARS]}:{port} is not in network.allowedHosts")
+            raise _Refusal(
+                403,
+                "refused",
+                "HostNotAllowed",
+                f"nodus egress: {host[:_MAX_HOST_CHARS]}:{port} is not in network.allowedHosts",
+            )
         addresses = await self._resolve(host, port)
         private = [a for a in addresses if not self.policy.address_allowed(a)]
         if private:
             raise _Refusal(
-                403, "refused", "PrivateAddress",
+                403,
+                "refused",
+                "PrivateAddress",
                 f"nodus egress: {host} resolves to a private address ({private[0]}); only the "
                 f"operator can open private networks ({PRIVATE_NETWORKS_ENV})",
             )
@@ -537,6 +561,7 @@ class EgressProxy:
 
 # -- what the sandbox needs ---------------------------------------------------------------------
 
+
 def proxy_env() -> dict[str, str]:
     """Proxy variables for the command: both spellings, since tools read one or the other."""
     proxy = f"http://127.0.0.1:{SANDBOX_PROXY_PORT}"
@@ -556,9 +581,16 @@ def bwrap_args(host_socket: Path) -> list[str]:
     what is in it either.
     """
     return [
-        "--perms", "0755", "--dir", SANDBOX_EGRESS_DIR,
-        "--ro-bind", str(host_socket), SANDBOX_SOCKET,
-        "--ro-bind", str(FORWARDER_PATH), SANDBOX_FORWARDER,
+        "--perms",
+        "0755",
+        "--dir",
+        SANDBOX_EGRESS_DIR,
+        "--ro-bind",
+        str(host_socket),
+        SANDBOX_SOCKET,
+        "--ro-bind",
+        str(FORWARDER_PATH),
+        SANDBOX_FORWARDER,
     ]
 
 
@@ -569,8 +601,14 @@ def wrap_argv(argv: Sequence[str]) -> list[str]:
     forwarder, and skipping ``site`` saves startup time on every command.
     """
     return [
-        _SANDBOX_PYTHON, "-I", "-S", SANDBOX_FORWARDER,
-        "--listen", f"127.0.0.1:{SANDBOX_PROXY_PORT}",
-        "--socket", SANDBOX_SOCKET,
-        "--", *argv,
+        _SANDBOX_PYTHON,
+        "-I",
+        "-S",
+        SANDBOX_FORWARDER,
+        "--listen",
+        f"127.0.0.1:{SANDBOX_PROXY_PORT}",
+        "--socket",
+        SANDBOX_SOCKET,
+        "--",
+        *argv,
     ]

@@ -57,6 +57,7 @@ def _to_decimal(match: re.Match[str]) -> Decimal:
 
 # -- plain expressions -------------------------------------------------------------------------
 
+
 def _operand(rng: random.Random, op: str) -> int:
     """Small operands for products (keeps answers readable), larger ones for sums."""
     return rng.randint(2, 40) if op == "*" else rng.randint(2, 999)
@@ -99,6 +100,7 @@ def _evaluate(expression: str) -> int:
 # Each returns (prompt, answer). The wording avoids every cue the offline model acts on: shell
 # words (run, command, ...), "files", and operator words (plus, minus, times, x, squared), so it
 # restates them instead of computing or running anything.
+
 
 def _crates(rng: random.Random) -> tuple[str, int]:
     a, b, c = rng.randint(3, 24), rng.randint(3, 24), rng.randint(2, 9)
@@ -165,7 +167,13 @@ def _shelves(rng: random.Random) -> tuple[str, int]:
 
 
 _WORD_PROBLEMS: tuple[Callable[[random.Random], tuple[str, int]], ...] = (
-    _crates, _marbles, _garden, _tank, _classes, _shop, _shelves,
+    _crates,
+    _marbles,
+    _garden,
+    _tank,
+    _classes,
+    _shop,
+    _shelves,
 )
 
 

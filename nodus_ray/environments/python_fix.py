@@ -89,19 +89,24 @@ def _text_inputs(rng: random.Random) -> Args:
 
 _TEMPLATES: tuple[_Template, ...] = (
     _Template(
-        "total", "values", "returns the sum of all numbers in the list `values` (0 for an empty list)",
+        "total",
+        "values",
+        "returns the sum of all numbers in the list `values` (0 for an empty list)",
         "def total(values):\n"
         "    result = 0\n"
         "    for i in range(len(values)):\n"
         "        result += values[i]\n"
         "    return result\n",
-        (("range(len(values))", "range(1, len(values))"),
-         ("range(len(values))", "range(len(values) - 1)"),
-         ("result += values[i]", "result -= values[i]")),
+        (
+            ("range(len(values))", "range(1, len(values))"),
+            ("range(len(values))", "range(len(values) - 1)"),
+            ("result += values[i]", "result -= values[i]"),
+        ),
         lambda rng: (_ints(rng, -20, 50, 2, 6),),
     ),
     _Template(
-        "clamp", "x, low, high",
+        "clamp",
+        "x, low, high",
         "returns `x` limited to the range `low`..`high`: `low` when `x` is below `low`, `high` when "
         "`x` is above `high`, otherwise `x` itself",
         "def clamp(x, low, high):\n"
@@ -110,13 +115,16 @@ _TEMPLATES: tuple[_Template, ...] = (
         "    if x > high:\n"
         "        return high\n"
         "    return x\n",
-        (("if x < low:", "if x > low:"),
-         ("if x > high:", "if x < high:"),
-         ("        return high\n", "        return low\n")),
+        (
+            ("if x < low:", "if x > low:"),
+            ("if x > high:", "if x < high:"),
+            ("        return high\n", "        return low\n"),
+        ),
         _clamp_inputs,
     ),
     _Template(
-        "count_above", "values, limit",
+        "count_above",
+        "values, limit",
         "returns how many numbers in the list `values` are strictly greater than `limit`",
         "def count_above(values, limit):\n"
         "    count = 0\n"
@@ -124,97 +132,103 @@ _TEMPLATES: tuple[_Template, ...] = (
         "        if value > limit:\n"
         "            count += 1\n"
         "    return count\n",
-        (("if value > limit:", "if value >= limit:"),
-         ("if value > limit:", "if value < limit:")),
+        (("if value > limit:", "if value >= limit:"), ("if value > limit:", "if value < limit:")),
         _count_above_inputs,
     ),
     _Template(
-        "factorial", "n", "returns n factorial, the product of the integers 1 to `n` (1 when `n` is 0)",
+        "factorial",
+        "n",
+        "returns n factorial, the product of the integers 1 to `n` (1 when `n` is 0)",
         "def factorial(n):\n"
         "    result = 1\n"
         "    for i in range(1, n + 1):\n"
         "        result *= i\n"
         "    return result\n",
-        (("range(1, n + 1)", "range(1, n)"),
-         ("result *= i", "result += i")),
+        (("range(1, n + 1)", "range(1, n)"), ("result *= i", "result += i")),
         lambda rng: (rng.randint(0, 10),),
     ),
     _Template(
-        "is_even", "n", "returns `True` when the integer `n` is even, otherwise `False`",
-        "def is_even(n):\n"
-        "    return n % 2 == 0\n",
-        (("n % 2 == 0", "n % 2 == 1"),
-         ("n % 2 == 0", "n // 2 == 0")),
+        "is_even",
+        "n",
+        "returns `True` when the integer `n` is even, otherwise `False`",
+        "def is_even(n):\n    return n % 2 == 0\n",
+        (("n % 2 == 0", "n % 2 == 1"), ("n % 2 == 0", "n // 2 == 0")),
         lambda rng: (rng.randint(-50, 50),),
     ),
     _Template(
-        "largest", "values", "returns the largest number in the non-empty list `values`",
+        "largest",
+        "values",
+        "returns the largest number in the non-empty list `values`",
         "def largest(values):\n"
         "    best = values[0]\n"
         "    for value in values[1:]:\n"
         "        if value > best:\n"
         "            best = value\n"
         "    return best\n",
-        (("if value > best:", "if value < best:"),
-         ("values[1:]", "values[2:]")),
+        (("if value > best:", "if value < best:"), ("values[1:]", "values[2:]")),
         lambda rng: (_ints(rng, -30, 30, 2, 6),),
     ),
     _Template(
-        "rectangle_area", "width, height", "returns the area of a rectangle `width` wide and `height` high",
-        "def rectangle_area(width, height):\n"
-        "    return width * height\n",
-        (("width * height", "width + height"),
-         ("width * height", "width * width")),
+        "rectangle_area",
+        "width, height",
+        "returns the area of a rectangle `width` wide and `height` high",
+        "def rectangle_area(width, height):\n    return width * height\n",
+        (("width * height", "width + height"), ("width * height", "width * width")),
         lambda rng: (rng.randint(1, 30), rng.randint(1, 30)),
     ),
     _Template(
-        "sum_of_squares", "n", "returns the sum of the squares of the integers 1 to `n` (0 when `n` is 0)",
+        "sum_of_squares",
+        "n",
+        "returns the sum of the squares of the integers 1 to `n` (0 when `n` is 0)",
         "def sum_of_squares(n):\n"
         "    result = 0\n"
         "    for i in range(1, n + 1):\n"
         "        result += i * i\n"
         "    return result\n",
-        (("result += i * i", "result += i + i"),
-         ("range(1, n + 1)", "range(1, n)")),
+        (("result += i * i", "result += i + i"), ("range(1, n + 1)", "range(1, n)")),
         lambda rng: (rng.randint(0, 12),),
     ),
     _Template(
-        "difference", "a, b", "returns `a` minus `b`",
-        "def difference(a, b):\n"
-        "    return a - b\n",
-        (("a - b", "b - a"),
-         ("a - b", "a + b")),
+        "difference",
+        "a, b",
+        "returns `a` minus `b`",
+        "def difference(a, b):\n    return a - b\n",
+        (("a - b", "b - a"), ("a - b", "a + b")),
         lambda rng: (rng.randint(-50, 50), rng.randint(-50, 50)),
     ),
     _Template(
-        "count_vowels", "text",
+        "count_vowels",
+        "text",
         "returns how many characters of `text` are vowels (a, e, i, o, u, in upper or lower case)",
         "def count_vowels(text):\n"
         "    count = 0\n"
         "    for char in text.lower():\n"
-        "        if char in \"aeiou\":\n"
+        '        if char in "aeiou":\n'
         "            count += 1\n"
         "    return count\n",
-        (("for char in text.lower():", "for char in text:"),
-         ("if char in \"aeiou\":", "if char not in \"aeiou\":")),
+        (
+            ("for char in text.lower():", "for char in text:"),
+            ('if char in "aeiou":', 'if char not in "aeiou":'),
+        ),
         _text_inputs,
     ),
     _Template(
-        "average", "values", "returns the arithmetic mean of the non-empty list `values`, as a float",
-        "def average(values):\n"
-        "    return sum(values) / len(values)\n",
-        (("sum(values) / len(values)", "sum(values) // len(values)"),
-         ("sum(values) / len(values)", "sum(values) / (len(values) - 1)")),
+        "average",
+        "values",
+        "returns the arithmetic mean of the non-empty list `values`, as a float",
+        "def average(values):\n    return sum(values) / len(values)\n",
+        (
+            ("sum(values) / len(values)", "sum(values) // len(values)"),
+            ("sum(values) / len(values)", "sum(values) / (len(values) - 1)"),
+        ),
         lambda rng: (_ints(rng, 0, 40, 2, 6),),
     ),
     _Template(
-        "reverse_words", "text",
+        "reverse_words",
+        "text",
         "returns the words of `text` in reverse order, joined by single spaces",
-        "def reverse_words(text):\n"
-        "    words = text.split()\n"
-        "    return \" \".join(words[::-1])\n",
-        (("words[::-1]", "words[-2::-1]"),
-         ("\" \".join", "\"\".join")),
+        'def reverse_words(text):\n    words = text.split()\n    return " ".join(words[::-1])\n',
+        (("words[::-1]", "words[-2::-1]"), ('" ".join', '"".join')),
         _text_inputs,
     ),
 )
@@ -312,7 +326,11 @@ class PythonFix(Environment):
             f"keeping the module's name and each function's name and parameters.\n\n{lines}\n\n"
             f"Hidden tests will import `{module}` and call these functions."
         )
-        answer = {"module": module, "cases": tuple(cases), "solution": _module_text([t.source for t in chosen])}
+        answer = {
+            "module": module,
+            "cases": tuple(cases),
+            "solution": _module_text([t.source for t in chosen]),
+        }
         return Task(id=task_id, prompt=prompt, files={module: seeded_text}, answer=answer)
 
     @staticmethod
@@ -327,8 +345,10 @@ class PythonFix(Environment):
                 continue  # pragma: no cover - the templates' inputs are always valid
             if seeded != template.source and _results(seeded, template.name, calls) == expected:
                 continue  # the planted bug would pass every check
-            return [(_call_text(template.name, args), str(value)) for args, value in zip(calls, expected,
-                                                                                        strict=True)]
+            return [
+                (_call_text(template.name, args), str(value))
+                for args, value in zip(calls, expected, strict=True)
+            ]
         return None
 
     # -- grading ----------------------------------------------------------------------------
@@ -347,9 +367,13 @@ class PythonFix(Environment):
         marker = secrets.token_hex(8)
         script = f".nodus_grader_check_{marker}.py"
         data = {
-            "marker": marker, "script": script, "module": module.removesuffix(".py"),
+            "marker": marker,
+            "script": script,
+            "module": module.removesuffix(".py"),
             "groups": [[call for call, _ in calls] for calls in groups.values()],  # inputs only
-            "import_timeout": self.import_timeout, "call_timeout": self.call_timeout, "repr_cap": _REPR_CAP,
+            "import_timeout": self.import_timeout,
+            "call_timeout": self.call_timeout,
+            "repr_cap": _REPR_CAP,
         }
         workspace.write_text(script, _CHECK_SCRIPT.replace("__DATA__", repr(json.dumps(data))))
         budget = self.import_timeout + self.call_timeout * len(groups) + 20.0
@@ -358,8 +382,12 @@ class PythonFix(Environment):
         result = workspace.run(f"python3 -I -S - < {script}", timeout=budget)
         summary = _summary(result, marker)
         if summary is None:
-            return Grade("fail", 0.0, f"the hidden checks did not finish: the check {_how(result)} (the "
-                                      f"module's code stopped or flooded the checker)")
+            return Grade(
+                "fail",
+                0.0,
+                f"the hidden checks did not finish: the check {_how(result)} (the "
+                f"module's code stopped or flooded the checker)",
+            )
 
         status = summary.get("import") if isinstance(summary.get("import"), dict) else {}
         if status.get("status") != "ok":
@@ -370,15 +398,21 @@ class PythonFix(Environment):
                     why += f" at line {line}"
                 return Grade("invalid", 0.0, why)
             if status.get("status") == "timeout":
-                return Grade("invalid", 0.0, f"importing {module} did not finish within {self.import_timeout:g}s")
+                return Grade(
+                    "invalid", 0.0, f"importing {module} did not finish within {self.import_timeout:g}s"
+                )
             return Grade("invalid", 0.0, f"{module} does not import: importing it ended the process")
 
         # The check reports in its own order (function by function); compare position by position.
         ordered = [(call, expected) for calls in groups.values() for call, expected in calls]
         reported = summary.get("results")
         if not isinstance(reported, list) or len(reported) != len(ordered):
-            return Grade("fail", 0.0, "the hidden checks did not report their results (the module's code "
-                                      "interfered with the checker)")
+            return Grade(
+                "fail",
+                0.0,
+                "the hidden checks did not report their results (the module's code "
+                "interfered with the checker)",
+            )
         passed = 0
         failing: dict[str, str] = {}
         for (call, expected), entry in zip(ordered, reported, strict=True):
@@ -395,7 +429,9 @@ class PythonFix(Environment):
         total = len(ordered)
         evidence = f"{passed} of {total} hidden checks passed"
         if failing:
-            evidence += "; failing: " + ", ".join(f"{n} ({note})" if note else n for n, note in failing.items())
+            evidence += "; failing: " + ", ".join(
+                f"{n} ({note})" if note else n for n, note in failing.items()
+            )
         if passed == total:
             return Grade("pass", 1.0, evidence)
         if passed == 0:
@@ -420,13 +456,14 @@ def _summary(result: CommandResult, marker: str) -> dict[str, Any] | None:
     lines = result.output.splitlines()
     if f"{marker} started" not in (line.strip() for line in lines):
         tail = " ".join(result.output.split())[-200:]
-        raise GraderError(f"the check could not start in the sandbox: it {_how(result)}"
-                          + (f": {tail}" if tail else ""))
+        raise GraderError(
+            f"the check could not start in the sandbox: it {_how(result)}" + (f": {tail}" if tail else "")
+        )
     prefix = f"{marker} summary "
     for line in reversed(lines):
         if line.startswith(prefix):
             try:
-                summary = json.loads(line[len(prefix):])
+                summary = json.loads(line[len(prefix) :])
             except ValueError:
                 return None
             return summary if isinstance(summary, dict) else None

@@ -97,12 +97,20 @@ def _load(point: EntryPoint) -> Environment | None:
         elif isinstance(loaded, Environment):
             environment = loaded
         else:
-            logger.warning("skipping environment entry point %s = %s: it is not an Environment subclass "
-                           "or instance", point.name, point.value)
+            logger.warning(
+                "skipping environment entry point %s = %s: it is not an Environment subclass or instance",
+                point.name,
+                point.value,
+            )
             return None
     except Exception as error:  # noqa: BLE001 - third-party code: anything can go wrong
-        logger.warning("skipping environment entry point %s = %s: %s: %s",
-                       point.name, point.value, type(error).__name__, error)
+        logger.warning(
+            "skipping environment entry point %s = %s: %s: %s",
+            point.name,
+            point.value,
+            type(error).__name__,
+            error,
+        )
         return None
     why = _check(environment)
     if why is not None:
@@ -119,8 +127,13 @@ def _installed() -> dict[str, Environment]:
         if environment is None:
             continue
         if environment.ref in found:
-            logger.warning("environment entry point %s = %s gives %s, which an earlier entry point already "
-                           "gave; keeping the first", point.name, point.value, environment.ref)
+            logger.warning(
+                "environment entry point %s = %s gives %s, which an earlier entry point already "
+                "gave; keeping the first",
+                point.name,
+                point.value,
+                environment.ref,
+            )
             continue
         found[environment.ref] = environment
     return found

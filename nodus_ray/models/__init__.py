@@ -20,8 +20,9 @@ __all__ = [
 ]
 
 
-def provider_for(access: Mapping[str, Any], *, family_models: Mapping[str, str],
-                 latency_seconds: float = 0.0) -> ModelProvider:
+def provider_for(
+    access: Mapping[str, Any], *, family_models: Mapping[str, str], latency_seconds: float = 0.0
+) -> ModelProvider:
     """The provider the control plane's ``model_access`` answer names.
 
     ``anthropic`` when there is a key (the user's own for BYOK, else the server's); otherwise the
@@ -30,6 +31,7 @@ def provider_for(access: Mapping[str, Any], *, family_models: Mapping[str, str],
     if access.get("provider") == "anthropic":
         from nodus_ray.models.anthropic_provider import AnthropicProvider
 
-        return AnthropicProvider(api_key=str(access["apiKey"]), base_url=access.get("baseUrl"),
-                                 family_models=family_models)
+        return AnthropicProvider(
+            api_key=str(access["apiKey"]), base_url=access.get("baseUrl"), family_models=family_models
+        )
     return OfflineProvider(latency_seconds=latency_seconds)

@@ -128,8 +128,11 @@ class AnthropicProvider:
             raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
         if isinstance(stream_retries, bool) or not isinstance(stream_retries, int) or stream_retries < 0:
             raise ValueError(f"stream_retries must be an integer >= 0, got {stream_retries!r}")
-        if (not isinstance(timeout_seconds, int | float) or not math.isfinite(timeout_seconds)
-                or timeout_seconds <= 0):
+        if (
+            not isinstance(timeout_seconds, int | float)
+            or not math.isfinite(timeout_seconds)
+            or timeout_seconds <= 0
+        ):
             raise ValueError(f"timeout_seconds must be a finite number > 0, got {timeout_seconds!r}")
         self._api_key = key
         self._secrets = tuple({key, api_key} - {""})
@@ -191,7 +194,8 @@ class AnthropicProvider:
         raise self._error(
             f"the Anthropic API's stream broke off {len(failures)} time(s) in a row "
             f"({'; '.join(dict.fromkeys(failures))}); giving up after {attempts} attempt(s)",
-            reason="ModelUnavailable", retryable=True,
+            reason="ModelUnavailable",
+            retryable=True,
         )
 
     def close(self) -> None:
@@ -276,22 +280,38 @@ class AnthropicProvider:
         if len(detail) > _API_MESSAGE_LIMIT:
             detail = detail[:_API_MESSAGE_LIMIT] + "..."
         where = f"{status} {kind or 'error'}" if status != 200 else f"{kind or 'error'} in the stream"
-        if (isinstance(error, anthropic.AuthenticationError | anthropic.PermissionDeniedError)
-                or status in (401, 403) or kind in _AUTH_ERROR_TYPES):
+        if (
+            isinstance(error, anthropic.AuthenticationError | anthropic.PermissionDeniedError)
+            or status in (401, 403)
+            or kind in _AUTH_ERROR_TYPES
+        ):
             default = "authentication_error" if status != 403 else "permission_error"
-            return self._error(f"the Anthropic API refused the key ({status} {kind or default})",
-                               reason="ModelAuthenticationFailed")
-        if (isinstance(error, anthropic.BadRequestError | anthropic.NotFoundError
-                       | anthropic.UnprocessableEntityError)
-                or status in _INVALID_STATUSES or kind in _INVALID_ERROR_TYPES):
-            return self._error(f"the Anthropic API refused the request ({where}): {detail}",
-                               reason="ModelRequestInvalid")
-        if (isinstance(error, anthropic.RateLimitError | anthropic.InternalServerError)
-                or status in _UNAVAILABLE_STATUSES or status >= 500 or kind in _TRANSIENT_ERROR_TYPES):
+            return self._error(
+                f"the Anthropic API refused the key ({status} {kind or default})",
+                reason="ModelAuthenticationFailed",
+            )
+        if (
+            isinstance(
+                error,
+                anthropic.BadRequestError | anthropic.NotFoundError | anthropic.UnprocessableEntityError,
+            )
+            or status in _INVALID_STATUSES
+            or kind in _INVALID_ERROR_TYPES
+        ):
+            return self._error(
+                f"the Anthropic API refused the request ({where}): {detail}", reason="ModelRequestInvalid"
+            )
+        if (
+            isinstance(error, anthropic.RateLimitError | anthropic.InternalServerError)
+            or status in _UNAVAILABLE_STATUSES
+            or status >= 500
+            or kind in _TRANSIENT_ERROR_TYPES
+        ):
             return self._error(
                 f"the Anthropic API is unavailable ({where}): {detail}; "
                 f"the SDK retried up to {self.max_retries} time(s)",
-                reason="ModelUnavailable", retryable=True,
+                reason="ModelUnavailable",
+                retryable=True,
             )
         return self._error(f"the Anthropic API answered {where}: {detail}")
 
@@ -301,7 +321,8 @@ class AnthropicProvider:
         return self._error(
             f"the Anthropic API at {_display_url(str(self._get_client().base_url))} {what}{cause}; "
             f"the SDK retried up to {self.max_retries} time(s)",
-            reason="ModelUnavailable", retryable=True,
+            reason="ModelUnavailable",
+            retryable=True,
         )
 
 

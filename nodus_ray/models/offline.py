@@ -304,8 +304,7 @@ _CREATE_BARE_RE = re.compile(
 )
 _WRITE_TO_RE = re.compile(
     r"\bwrite\s+(?P<content>.{1,500}?)\s+(?:in)?to\s+(?:a\s+|the\s+)?(?:new\s+)?(?P<file>file\s+)?"
-    r"(?:called\s+|named\s+)?"
-    + _NAME,
+    r"(?:called\s+|named\s+)?" + _NAME,
     re.I | re.S,
 )
 _READ_VERBS = r"(?:read|show|print|display|open|output|view)"
@@ -319,8 +318,7 @@ _READ_FILE_RE = re.compile(
 # is not a read, so a quoted text after print/echo/say is echoed, whatever it looks like.
 _READ_NAME_RE = re.compile(
     rf"\b(?:{_READ_VERBS}\s+(?:me\s+)?(?:the\s+)?contents?\s+of\s+(?:the\s+)?"
-    r"|(?:read|cat|open|view)\s+(?:me\s+)?|what(?:'s|\s+is)\s+in(?:side)?\s+)"
-    + _NAME,
+    r"|(?:read|cat|open|view)\s+(?:me\s+)?|what(?:'s|\s+is)\s+in(?:side)?\s+)" + _NAME,
     re.I,
 )
 _READ_IT_RE = re.compile(
@@ -353,7 +351,7 @@ _CUED_TASKS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         ),
         (r"\bdisk\s+(?:usage|space)\b|\bfree\s+space\b|\bdf\b", "df -h ."),
         (
-            rf"\b(?:size\s+of|how\s+big\s+is|how\s+much\s+space)\b[^.?!]{0,200}\b{_WORKSPACE_WORDS}\b|\bdu\b",
+            rf"\b(?:size\s+of|how\s+big\s+is|how\s+much\s+space)\b[^.?!]{0, 200}\b{_WORKSPACE_WORDS}\b|\bdu\b",
             "du -sh .",
         ),
         (r"\bkernel\b|\boperating\s+system\b|\bos\s+(?:name|version)\b|\buname\b|\bwhich\s+os\b", "uname -a"),
@@ -504,7 +502,7 @@ def _unquote(name: str) -> str:
 
 
 def _looks_like_file(name: str) -> bool:
-    """"notes.txt" or "dir/x" is a file name; "date" or "2.5" is not."""
+    """ "notes.txt" or "dir/x" is a file name; "date" or "2.5" is not."""
     return bool(re.search(r"[A-Za-z_]", name)) and ("." in name.strip(".") or "/" in name)
 
 
@@ -710,8 +708,10 @@ def _describe_listing(text: str) -> str:
         if len(parts) == 9 and parts[8] not in {".", ".."}:
             names.append(parts[8])
     if not names:
-        return "The workspace is empty." if text.startswith("total") or not text else (
-            f"The command `ls -la` exited with code 0 and {_printed(text)}"
+        return (
+            "The workspace is empty."
+            if text.startswith("total") or not text
+            else (f"The command `ls -la` exited with code 0 and {_printed(text)}")
         )
     shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
     return f"The workspace has {len(names)} entr{'y' if len(names) == 1 else 'ies'}: {shown}."

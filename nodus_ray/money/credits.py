@@ -58,7 +58,9 @@ class CreditLedger:
         if account is None:
             try:
                 stored = self._storage.read_json(self._path(project))
-                account = ProjectCredits(Decimal(stored["grantedUSD"]), Decimal(stored.get("deletedSpendUSD", "0")))
+                account = ProjectCredits(
+                    Decimal(stored["grantedUSD"]), Decimal(stored.get("deletedSpendUSD", "0"))
+                )
             except FileNotFoundError:
                 account = ProjectCredits(self._initial)
                 self._save(project, account)
@@ -66,8 +68,10 @@ class CreditLedger:
         return account
 
     def _save(self, project: str, account: ProjectCredits) -> None:
-        self._storage.write_json(self._path(project), {
-            "grantedUSD": str(account.granted), "deletedSpendUSD": str(account.deleted_spend)})
+        self._storage.write_json(
+            self._path(project),
+            {"grantedUSD": str(account.granted), "deletedSpendUSD": str(account.deleted_spend)},
+        )
 
     def view(self, project: str) -> dict[str, Any]:
         account = self.project(project)
@@ -106,4 +110,3 @@ class CreditLedger:
             return False
         account.reservations[run] = amount
         return True
-

@@ -73,7 +73,6 @@ Inbox = Callable[[int], Awaitable[dict[str, Any] | None]]
 """The first message after a sequence number (``{seq, name, payload, messageKey}``), or None."""
 
 
-
 Router = Callable[[str, list[str]], Awaitable[dict[str, Any]]]
 """Asks the router service for a family: ``(prompt, allowed) -> {"family", "inputTokens", ...}``."""
 
@@ -148,8 +147,12 @@ class Conversation:
             return arrived
 
         return await self.steps.run(
-            step_id, "inbox", read,
-            summary_of=lambda m: f"message {m['seq']}" + (f" ({m['messageKey']})" if m.get("messageKey") else ""),
+            step_id,
+            "inbox",
+            read,
+            summary_of=lambda m: (
+                f"message {m['seq']}" + (f" ({m['messageKey']})" if m.get("messageKey") else "")
+            ),
         )
 
     async def _open_sandbox(self) -> None:
@@ -159,7 +162,9 @@ class Conversation:
             return {"backend": sandbox.backend, "workspace": str(sandbox.workspace), "note": sandbox.note}
 
         self.sandbox_info = await self.steps.run(
-            "sandbox", "sandbox", create,
+            "sandbox",
+            "sandbox",
+            create,
             summary_of=lambda r: f"{r['backend']} sandbox at {r['workspace']}",
         )
         if self.sandbox is None:  # replayed: the workspace exists; reattach to it
@@ -172,8 +177,12 @@ class Conversation:
         self.messages.append(message)
 
     def _request(self, model: str) -> ModelRequest:
-        return ModelRequest(model=model, system=self.spec.system, messages=list(self.messages),
-                            max_tokens=self.spec.max_tokens)
+        return ModelRequest(
+            model=model,
+            system=self.spec.system,
+            messages=list(self.messages),
+            max_tokens=self.spec.max_tokens,
+        )
 
     def _input_bound(self) -> int:
         """An upper bound of the next call's input tokens: the whole conversation, by its bytes."""
@@ -199,10 +208,13 @@ class Conversation:
         route_bound = Decimal(0)
         if not self.steps.is_done(step_id):
             if calls_router:
-                route_bound = self.spend.worst(ROUTER_MODEL, router_input_tokens(prompt), ROUTER_MAX_OUTPUT_TOKENS)
+                route_bound = self.spend.worst(
+                    ROUTER_MODEL, router_input_tokens(prompt), ROUTER_MAX_OUTPUT_TOKENS
+                )
             tokens = self._input_bound()
-            first_call = max(self.spend.worst(self._model_for(family), tokens, self.spec.max_tokens)
-                             for family in allowed)
+            first_call = max(
+                self.spend.worst(self._model_for(family), tokens, self.spec.max_tokens) for family in allowed
+            )
             await self.spend.before_call(route_bound + first_call, route_bound)
 
         async def choose() -> dict[str, Any]:
@@ -222,11 +234,18 @@ class Conversation:
                     charged = self.spend.price(ROUTER_MODEL, usage, route_bound)
                 except Exception:  # noqa: BLE001 - an unavailable router must not stop the turn
                     family, routing = fallback_family(allowed), "fallback"
-            return {"family": family, "model": self._model_for(family), "routing": routing,
-                    "routerInputTokens": usage.input_tokens, "billedUSD": str(charged)}
+            return {
+                "family": family,
+                "model": self._model_for(family),
+                "routing": routing,
+                "routerInputTokens": usage.input_tokens,
+                "billedUSD": str(charged),
+            }
 
         routed = await self.steps.run(
-            step_id, "route", choose,
+            step_id,
+            "route",
+            choose,
             cost_of=lambda r: r["billedUSD"],
             summary_of=lambda r: f"{r['family']} ({r['routing']}) -> {r['model']}, ${r['billedUSD']}",
         )
@@ -237,9 +256,15 @@ class Conversation:
         prefix = f"turn-{index}"
         await self._add_message({"role": "user", "content": prompt})
         routed = await self._route(f"{prefix}/route", prompt)
-        turn = Turn(index=index, prompt=prompt[:_PROMPT_PREVIEW], family=routed["family"],
-                    model=routed["model"], routing=routed["routing"], costUSD=routed.get("billedUSD", "0"),
-                    startedAt=utc_now())
+        turn = Turn(
+            index=index,
+            prompt=prompt[:_PROMPT_PREVIEW],
+            family=routed["family"],
+            model=routed["model"],
+            routing=routed["routing"],
+            costUSD=routed.get("billedUSD", "0"),
+            startedAt=utc_now(),
+        )
         self.turns.append(turn)
         await self.on_progress(self.turns)
 
@@ -248,7 +273,9 @@ class Conversation:
         call = 0
         while True:
             call += 1
-            response, charged = await self._model_call(f"{prefix}/model-{call}", routed["model"], routed["family"])
+            response, charged = await self._model_call(
+                f"{prefix}/model-{call}", routed["model"], routed["family"]
+            )
             turn.inputTokens += response.usage.input_tokens
             turn.outputTokens += response.usage.output_tokens
             turn.cacheCreationTokens += response.usage.cache_creation_input_tokens
@@ -280,8 +307,13 @@ class Conversation:
             for position, use in enumerate(uses, start=1):
                 if tool_calls >= self.spec.max_tool_calls:
                     limit_warned = True
-                    results.append(_tool_error(use, f"maxToolCalls ({self.spec.max_tool_calls}) reached "
-                                                    "for this turn: answer now with what you have."))
+                    results.append(
+                        _tool_error(
+                            use,
+                            f"maxToolCalls ({self.spec.max_tool_calls}) reached "
+                            "for this turn: answer now with what you have.",
+                        )
+                    )
                     continue
                 tool_calls += 1
                 turn.toolCalls = tool_calls
@@ -304,10 +336,19 @@ class Conversation:
                 raise StepFailed(step_id, {"reason": error.reason, "message": str(error)}) from error
             charged = self.spend.price(model, response.usage, bound)
             usage = response.usage
-            metrics.model_call(model, family, self.spend.access, time.monotonic() - began, {
-                "input": usage.input_tokens, "output": usage.output_tokens,
-                "cache_read": usage.cache_read_input_tokens, "cache_creation": usage.cache_creation_input_tokens,
-            }, float(charged))
+            metrics.model_call(
+                model,
+                family,
+                self.spend.access,
+                time.monotonic() - began,
+                {
+                    "input": usage.input_tokens,
+                    "output": usage.output_tokens,
+                    "cache_read": usage.cache_read_input_tokens,
+                    "cache_creation": usage.cache_creation_input_tokens,
+                },
+                float(charged),
+            )
             return {**self.redact.tree(response.to_dict()), "billedUSD": str(charged)}
 
         # On the server's key a lost call is ours to pay for and safe to make again; on the user's
@@ -315,16 +356,23 @@ class Conversation:
         effect: Effect = "external" if self.spend.access == "BYOK" else "idempotent"
         try:
             recorded = await self.steps.run(
-                step_id, "model", call, effect=effect,
+                step_id,
+                "model",
+                call,
+                effect=effect,
                 started={"model": model, "messages": len(request.messages), "boundUSD": str(bound)},
                 cost_of=lambda r: r["billedUSD"],
-                summary_of=lambda r: f"{r['model']}: {r['stop_reason']}, "
-                                     f"{r['usage']['input_tokens']} in / {r['usage']['output_tokens']} out, "
-                                     f"${r['billedUSD']}",
+                summary_of=lambda r: (
+                    f"{r['model']}: {r['stop_reason']}, "
+                    f"{r['usage']['input_tokens']} in / {r['usage']['output_tokens']} out, "
+                    f"${r['billedUSD']}"
+                ),
             )
         except StepFailed as failure:
-            raise RunFailure(failure.error.get("reason", "ModelError"),
-                             failure.error.get("message", "the model call failed")) from None
+            raise RunFailure(
+                failure.error.get("reason", "ModelError"),
+                failure.error.get("message", "the model call failed"),
+            ) from None
         charged = Decimal(recorded.get("billedUSD", "0"))
         self.spend.record(charged)
         return ModelResponse.from_dict(recorded), charged
@@ -349,7 +397,10 @@ class Conversation:
 
         shown = self.redact(command)
         recorded = await self.steps.run(
-            step_id, "command", execute, effect="external",
+            step_id,
+            "command",
+            execute,
+            effect="external",
             started={"command": shown},
             summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
         )
@@ -368,8 +419,12 @@ def _tool_error(use: dict[str, Any], message: str) -> dict[str, Any]:
 
 def _command_summary(command: str, result: CommandResult, egress: list[dict[str, Any]]) -> str:
     shown = command if len(command) <= 80 else command[:77] + "..."
-    ended = f"stopped ({result.limit or 'killed'})" if result.exit_code is None else f"exit {result.exit_code}"
+    ended = (
+        f"stopped ({result.limit or 'killed'})" if result.exit_code is None else f"exit {result.exit_code}"
+    )
     if egress:
         refused = sum(1 for connection in egress if connection.get("outcome") != "allowed")
-        ended += f", {len(egress)} connection{'s' * (len(egress) != 1)}" + (f" ({refused} refused)" if refused else "")
+        ended += f", {len(egress)} connection{'s' * (len(egress) != 1)}" + (
+            f" ({refused} refused)" if refused else ""
+        )
     return f"{shown} -> {ended}"

@@ -49,15 +49,20 @@ def grader_name(project: str, group: str) -> str:
 
 
 def grader_options(project: str, group: str) -> dict[str, Any]:
-    return {"name": grader_name(project, group), "namespace": NAMESPACE, "lifetime": "detached",
-            "get_if_exists": True}
+    return {
+        "name": grader_name(project, group),
+        "namespace": NAMESPACE,
+        "lifetime": "detached",
+        "get_if_exists": True,
+    }
 
 
 class Grader:
     """Grades one evaluation group's cases, a few at a time, each on its own workspace copy."""
 
-    def __init__(self, project: str, group: str, storage: Storage, grading_root: str,
-                 hidden_paths: tuple[str, ...]) -> None:
+    def __init__(
+        self, project: str, group: str, storage: Storage, grading_root: str, hidden_paths: tuple[str, ...]
+    ) -> None:
         self.project = project
         self.group = group
         self._storage = storage
@@ -87,23 +92,36 @@ class Grader:
             task = self._task(environment, case)
             grade = environment.grade(task, case["answer"], self._workspace(case, workspace_dir))
         except GraderError as error:
-            return {"outcome": "failed", "evidence": _cut(f"the grader could not grade: {error}"),
-                    "seconds": round(time.monotonic() - started, 3)}
+            return {
+                "outcome": "failed",
+                "evidence": _cut(f"the grader could not grade: {error}"),
+                "seconds": round(time.monotonic() - started, 3),
+            }
         except Exception as error:  # noqa: BLE001 - any grader bug is an unscored case, not a crash
             # Only the type: a third-party grader's message might quote the hidden answer.
             logger.exception("grader of %s failed on %s", case["environment"], case["run"])
-            return {"outcome": "failed", "evidence": f"the grader failed ({type(error).__name__})",
-                    "seconds": round(time.monotonic() - started, 3)}
+            return {
+                "outcome": "failed",
+                "evidence": f"the grader failed ({type(error).__name__})",
+                "seconds": round(time.monotonic() - started, 3),
+            }
         finally:
             shutil.rmtree(workspace_dir, ignore_errors=True)
-        return {"outcome": "scored", "verdict": grade.verdict, "reward": float(grade.reward),
-                "evidence": _cut(grade.evidence), "seconds": round(time.monotonic() - started, 3)}
+        return {
+            "outcome": "scored",
+            "verdict": grade.verdict,
+            "reward": float(grade.reward),
+            "evidence": _cut(grade.evidence),
+            "seconds": round(time.monotonic() - started, 3),
+        }
 
     def _task(self, environment: Environment, case: dict[str, Any]) -> Task:
         key = (case["environment"], case["split"], int(case["seed"]), int(case["tasks"]))
         batch = self._batches.get(key)
         if batch is None:
-            batch = self._batches[key] = environment.tasks(case["split"], int(case["seed"]), int(case["tasks"]))
+            batch = self._batches[key] = environment.tasks(
+                case["split"], int(case["seed"]), int(case["tasks"])
+            )
         return batch[int(case["taskIndex"])]
 
     def _workspace(self, case: dict[str, Any], into: Path) -> GradingWorkspace:
@@ -142,8 +160,10 @@ class _MissingWorkspace(GradingWorkspace):
     that looks only at the answer still works.
     """
 
-    _WHY = ("the workspace the agent left is not available to the grader: it is not on this node "
-            "and not in storage (snapshots off, or the workspace is over the snapshot size limit)")
+    _WHY = (
+        "the workspace the agent left is not available to the grader: it is not on this node "
+        "and not in storage (snapshots off, or the workspace is over the snapshot size limit)"
+    )
 
     def read_text(self, path: str) -> str | None:
         raise GraderError(self._WHY)

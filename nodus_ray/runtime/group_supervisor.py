@@ -34,8 +34,13 @@ from nodus_ray.core.admission import Admission, AdmissionError, Decision, GroupL
 from nodus_ray.faults import crash_point
 from nodus_ray.settings import NAMESPACE
 
-__all__ = ["GroupSupervisor", "RemoteGroupSupervisor", "group_supervisor_name", "member_wire",
-           "supervisor_options"]
+__all__ = [
+    "GroupSupervisor",
+    "RemoteGroupSupervisor",
+    "group_supervisor_name",
+    "member_wire",
+    "supervisor_options",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +50,25 @@ def group_supervisor_name(project: str, name: str) -> str:
 
 
 def member_wire(
-    key: str, run: str, cap: str, depends_on: list[str] | None, *,
-    state: str = "Queued", reason: str | None = None, spent: str = "0",
+    key: str,
+    run: str,
+    cap: str,
+    depends_on: list[str] | None,
+    *,
+    state: str = "Queued",
+    reason: str | None = None,
+    spent: str = "0",
 ) -> dict[str, Any]:
     """A member as it crosses from the control plane to the supervisor (money as strings)."""
-    return {"key": key, "run": run, "cap": cap, "dependsOn": list(depends_on or []),
-            "state": state, "reason": reason, "spent": spent}
+    return {
+        "key": key,
+        "run": run,
+        "cap": cap,
+        "dependsOn": list(depends_on or []),
+        "state": state,
+        "reason": reason,
+        "spent": spent,
+    }
 
 
 def _member(wire: dict[str, Any]) -> Member:
@@ -159,9 +177,7 @@ class GroupSupervisor:
             await self.progressed(report["run"], report["state"], report["spent"], report.get("reason"))
         return self._status_view()
 
-    async def configure(
-        self, limits: dict[str, Any], sealed: bool, cancelled: bool
-    ) -> dict[str, Any]:
+    async def configure(self, limits: dict[str, Any], sealed: bool, cancelled: bool) -> dict[str, Any]:
         """Bring limits, seal and cancel in line with the group's stored spec.
 
         The control plane has already refused what cannot change (a lowered cap, an unseal);
@@ -171,11 +187,13 @@ class GroupSupervisor:
         wanted = _limits(limits)
         current = admission.limits
         if wanted != current:
-            self._take(admission.patch(
-                max_active=wanted.max_active if wanted.max_active != current.max_active else None,
-                max_pending=wanted.max_pending if wanted.max_pending != current.max_pending else None,
-                max_cost=wanted.max_cost if wanted.max_cost != current.max_cost else None,
-            ))
+            self._take(
+                admission.patch(
+                    max_active=wanted.max_active if wanted.max_active != current.max_active else None,
+                    max_pending=wanted.max_pending if wanted.max_pending != current.max_pending else None,
+                    max_cost=wanted.max_cost if wanted.max_cost != current.max_cost else None,
+                )
+            )
         if sealed and not admission.sealed:
             self._take(admission.seal())
         if cancelled and not admission.cancelled:
@@ -211,7 +229,9 @@ class GroupSupervisor:
             try:
                 await self._drain()
             except Exception:  # noqa: BLE001 - the loop must outlive one bad batch; it retries
-                logger.exception("group %s/%s: carrying out decisions failed; retrying", self.project, self.name)
+                logger.exception(
+                    "group %s/%s: carrying out decisions failed; retrying", self.project, self.name
+                )
                 await asyncio.sleep(1.0)
                 self._wake.set()
 
@@ -248,7 +268,9 @@ class GroupSupervisor:
         changed = self._admission.take_reason_changes()
         metrics.set_group_runs(self.project, self.name, self._status.counts)
         try:
-            await self._control_plane.ask("group_status", self.project, self.name, self._status.to_dict(), changed)
+            await self._control_plane.ask(
+                "group_status", self.project, self.name, self._status.to_dict(), changed
+            )
         except BaseException:
             self._status_dirty = True  # publish again, with these reasons, on the next round
             self._admission.restore_reason_changes(changed)

@@ -95,8 +95,11 @@ class RunActor:
         self._storage = Storage(config.storage_uri)
         self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
         self._workspace = WorkspaceSnapshots(
-            self._storage, run_storage_prefix(config.project, config.name), Path(config.workspace),
-            enabled=config.workspace_snapshots, seeded=config.workspace_seeded,
+            self._storage,
+            run_storage_prefix(config.project, config.name),
+            Path(config.workspace),
+            enabled=config.workspace_snapshots,
+            seeded=config.workspace_seeded,
         )
         self._workspace_states: tuple[int, ...] = ()
         self._journal: Journal | None = None
@@ -185,8 +188,9 @@ class RunActor:
         """The provider and access of this run, and the user's own key to redact (BYOK); the
         key stays in this actor's memory only."""
         access = await self._ask("model_access", self.config.project, self.config.name)
-        provider = provider_for(access, family_models=prices.family_models,
-                                latency_seconds=self.config.offline_latency_seconds)
+        provider = provider_for(
+            access, family_models=prices.family_models, latency_seconds=self.config.offline_latency_seconds
+        )
         secret = (self.config.agent_spec.get("model") or {}).get("apiKeySecret")
         own_key = {f"{secret}/ANTHROPIC_API_KEY": access["apiKey"]} if access.get("access") == "BYOK" else {}
         return provider, str(access.get("access") or "Nodus"), own_key
@@ -217,7 +221,9 @@ class RunActor:
 
     async def _program(self) -> dict[str, Any]:
         config = self.config
-        journal = self._journal = Journal(self._storage, f"{run_storage_prefix(config.project, config.name)}/journal")
+        journal = self._journal = Journal(
+            self._storage, f"{run_storage_prefix(config.project, config.name)}/journal"
+        )
         await asyncio.to_thread(journal.load)
         self._workspace_states = accepted_states(_command_attempts(journal.records))
         steps = Steps(journal)
@@ -229,7 +235,12 @@ class RunActor:
             secrets = await self._ask("run_secrets", config.project, config.name)
         except NodusError as refused:
             self.phase = "Failed"
-            return {"phase": "Failed", "reason": refused.code, "message": refused.message, "finishedAt": utc_now()}
+            return {
+                "phase": "Failed",
+                "reason": refused.code,
+                "message": refused.message,
+                "finishedAt": utc_now(),
+            }
         budget = RunBudget(cap=Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None)
         conversation = Conversation(
             steps=steps,
@@ -243,7 +254,9 @@ class RunActor:
                 prompt=config.run_spec.get("input", ""),
                 keep_alive=bool(config.run_spec.get("keepAlive")),
             ),
-            spend=RunSpend(prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits),
+            spend=RunSpend(
+                prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits
+            ),
             router=self._route,
             open_sandbox=self._open_sandbox,
             on_progress=self._on_progress,
@@ -256,10 +269,19 @@ class RunActor:
         self._env = secrets["env"]
         self._conversation = conversation
         self.phase = "Running"
-        await self._report({"phase": "Running", "reason": None, "message": None,
-                            "startedAt": utc_now(), "sandbox": {
-                                "node": socket.gethostname(), "nodeId": ray.get_runtime_context().get_node_id(),
-                                "workspace": config.workspace}})
+        await self._report(
+            {
+                "phase": "Running",
+                "reason": None,
+                "message": None,
+                "startedAt": utc_now(),
+                "sandbox": {
+                    "node": socket.gethostname(),
+                    "nodeId": ray.get_runtime_context().get_node_id(),
+                    "workspace": config.workspace,
+                },
+            }
+        )
         try:
             answer = await self._with_deadline(conversation.run())
         except RunFailure as failure:
@@ -269,33 +291,52 @@ class RunActor:
         except CapExceeded as reached:
             return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
         except CreditsExhausted as short:
-            outcome = self._outcome("Waiting", "InsufficientCredits",
-                                    f"{short}; it continues when credits are added", conversation)
+            outcome = self._outcome(
+                "Waiting",
+                "InsufficientCredits",
+                f"{short}; it continues when credits are added",
+                conversation,
+            )
             outcome["creditsNeededUSD"] = str(short.needed)
             return outcome
         except AwaitingMessage as waiting:
-            return self._outcome("Waiting", "AwaitingMessage",
-                                 f"turn {waiting.turn} is answered; the run reads the next message sent to it",
-                                 conversation, answer=conversation.answer, read_seq=conversation.read_seq)
+            return self._outcome(
+                "Waiting",
+                "AwaitingMessage",
+                f"turn {waiting.turn} is answered; the run reads the next message sent to it",
+                conversation,
+                answer=conversation.answer,
+                read_seq=conversation.read_seq,
+            )
         except NeedsResolution as parked:
-            return self._outcome("Waiting", "NeedsResolution", f"{parked} ; resolve step {parked.step_id}",
-                                 conversation, step=parked.step_id)
+            return self._outcome(
+                "Waiting",
+                "NeedsResolution",
+                f"{parked} ; resolve step {parked.step_id}",
+                conversation,
+                step=parked.step_id,
+            )
         except TimeoutError:
             if self._sandbox is not None:
                 await asyncio.to_thread(self._sandbox.cancel)
             await asyncio.to_thread(self._delete_sandbox)
-            return self._outcome("Failed", "DeadlineExceeded",
-                                 f"the run passed its deadline ({config.run_spec.get('deadline') or config.deadline_at})", conversation)
+            return self._outcome(
+                "Failed",
+                "DeadlineExceeded",
+                f"the run passed its deadline ({config.run_spec.get('deadline') or config.deadline_at})",
+                conversation,
+            )
         await self._write_answer(answer)
         reason = "MaxTokensReached" if conversation.stop_reason == "max_tokens" else "Completed"
-        message = ("the answer was cut at maxTokens" if reason == "MaxTokensReached" else None)
+        message = "the answer was cut at maxTokens" if reason == "MaxTokensReached" else None
         return self._outcome("Succeeded", reason, message, conversation, answer=answer)
 
     async def _write_answer(self, answer: str) -> None:
         """The latest answer, whole (a keep-alive run rewrites it after every turn)."""
         config = self.config
         await asyncio.to_thread(
-            self._storage.write_bytes, f"{run_storage_prefix(config.project, config.name)}/answer.txt",
+            self._storage.write_bytes,
+            f"{run_storage_prefix(config.project, config.name)}/answer.txt",
             answer.encode("utf-8"),
         )
 
@@ -314,17 +355,30 @@ class RunActor:
 
     async def _on_progress(self, turns: list[Turn]) -> None:
         conversation = self._conversation
-        await self._report({
-            "turns": [turn.model_dump() for turn in turns],
-            "cost": {"totalUSD": str(conversation.cost_usd)},
-            "sandbox": {"backend": conversation.sandbox_info.get("backend"),
-                        "note": conversation.sandbox_info.get("note"),
-                        "workspace": self.config.workspace, "origin": self._workspace_origin},
-        })
+        await self._report(
+            {
+                "turns": [turn.model_dump() for turn in turns],
+                "cost": {"totalUSD": str(conversation.cost_usd)},
+                "sandbox": {
+                    "backend": conversation.sandbox_info.get("backend"),
+                    "note": conversation.sandbox_info.get("note"),
+                    "workspace": self.config.workspace,
+                    "origin": self._workspace_origin,
+                },
+            }
+        )
 
-    def _outcome(self, phase: str, reason: str, message: str | None, conversation: Conversation, *,
-                 answer: str | None = None, step: str | None = None, read_seq: int | None = None
-                 ) -> dict[str, Any]:
+    def _outcome(
+        self,
+        phase: str,
+        reason: str,
+        message: str | None,
+        conversation: Conversation,
+        *,
+        answer: str | None = None,
+        step: str | None = None,
+        read_seq: int | None = None,
+    ) -> dict[str, Any]:
         self.phase = phase
         status: dict[str, Any] = {
             "phase": phase,
@@ -342,8 +396,11 @@ class RunActor:
         if answer is not None:
             encoded = answer.encode("utf-8")
             preview = encoded[:ANSWER_PREVIEW_BYTES].decode("utf-8", errors="ignore")
-            status["answer"] = {"preview": preview, "bytes": len(encoded),
-                                "truncated": len(encoded) > ANSWER_PREVIEW_BYTES}
+            status["answer"] = {
+                "preview": preview,
+                "bytes": len(encoded),
+                "truncated": len(encoded) > ANSWER_PREVIEW_BYTES,
+            }
         return status
 
 
@@ -358,8 +415,10 @@ def _command_attempts(records: list[JournalRecord]) -> list[tuple[int, bool]]:
         if record.kind == "command" and record.state == "Started":
             starts.append(record)
             last_start[record.step_id] = record.seq
-    return [(start.seq, last_state[start.step_id] == "Completed" and last_start[start.step_id] == start.seq)
-            for start in starts]
+    return [
+        (start.seq, last_state[start.step_id] == "Completed" and last_start[start.step_id] == start.seq)
+        for start in starts
+    ]
 
 
 RemoteRunActor = ray.remote(num_cpus=0, max_restarts=0)(RunActor)

@@ -116,8 +116,19 @@ MAX_SANDBOX_UID = 2**31 - 2
 _NOBODY_UID = 65534
 # Never hidden by default even if a home directory or Ray temp dir points there (system users
 # such as Debian's ``daemon`` have ``/usr/sbin`` as home): the command needs them to run at all.
-_SYSTEM_DIRS = ("/bin", "/sbin", "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev",
-                "/proc", "/sys")
+_SYSTEM_DIRS = (
+    "/bin",
+    "/sbin",
+    "/usr",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/dev",
+    "/proc",
+    "/sys",
+)
 _READ_CHUNK = 64 << 10
 _OUTPUT_KILL_FACTOR = 64  # kill a command once it has written this many times the output cap
 _HINT_TAIL_BYTES = 4096  # the end of the stream is kept too: errors usually come last
@@ -357,10 +368,7 @@ def _limits_prologue(limits: SandboxLimits) -> str:
     file_kib = max(1, _capped(limits.file_size_bytes, resource.RLIMIT_FSIZE) // 1024)
     processes = max(1, _capped(limits.processes, resource.RLIMIT_NPROC))
     common = f"-v {memory_kib} -f {file_kib} -u {processes}"
-    return (
-        f"ulimit -t {cpu_hard} {common} && ulimit -S -t {cpu_soft} && "
-        'exec /bin/bash -c "$1" bash'
-    )
+    return f'ulimit -t {cpu_hard} {common} && ulimit -S -t {cpu_soft} && exec /bin/bash -c "$1" bash'
 
 
 def _shell_argv(command: str, limits: SandboxLimits) -> list[str]:
@@ -465,8 +473,14 @@ def _bwrap_argv(
             namespaces.append("--unshare-net")
         caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         drop = [
-            setpriv, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+            setpriv,
+            f"--reuid={host_uid}",
+            f"--regid={host_uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
         ]
     else:
         namespaces = ["--unshare-all", "--unshare-user", "--uid", str(_INNER_UID), "--gid", str(_INNER_UID)]
@@ -478,16 +492,34 @@ def _bwrap_argv(
         *namespaces,
         "--die-with-parent",
         "--new-session",
-        "--hostname", "nodus-sandbox",
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
-        "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm",
+        "--hostname",
+        "nodus-sandbox",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--perms",
+        "1777",
+        "--size",
+        tmpfs_bytes,
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "1777",
+        "--size",
+        tmpfs_bytes,
+        "--tmpfs",
+        "/dev/shm",
         *(egress.bwrap_args(egress_socket) if egress_socket is not None else []),
         *_hide_args(hidden, keep=_NETWORK_FILES if allow_network else ()),
-        "--bind", str(workspace), SANDBOX_WORKSPACE,
-        "--chdir", SANDBOX_WORKSPACE,
+        "--bind",
+        str(workspace),
+        SANDBOX_WORKSPACE,
+        "--chdir",
+        SANDBOX_WORKSPACE,
         *caps,
         *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
         "--",
@@ -536,13 +568,23 @@ def _probe_bwrap() -> str | None:
                 os.chown(workspace, uid, uid)
             with _seccomp_fd() as seccomp_fd:
                 argv = _bwrap_argv(
-                    bwrap, setpriv, workspace, ["/bin/bash", "-c", "touch probe"], SandboxLimits(),
-                    allow_network=False, host_uid=uid, hidden=_default_hidden_paths(),
+                    bwrap,
+                    setpriv,
+                    workspace,
+                    ["/bin/bash", "-c", "touch probe"],
+                    SandboxLimits(),
+                    allow_network=False,
+                    host_uid=uid,
+                    hidden=_default_hidden_paths(),
                     seccomp_fd=seccomp_fd,
                 )
                 proc = subprocess.run(
-                    argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_SECONDS,
-                    env={"PATH": _SANDBOX_PATH}, start_new_session=True,
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=_PROBE_TIMEOUT_SECONDS,
+                    env={"PATH": _SANDBOX_PATH},
+                    start_new_session=True,
                     pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                 )
             if proc.returncode != 0:
@@ -819,8 +861,10 @@ class _SandboxBase:
         exit_code = None if stopped or proc.returncode is None else _exit_status(proc.returncode)
         output = capture.text()
         if over_disk and not cancelled:
-            output += (f"\n[disk limit: the workspace uses {format_bytes(disk.usage)}, over its cap of "
-                       f"{format_bytes(disk.cap)}; delete files to go on]")
+            output += (
+                f"\n[disk limit: the workspace uses {format_bytes(disk.usage)}, over its cap of "
+                f"{format_bytes(disk.cap)}; delete files to go on]"
+            )
         if cancelled:
             limit = None
         elif disk_killed or (over_disk and not (timed_out or output_killed)):
@@ -880,9 +924,16 @@ class BubblewrapSandbox(_SandboxBase):
 
     def _argv(self, command: str, seccomp_fd: int | None = None) -> list[str]:
         return _bwrap_argv(
-            self._bwrap, self._setpriv, self.workspace, _shell_argv(command, self.limits), self.limits,
-            allow_network=self.allow_network, host_uid=self.host_uid, hidden=self._hidden,
-            seccomp_fd=seccomp_fd, egress_socket=self.egress_socket,
+            self._bwrap,
+            self._setpriv,
+            self.workspace,
+            _shell_argv(command, self.limits),
+            self.limits,
+            allow_network=self.allow_network,
+            host_uid=self.host_uid,
+            hidden=self._hidden,
+            seccomp_fd=seccomp_fd,
+            egress_socket=self.egress_socket,
         )
 
     def command_env(self) -> dict[str, str]:
@@ -944,7 +995,12 @@ class ProcessSandbox(_SandboxBase):
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(
-            workspace, limits, note=note or "bubblewrap not available", uid=uid, hidden_paths=hidden_paths, env=env
+            workspace,
+            limits,
+            note=note or "bubblewrap not available",
+            uid=uid,
+            hidden_paths=hidden_paths,
+            env=env,
         )
         self.allow_network = allow_network
 
@@ -952,7 +1008,13 @@ class ProcessSandbox(_SandboxBase):
         return _shell_argv(command, self.limits)
 
     def _env(self) -> dict[str, str]:
-        return {**self.env, "PATH": _SANDBOX_PATH, "HOME": str(self.workspace), "LANG": "C.UTF-8", "TERM": "dumb"}
+        return {
+            **self.env,
+            "PATH": _SANDBOX_PATH,
+            "HOME": str(self.workspace),
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+        }
 
     def _popen_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"env": self._env(), "cwd": str(self.workspace)}
@@ -970,9 +1032,16 @@ class ProcessSandbox(_SandboxBase):
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(
                 ["/bin/bash", "-c", "kill -KILL -1 2>/dev/null; exit 0"],
-                user=self.host_uid, group=self.host_uid, extra_groups=[], env={"PATH": _SANDBOX_PATH},
-                cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                timeout=_KILL_WAIT_SECONDS, start_new_session=True,
+                user=self.host_uid,
+                group=self.host_uid,
+                extra_groups=[],
+                env={"PATH": _SANDBOX_PATH},
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=_KILL_WAIT_SECONDS,
+                start_new_session=True,
             )
 
 
@@ -999,8 +1068,15 @@ def create_sandbox(
     """
     reason = _probe_bwrap()
     if reason is None:
-        return BubblewrapSandbox(workspace, limits, allow_network=allow_network, uid=uid, hidden_paths=hidden_paths,
-                                 env=env, egress_socket=egress_socket)
+        return BubblewrapSandbox(
+            workspace,
+            limits,
+            allow_network=allow_network,
+            uid=uid,
+            hidden_paths=hidden_paths,
+            env=env,
+            egress_socket=egress_socket,
+        )
     note = f"bubblewrap not available ({reason}); commands run as plain processes without filesystem"
     note += " or network isolation"
     return ProcessSandbox(

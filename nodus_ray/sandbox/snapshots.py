@@ -41,8 +41,15 @@ from pathlib import Path
 
 from nodus_ray.store.storage import Storage
 
-__all__ = ["WorkspaceLost", "WorkspaceSnapshots", "DEFAULT_SNAPSHOT_LIMIT_BYTES", "NO_COMMAND",
-           "accepted_states", "seed_key", "pack_files"]
+__all__ = [
+    "WorkspaceLost",
+    "WorkspaceSnapshots",
+    "DEFAULT_SNAPSHOT_LIMIT_BYTES",
+    "NO_COMMAND",
+    "accepted_states",
+    "seed_key",
+    "pack_files",
+]
 
 DEFAULT_SNAPSHOT_LIMIT_BYTES = 64 * 1024 * 1024
 NO_COMMAND = -1  # the state of a workspace before the run's first command
@@ -133,7 +140,9 @@ class WorkspaceSnapshots:
         # The older snapshots: listed once per actor (an earlier actor may have left several),
         # then known, so a command costs one write and one delete, not a listing as well.
         if self._stored is None:
-            older = [int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")]
+            older = [
+                int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")
+            ]
         else:
             older = [self._stored]
         for stale in older:
@@ -171,10 +180,14 @@ class WorkspaceSnapshots:
         if stored in accepted:
             self._restore(stored)
             return "restored"
-        why = ("snapshots are off (NODUS_WORKSPACE_SNAPSHOTS=off)" if not self.enabled
-               else f"the newest snapshot in storage is from step seq {stored}" if stored is not None
-               else f"no snapshot is in storage (a workspace over {self.limit_bytes // (1024 * 1024)} MiB "
-                    "is not snapshotted)")
+        why = (
+            "snapshots are off (NODUS_WORKSPACE_SNAPSHOTS=off)"
+            if not self.enabled
+            else f"the newest snapshot in storage is from step seq {stored}"
+            if stored is not None
+            else f"no snapshot is in storage (a workspace over {self.limit_bytes // (1024 * 1024)} MiB "
+            "is not snapshotted)"
+        )
         raise WorkspaceLost(
             f"the workspace on this node does not hold the effects of the run's commands (up to "
             f"journal seq {max(accepted)}) and cannot be restored: {why}"

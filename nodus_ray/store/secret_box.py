@@ -48,8 +48,10 @@ def install_configured_key(path: str) -> bool:
     file = Path(path).expanduser()
     if file.exists():
         if base64.b64decode(file.read_bytes().strip()) != key:
-            raise ValueError(f"NODUS_SECRET_KEY differs from the key in {file}; secrets sealed with one cannot "
-                             "be opened with the other: unset NODUS_SECRET_KEY or move the file away")
+            raise ValueError(
+                f"NODUS_SECRET_KEY differs from the key in {file}; secrets sealed with one cannot "
+                "be opened with the other: unset NODUS_SECRET_KEY or move the file away"
+            )
         return True
     file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -33,8 +33,10 @@ def redact_uri(uri: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[-1] if "@" in parts.netloc else parts.netloc
     if "@" in parts.netloc:
         netloc = f"***@{netloc}"
-    query = [(k, "***" if any(word in k.lower() for word in _SECRET_QUERY_KEYS) else v)
-             for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    query = [
+        (k, "***" if any(word in k.lower() for word in _SECRET_QUERY_KEYS) else v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    ]
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="*"), parts.fragment))
 
 

@@ -148,16 +148,14 @@ def _usd(value: Any, arg: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise Invalid(f"{arg} must be an amount such as \"0.50\", not a bool", details={"field": arg})
+        raise Invalid(f'{arg} must be an amount such as "0.50", not a bool', details={"field": arg})
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, float):
         return format(Decimal(repr(value)), "f")
     if isinstance(value, (int, Decimal)):
         return format(Decimal(value), "f")
-    raise Invalid(
-        f"{arg} must be a str, Decimal, int or float amount such as \"0.50\"", details={"field": arg}
-    )
+    raise Invalid(f'{arg} must be a str, Decimal, int or float amount such as "0.50"', details={"field": arg})
 
 
 def _encode_input(value: Any) -> str:
@@ -185,7 +183,7 @@ def _format_deadline(value: str | timedelta | None) -> str | None:
         minutes, seconds = divmod(rest, 60)
         return "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if n)
     raise Invalid(
-        "deadline must be a duration such as \"2h\" or a timedelta", details={"field": "spec.deadline"}
+        'deadline must be a duration such as "2h" or a timedelta', details={"field": "spec.deadline"}
     )
 
 
@@ -224,8 +222,20 @@ class Agent:
 
     # Settings of a durable-Python agent that the server cannot run yet.
     _UNSUPPORTED_ARGS: tuple[str, ...] = (
-        "source", "entrypoint", "setup", "secrets", "env", "network", "models", "min_workers",
-        "max_workers", "scaledown_window", "max_cost", "cpu", "memory", "app",
+        "source",
+        "entrypoint",
+        "setup",
+        "secrets",
+        "env",
+        "network",
+        "models",
+        "min_workers",
+        "max_workers",
+        "scaledown_window",
+        "max_cost",
+        "cpu",
+        "memory",
+        "app",
     )
 
     name: str
@@ -420,7 +430,10 @@ class Agent:
         from .group import AgentMap  # the group module builds on this one
 
         return AgentMap(
-            self, inputs, max_active=max_active, order_outputs=order_outputs,
+            self,
+            inputs,
+            max_active=max_active,
+            order_outputs=order_outputs,
             return_exceptions=return_exceptions,
         )
 
@@ -453,7 +466,9 @@ def _env_entries(env: Mapping[str, str | SecretKey]) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     for name, value in env.items():
         if isinstance(value, SecretKey):
-            entries.append({"name": name, "valueFrom": {"secretKeyRef": {"name": value.secret, "key": value.key}}})
+            entries.append(
+                {"name": name, "valueFrom": {"secretKeyRef": {"name": value.secret, "key": value.key}}}
+            )
         else:
             entries.append({"name": name, "value": value})
     return entries
@@ -525,9 +540,16 @@ class ClaudeAgent(Agent):
         client: Client | None = None,
     ) -> None:
         spec = claude_agent_spec(
-            system=system, families=families, model=model, max_tokens=max_tokens,
-            max_tool_calls=max_tool_calls, per_run_max_cost=per_run_max_cost,
-            api_key_secret=api_key_secret, image=image, env=env, allowed_hosts=allowed_hosts,
+            system=system,
+            families=families,
+            model=model,
+            max_tokens=max_tokens,
+            max_tool_calls=max_tool_calls,
+            per_run_max_cost=per_run_max_cost,
+            api_key_secret=api_key_secret,
+            image=image,
+            env=env,
+            allowed_hosts=allowed_hosts,
         )
         self._setup(name, spec, project, client)
 
@@ -669,8 +691,11 @@ class AgentRun(_ResourceHandle):
         answer; a run that stopped without one raises `errors.Conflict` (``AnswerNotReady``).
         """
         self._poll_status(
-            lambda now: now.get("phase") in TERMINAL_PHASES or self._caught_up(now)
-            or (now.get("phase") == "Waiting" and now.get("reason") != "AwaitingMessage"),
+            lambda now: (
+                now.get("phase") in TERMINAL_PHASES
+                or self._caught_up(now)
+                or (now.get("phase") == "Waiting" and now.get("reason") != "AwaitingMessage")
+            ),
             None,
             lambda phase: f"agentrun/{self.name} is still {phase}",
         )
@@ -699,8 +724,9 @@ class AgentRun(_ResourceHandle):
         `errors.Conflict` (code ``AgentRunFinished``). Non-text payloads travel JSON-encoded.
         """
         text = _encode_input(payload)
-        sent = self._client.send_message(self.name, text, message_key=message_key, message_name=name,
-                                         project=self._project)
+        sent = self._client.send_message(
+            self.name, text, message_key=message_key, message_name=name, project=self._project
+        )
         self._sent_seq = max(self._sent_seq, int(sent.get("seq") or 0))
         return View(sent)
 
@@ -759,7 +785,6 @@ class AgentRun(_ResourceHandle):
                 line = log_line(event)
                 if line is not None:
                     yield line
-
 
 
 # -- RunContext -------------------------------------------------------------------------------

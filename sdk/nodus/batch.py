@@ -34,11 +34,31 @@ from .errors import Conflict, Invalid, NotFound
 from .group import AgentGroup
 from .resources import GROUP_TERMINAL_PHASES, TERMINAL_PHASES
 
-__all__ = ["ROW_FIELDS", "BatchProgress", "BatchResult", "batch_group_name", "log_progress", "read_rows",
-           "read_tasks", "run_batch"]
+__all__ = [
+    "ROW_FIELDS",
+    "BatchProgress",
+    "BatchResult",
+    "batch_group_name",
+    "log_progress",
+    "read_rows",
+    "read_tasks",
+    "run_batch",
+]
 
-ROW_FIELDS = ("key", "run", "phase", "reason", "answer", "cost_usd", "model", "turns",
-              "queued_seconds", "run_seconds", "created_at", "finished_at")
+ROW_FIELDS = (
+    "key",
+    "run",
+    "phase",
+    "reason",
+    "answer",
+    "cost_usd",
+    "model",
+    "turns",
+    "queued_seconds",
+    "run_seconds",
+    "created_at",
+    "finished_at",
+)
 _TASK_COLUMNS = ("key", "input", "depends_on")
 _FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 _WRITE_EVERY_SECONDS = 5.0
@@ -65,20 +85,26 @@ def _dependencies(value: Any, where: str) -> list[str]:
             try:
                 value = json.loads(text)
             except ValueError:
-                raise Invalid(f"{where}.depends_on is not a JSON list: {text[:60]!r}",
-                              details={"field": f"{where}.depends_on"}) from None
+                raise Invalid(
+                    f"{where}.depends_on is not a JSON list: {text[:60]!r}",
+                    details={"field": f"{where}.depends_on"},
+                ) from None
         else:
             return [part for part in text.replace(",", " ").split() if part]
     if not isinstance(value, (list, tuple)):
-        raise Invalid(f"{where}.depends_on must be a list of task keys", details={"field": f"{where}.depends_on"})
+        raise Invalid(
+            f"{where}.depends_on must be a list of task keys", details={"field": f"{where}.depends_on"}
+        )
     return [str(item) for item in value]
 
 
 def _task(row: Mapping[str, Any], where: str) -> dict[str, Any]:
     unknown = [column for column in row if column not in _TASK_COLUMNS]
     if unknown:
-        raise Invalid(f"{where}: unknown column {unknown[0]!r}; a task has key, input and depends_on",
-                      details={"field": f"{where}.{unknown[0]}"})
+        raise Invalid(
+            f"{where}: unknown column {unknown[0]!r}; a task has key, input and depends_on",
+            details={"field": f"{where}.{unknown[0]}"},
+        )
     key = row.get("key")
     if key is None or key == "":
         raise Invalid(f"{where} has no key", details={"field": f"{where}.key"})
@@ -109,7 +135,9 @@ def read_tasks(path: str | Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         raise Invalid(f"tasks file {str(path)!r} does not exist", details={"field": "tasks file"}) from None
     except (OSError, ValueError) as exc:
-        raise Invalid(f"cannot read tasks file {str(path)!r}: {exc}", details={"field": "tasks file"}) from None
+        raise Invalid(
+            f"cannot read tasks file {str(path)!r}: {exc}", details={"field": "tasks file"}
+        ) from None
     if kind == "csv":
         reader = csv.DictReader(io.StringIO(text))
         return [_task(row, f"{path.name} line {index + 2}") for index, row in enumerate(reader)]
@@ -151,7 +179,9 @@ def _row(run: Mapping[str, Any], answer: str | None) -> dict[str, Any]:
         "cost_usd": str((status.get("cost") or {}).get("totalUSD") or "0"),
         "model": turns[-1].get("model") if turns else None,
         "turns": len(turns),
-        "queued_seconds": _seconds(status.get("createdAt"), status.get("admittedAt") or status.get("startedAt")),
+        "queued_seconds": _seconds(
+            status.get("createdAt"), status.get("admittedAt") or status.get("startedAt")
+        ),
         "run_seconds": _seconds(started, status.get("finishedAt")),
         "created_at": status.get("createdAt"),
         "finished_at": status.get("finishedAt"),
@@ -180,23 +210,42 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     import pyarrow as pa
 
     kind = _format(path, "output")
-    schema = pa.schema([
-        ("key", pa.string()), ("run", pa.string()), ("phase", pa.string()), ("reason", pa.string()),
-        ("answer", pa.large_string()), ("cost_usd", pa.decimal128(20, 6)), ("model", pa.string()),
-        ("turns", pa.int32()), ("queued_seconds", pa.float64()), ("run_seconds", pa.float64()),
-        ("created_at", pa.string()), ("finished_at", pa.string()),
-    ])
+    schema = pa.schema(
+        [
+            ("key", pa.string()),
+            ("run", pa.string()),
+            ("phase", pa.string()),
+            ("reason", pa.string()),
+            ("answer", pa.large_string()),
+            ("cost_usd", pa.decimal128(20, 6)),
+            ("model", pa.string()),
+            ("turns", pa.int32()),
+            ("queued_seconds", pa.float64()),
+            ("run_seconds", pa.float64()),
+            ("created_at", pa.string()),
+            ("finished_at", pa.string()),
+        ]
+    )
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     if kind == "jsonl":
-        temporary.write_text("".join(json.dumps({k: row.get(k) for k in ROW_FIELDS}, ensure_ascii=False) + "\n"
-                                     for row in rows), encoding="utf-8")
+        temporary.write_text(
+            "".join(
+                json.dumps({k: row.get(k) for k in ROW_FIELDS}, ensure_ascii=False) + "\n" for row in rows
+            ),
+            encoding="utf-8",
+        )
     else:
-        typed = [{**{k: row.get(k) for k in ROW_FIELDS},
-                  "cost_usd": Decimal(str(row.get("cost_usd") or "0")),
-                  "turns": int(row.get("turns") or 0),
-                  "queued_seconds": _float(row.get("queued_seconds")),
-                  "run_seconds": _float(row.get("run_seconds"))} for row in rows]
+        typed = [
+            {
+                **{k: row.get(k) for k in ROW_FIELDS},
+                "cost_usd": Decimal(str(row.get("cost_usd") or "0")),
+                "turns": int(row.get("turns") or 0),
+                "queued_seconds": _float(row.get("queued_seconds")),
+                "run_seconds": _float(row.get("run_seconds")),
+            }
+            for row in rows
+        ]
         table = pa.Table.from_pylist(typed, schema=schema)
         if kind == "parquet":
             import pyarrow.parquet as pq
@@ -238,8 +287,10 @@ class BatchProgress:
     def line(self, group: str) -> str:
         cap = f" of ${self.cap}" if self.cap else ""
         blocked = f"; waiting: {self.blocked}" if self.blocked else ""
-        return (f"{group}: {self.done}/{self.total} done ({self.failed} failed), {self.active} active, "
-                f"{self.queued} queued, ${self.spent}{cap} spent{blocked}")
+        return (
+            f"{group}: {self.done}/{self.total} done ({self.failed} failed), {self.active} active, "
+            f"{self.queued} queued, ${self.spent}{cap} spent{blocked}"
+        )
 
 
 @dataclass
@@ -284,20 +335,26 @@ def run_batch(
         handle = AgentGroup(resource, client=client)
         spec = resource.get("spec") or {}
         if spec.get("agent") != agent:
-            raise Conflict(f"agentgroup/{name} (the group of {out}) runs agent {spec.get('agent')!r}, not "
-                           f"{agent!r}; write to another output or pass another --group",
-                           details={"field": "agent"})
+            raise Conflict(
+                f"agentgroup/{name} (the group of {out}) runs agent {spec.get('agent')!r}, not "
+                f"{agent!r}; write to another output or pass another --group",
+                details={"field": "agent"},
+            )
         _update_limits(client, name, spec, max_active, max_cost)
     except NotFound:
         handle = AgentGroup.create(name, agent, max_active=max_active, max_cost=max_cost, client=client)
         spec = {}
-    members = {str((resource.get("spec") or {}).get("taskKey")): resource
-               for resource in client.group_runs(name)}
+    members = {
+        str((resource.get("spec") or {}).get("taskKey")): resource for resource in client.group_runs(name)
+    }
     missing = [task for task in items if task["key"] not in members and task["key"] not in previous]
     if missing:
         if spec.get("sealed"):
-            raise Conflict(f"agentgroup/{name} is sealed and lacks {len(missing)} of these tasks; "
-                           "write to another output to run them", code="GroupSealed")
+            raise Conflict(
+                f"agentgroup/{name} is sealed and lacks {len(missing)} of these tasks; "
+                "write to another output to run them",
+                code="GroupSealed",
+            )
         handle.submit_many(missing)
     if not spec.get("sealed"):
         handle.seal()
@@ -328,21 +385,30 @@ def run_batch(
         time.sleep(_POLL_SECONDS)
 
 
-def _update_limits(client: Client, name: str, spec: Mapping[str, Any], max_active: int | None,
-                   max_cost: str | None) -> None:
+def _update_limits(
+    client: Client, name: str, spec: Mapping[str, Any], max_active: int | None, max_cost: str | None
+) -> None:
     """A resumed batch with other limits: move the group's limits (a lower cap is refused)."""
     patch: dict[str, Any] = {}
     if max_active is not None and (spec.get("limits") or {}).get("maxActive") != max_active:
         patch["limits"] = {"maxActive": max_active}
-    if max_cost is not None and spec.get("maxCostUSD") is not None and \
-            Decimal(str(spec["maxCostUSD"])) != Decimal(str(max_cost)):
+    if (
+        max_cost is not None
+        and spec.get("maxCostUSD") is not None
+        and Decimal(str(spec["maxCostUSD"])) != Decimal(str(max_cost))
+    ):
         patch["maxCostUSD"] = str(max_cost)
     if patch:
         client.patch("agentgroups", name, {"spec": patch})
 
 
-def _rows(client: Client, keys: list[str], runs: Mapping[str, Mapping[str, Any]],
-          previous: Mapping[str, dict[str, Any]], answers: dict[str, str | None]) -> list[dict[str, Any]]:
+def _rows(
+    client: Client,
+    keys: list[str],
+    runs: Mapping[str, Mapping[str, Any]],
+    previous: Mapping[str, dict[str, Any]],
+    answers: dict[str, str | None],
+) -> list[dict[str, Any]]:
     """One row per task in the file's order: from its run (answer fetched once, when finished),
     else from the earlier output."""
     rows = []

@@ -24,7 +24,8 @@ __all__ = ["COLLECTIONS", "Applied", "Client"]
 
 # The REST collections this server serves; the CLI maps kinds onto these.
 COLLECTIONS: frozenset[str] = frozenset(
-    {"agents", "agentruns", "agentgroups", "secrets", "credits", "environments", "tokens"})
+    {"agents", "agentruns", "agentgroups", "secrets", "credits", "environments", "tokens"}
+)
 
 # Only connection failures of idempotent GETs are retried: the request never reached the server,
 # so a retry cannot double an effect. Writes are left to the caller, who knows whether the
@@ -136,7 +137,9 @@ class Client:
 
     def async_http(self) -> httpx.AsyncClient:
         """An asyncio HTTP client to the same API with the same headers (for streams)."""
-        return httpx.AsyncClient(base_url=self.settings.api_url, headers=self._http.headers, timeout=_DEFAULT_TIMEOUT)
+        return httpx.AsyncClient(
+            base_url=self.settings.api_url, headers=self._http.headers, timeout=_DEFAULT_TIMEOUT
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -255,14 +258,18 @@ class Client:
 
     # -- tokens -----------------------------------------------------------------------------
 
-    def create_token(self, name: str, *, role: str = "read", expires_in: str | None = None,
-                     project: str | None = None) -> dict[str, Any]:
+    def create_token(
+        self, name: str, *, role: str = "read", expires_in: str | None = None, project: str | None = None
+    ) -> dict[str, Any]:
         """A new token of the project; ``status.token`` holds its value, shown this once only."""
         spec: dict[str, Any] = {"role": role}
         if expires_in is not None:
             spec["expiresIn"] = expires_in
-        return self.create("tokens", {"apiVersion": API_VERSION, "kind": "Token", "metadata": {"name": name},
-                                      "spec": spec}, project=project)
+        return self.create(
+            "tokens",
+            {"apiVersion": API_VERSION, "kind": "Token", "metadata": {"name": name}, "spec": spec},
+            project=project,
+        )
 
     # -- generic resources ------------------------------------------------------------------
 
@@ -283,14 +290,13 @@ class Client:
         """POST; raises `Conflict` with code ``AlreadyExists`` when the name is taken."""
         return self._json(self._request("POST", self._path(collection, project), json=dict(resource)))
 
-    def apply(
-        self, collection: str, resource: Mapping[str, Any], *, project: str | None = None
-    ) -> Applied:
+    def apply(self, collection: str, resource: Mapping[str, Any], *, project: str | None = None) -> Applied:
         """PUT to ``metadata.name``: create or update; ``created`` tells which (201 or 200)."""
         name = self._resource_name(resource)
         response = self._request("PUT", self._path(collection, project, name), json=dict(resource))
-        return Applied(self._json(response), response.status_code == 201,
-                       response.headers.get("X-Nodus-Result"))
+        return Applied(
+            self._json(response), response.status_code == 201, response.headers.get("X-Nodus-Result")
+        )
 
     def patch(
         self, collection: str, name: str, patch: Mapping[str, Any], *, project: str | None = None
@@ -314,7 +320,9 @@ class Client:
         return self._json(self._request("GET", self._path("credits", project)))
 
     def add_credits(self, amount_usd: str, *, project: str | None = None) -> dict[str, Any]:
-        return self._json(self._request("POST", self._path("credits", project), json={"amountUSD": amount_usd}))
+        return self._json(
+            self._request("POST", self._path("credits", project), json={"amountUSD": amount_usd})
+        )
 
     # -- agent runs -------------------------------------------------------------------------
 
@@ -329,22 +337,33 @@ class Client:
         return list(items or [])
 
     def send_message(
-        self, name: str, payload: str, *, message_key: str | None = None, message_name: str = "message",
+        self,
+        name: str,
+        payload: str,
+        *,
+        message_key: str | None = None,
+        message_name: str = "message",
         project: str | None = None,
     ) -> dict[str, Any]:
         """Send a keep-alive run a message; the same ``message_key`` again is delivered once."""
         body: dict[str, Any] = {"payload": payload, "name": message_name}
         if message_key is not None:
             body["messageKey"] = message_key
-        return self._json(self._request("POST", self._path("agentruns", project, name, "messages"), json=body))
+        return self._json(
+            self._request("POST", self._path("agentruns", project, name, "messages"), json=body)
+        )
 
-    def resolve_run(self, name: str, resolution: Mapping[str, Any], *, project: str | None = None) -> dict[str, Any]:
+    def resolve_run(
+        self, name: str, resolution: Mapping[str, Any], *, project: str | None = None
+    ) -> dict[str, Any]:
         """Decide a run's uncertain step: ``{step, decision, result?, evidence?, revision}``."""
-        return self._json(self._request("POST", self._path("agentruns", project, name, "resolve"),
-                                        json=dict(resolution)))
+        return self._json(
+            self._request("POST", self._path("agentruns", project, name, "resolve"), json=dict(resolution))
+        )
 
-    def run_events(self, name: str, *, follow: bool = True, last_event_id: str | None = None,
-                   project: str | None = None) -> Iterator[RunEvent]:
+    def run_events(
+        self, name: str, *, follow: bool = True, last_event_id: str | None = None, project: str | None = None
+    ) -> Iterator[RunEvent]:
         """The run's events (steps, phase, turns, answer) as they happen; with ``follow`` until
         the run ends, else until caught up. Reconnects by itself (``Last-Event-ID``)."""
         path = self._path("agentruns", project, name, "events")

@@ -103,8 +103,13 @@ def _parse_entry(entry: object) -> _Rule:
     """The rule for one ``allowedHosts`` entry, or a ValueError that says what is wrong."""
     if not isinstance(entry, str):
         raise ValueError(f"allowed host must be a string, got {type(entry).__name__}")
-    if not entry or len(entry) > _MAX_ENTRY_CHARS or not entry.isascii() or not entry.isprintable() \
-            or any(c.isspace() for c in entry):
+    if (
+        not entry
+        or len(entry) > _MAX_ENTRY_CHARS
+        or not entry.isascii()
+        or not entry.isprintable()
+        or any(c.isspace() for c in entry)
+    ):
         raise ValueError(
             f"allowed host {entry!r} must be a host name, *.domain or IP address of at most "
             f"{_MAX_ENTRY_CHARS} ASCII characters without spaces (use the punycode form of an "
@@ -226,8 +231,12 @@ def _destinations(address: IPAddress) -> list[IPAddress]:
 
 def _public(address: IPAddress) -> bool:
     return not (
-        address.is_loopback or address.is_private or address.is_link_local or address.is_multicast
-        or address.is_reserved or address.is_unspecified
+        address.is_loopback
+        or address.is_private
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
         or (isinstance(address, ipaddress.IPv6Address) and address.is_site_local)
         or not address.is_global  # also shared address space (100.64.0.0/10, carrier NAT)
     )
@@ -261,9 +270,7 @@ class EgressPolicy:
         object.__setattr__(self, "_rules", tuple(_parse_entry(e) for e in self.allowed_hosts))
 
     @classmethod
-    def from_settings(
-        cls, allowed_hosts: Iterable[str], private_networks: str | None = None
-    ) -> EgressPolicy:
+    def from_settings(cls, allowed_hosts: Iterable[str], private_networks: str | None = None) -> EgressPolicy:
         """The policy for an Agent's ``network.allowedHosts`` under the operator's setting.
 
         ``private_networks`` is the operator's comma-separated CIDR list; None reads
@@ -300,6 +307,8 @@ class EgressPolicy:
         for candidate in _destinations(address):
             if _public(candidate):
                 continue
-            if not any(candidate.version == net.version and candidate in net for net in self.private_networks):
+            if not any(
+                candidate.version == net.version and candidate in net for net in self.private_networks
+            ):
                 return False
         return True

@@ -64,14 +64,21 @@ def _check(response: httpx.Response) -> None:
     raise error_from_response(response.status_code, body)
 
 
-def follow_events(http: httpx.Client, path: str, *, follow: bool = True,
-                  last_event_id: str | None = None) -> Iterator[RunEvent]:
+def follow_events(
+    http: httpx.Client, path: str, *, follow: bool = True, last_event_id: str | None = None
+) -> Iterator[RunEvent]:
     """The events at ``path``, reconnecting after a dropped connection; ends with the stream."""
     lost_since: float | None = None
     while True:
         try:
-            with connect_sse(http, "GET", path, params={"follow": str(follow).lower()},
-                             headers=_headers(last_event_id), timeout=_STREAM_TIMEOUT) as source:
+            with connect_sse(
+                http,
+                "GET",
+                path,
+                params={"follow": str(follow).lower()},
+                headers=_headers(last_event_id),
+                timeout=_STREAM_TIMEOUT,
+            ) as source:
                 _check(source.response)
                 lost_since = None
                 for sse in source.iter_sse():
@@ -86,14 +93,21 @@ def follow_events(http: httpx.Client, path: str, *, follow: bool = True,
             time.sleep(_RECONNECT_DELAY_SECONDS)
 
 
-async def afollow_events(http: httpx.AsyncClient, path: str, *, follow: bool = True,
-                         last_event_id: str | None = None) -> AsyncIterator[RunEvent]:
+async def afollow_events(
+    http: httpx.AsyncClient, path: str, *, follow: bool = True, last_event_id: str | None = None
+) -> AsyncIterator[RunEvent]:
     """`follow_events` for asyncio."""
     lost_since: float | None = None
     while True:
         try:
-            async with aconnect_sse(http, "GET", path, params={"follow": str(follow).lower()},
-                                    headers=_headers(last_event_id), timeout=_STREAM_TIMEOUT) as source:
+            async with aconnect_sse(
+                http,
+                "GET",
+                path,
+                params={"follow": str(follow).lower()},
+                headers=_headers(last_event_id),
+                timeout=_STREAM_TIMEOUT,
+            ) as source:
                 if not source.response.is_success:
                     await source.response.aread()
                     _check(source.response)
@@ -125,12 +139,16 @@ def log_line(event: RunEvent) -> str | None:
     if event.kind == "turn":
         if not data.get("finishedAt"):
             return f"turn {data.get('index')} on {data.get('model')} ({data.get('routing')})"
-        return (f"turn {data.get('index')} done: {data.get('inputTokens')} in / {data.get('outputTokens')} out, "
-                f"${data.get('costUSD')}")
+        return (
+            f"turn {data.get('index')} done: {data.get('inputTokens')} in / {data.get('outputTokens')} out, "
+            f"${data.get('costUSD')}"
+        )
     if event.kind == "egress":
         reason = f" ({data['reason']})" if data.get("reason") else ""
-        return (f"egress {data.get('method')} {data.get('host')}:{data.get('port')} {data.get('outcome')}{reason}, "
-                f"{data.get('bytesUp')} B up / {data.get('bytesDown')} B down")
+        return (
+            f"egress {data.get('method')} {data.get('host')}:{data.get('port')} {data.get('outcome')}{reason}, "
+            f"{data.get('bytesUp')} B up / {data.get('bytesDown')} B down"
+        )
     if event.kind == "answer":  # chunks of one answer: the first says so, the rest continue it
         return ("answer:\n" if not data.get("offset") else "") + str(data.get("text") or "")
     return None

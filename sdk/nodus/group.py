@@ -76,13 +76,19 @@ def _group_manifest(
     spec: dict[str, Any] = {"agent": agent}
     if evaluation is not None:
         if not isinstance(evaluation, Mapping):
-            raise Invalid("evaluation must be a dict such as {\"environment\": \"nodus/arithmetic-v2@2.0.0\", "
-                          "\"tasks\": 10, \"seed\": 42}", details={"field": "evaluation"})
+            raise Invalid(
+                'evaluation must be a dict such as {"environment": "nodus/arithmetic-v2@2.0.0", '
+                '"tasks": 10, "seed": 42}',
+                details={"field": "evaluation"},
+            )
         for number in ("tasks", "repetitions", "seed"):
             _whole_number(evaluation.get(number), f"evaluation.{number}")
         spec["evaluation"] = dict(evaluation)
-    limits = {key: value for key, value in (("maxActive", max_active), ("maxPending", max_pending))
-              if value is not None}
+    limits = {
+        key: value
+        for key, value in (("maxActive", max_active), ("maxPending", max_pending))
+        if value is not None
+    }
     if limits:  # left out, the server's defaults apply (and stay its to change)
         spec["limits"] = limits
     cost = _usd(max_cost, "max_cost")
@@ -192,7 +198,7 @@ def _dependency_order(keys: list[str], depends: list[list[str]]) -> list[int]:
     while True:
         step = next(index[dep] for dep in depends[path[-1]] if index.get(dep) in left)
         if step in seen:
-            cycle = [keys[position] for position in path[seen[step]:]] + [keys[step]]
+            cycle = [keys[position] for position in path[seen[step] :]] + [keys[step]]
             raise Invalid(
                 f"dependency cycle: {' -> '.join(cycle)}", details={"field": "depends_on", "cycle": cycle}
             )
@@ -248,7 +254,11 @@ class AgentGroup(_ResourceHandle):
         else:
             raise Invalid("agent must be an Agent or the name of one", details={"field": "agent"})
         manifest = _group_manifest(
-            name, agent_name, max_active=max_active, max_pending=max_pending, max_cost=max_cost,
+            name,
+            agent_name,
+            max_active=max_active,
+            max_pending=max_pending,
+            max_cost=max_cost,
             evaluation=evaluation,
         )
         if isinstance(agent, Agent):
@@ -280,7 +290,10 @@ class AgentGroup(_ResourceHandle):
         time instead of a second set, and different batches never share a key.
         """
         content = {
-            "project": self._project or self._client.project, "group": self.name, "uid": uid, "items": batch,
+            "project": self._project or self._client.project,
+            "group": self.name,
+            "uid": uid,
+            "items": batch,
         }
         encoded = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
@@ -307,7 +320,8 @@ class AgentGroup(_ResourceHandle):
                 parse_resource(manifest)
             except Invalid as exc:
                 raise type(exc)(
-                    f"tasks[{position}]: {exc.message}", code=exc.code,
+                    f"tasks[{position}]: {exc.message}",
+                    code=exc.code,
                     details={**exc.details, "index": position},
                 ) from None
             manifests[keys[position]] = manifest
@@ -407,8 +421,13 @@ class _Progress:
         # Lines printed to stdout go above the bar only when stdout is that terminal too; piped
         # output must stay on stdout, untouched.
         self._bar = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=Console(stderr=True), redirect_stdout=_isatty(sys.stdout), redirect_stderr=False,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            redirect_stdout=_isatty(sys.stdout),
+            redirect_stderr=False,
         )
         self._task = self._bar.add_task(label, total=total)
         self._bar.start()

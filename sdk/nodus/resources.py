@@ -99,6 +99,7 @@ def at_cost_cap(status: dict[str, Any]) -> bool:
     """A run parked at its cost cap: only a cancel or its deadline can end it, so waiters stop."""
     return status.get("phase") == "Waiting" and status.get("reason") == "MaxCostReached"
 
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DECIMAL = re.compile(r"^\d{1,7}(\.\d{1,6})?$")
 _DURATION = re.compile(r"^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$", re.ASCII)
@@ -117,7 +118,7 @@ def validate_dns_label(value: str) -> str:
 
 def _validate_usd(value: str) -> str:
     if not isinstance(value, str) or not _DECIMAL.match(value):
-        raise ValueError(f"{value!r} is not a decimal amount of dollars such as \"0.50\"")
+        raise ValueError(f'{value!r} is not a decimal amount of dollars such as "0.50"')
     try:
         amount = Decimal(value)
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid decimals
@@ -131,7 +132,7 @@ def parse_duration(value: str) -> timedelta:
     """``"2h"``, ``"30m"``, ``"90s"`` or ``"1h30m"``; the units of the product documents."""
     match = _DURATION.match(value) if isinstance(value, str) else None
     if not value or not match or not any(match.groups()):
-        raise ValueError(f"{value!r} is not a duration such as \"30m\", \"2h\" or \"1h30m\"")
+        raise ValueError(f'{value!r} is not a duration such as "30m", "2h" or "1h30m"')
     hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     try:
         return timedelta(hours=hours, minutes=minutes, seconds=seconds)
@@ -189,14 +190,30 @@ class ModelSpec(_Strict):
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Set by the sandbox itself: an Agent cannot move the workspace or route around the egress proxy.
-RESERVED_ENV = frozenset({"PATH", "HOME", "LANG", "TERM", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
-                          "http_proxy", "https_proxy", "all_proxy", "no_proxy"})
+RESERVED_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "LANG",
+        "TERM",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "no_proxy",
+    }
+)
 MAX_ENV_VARS = 64
 
 
 def _validate_env_name(value: str) -> str:
     if not _ENV_NAME.fullmatch(value):
-        raise ValueError(f"{value[:40]!r} is not an environment variable name (letters, digits and _, not first a digit)")
+        raise ValueError(
+            f"{value[:40]!r} is not an environment variable name (letters, digits and _, not first a digit)"
+        )
     if value in RESERVED_ENV:
         raise ValueError(f"{value} is set by the sandbox itself and cannot be set by an Agent")
     return value
@@ -230,7 +247,8 @@ class NetworkSpec(_Strict):
     """What a run's commands may reach: nothing unless listed (through the egress proxy)."""
 
     allowedHosts: list[Annotated[str, AfterValidator(validate_allowed_host)]] = Field(
-        default_factory=list, max_length=MAX_ALLOWED_HOSTS)
+        default_factory=list, max_length=MAX_ALLOWED_HOSTS
+    )
 
 
 def _unique_env(values: list[EnvVar]) -> list[EnvVar]:
@@ -250,7 +268,9 @@ class AgentSpec(_Strict):
     perRunMaxCostUSD: UsdAmount = "1.00"
     image: str | None = Field(default=None, max_length=512)
     state: Literal["Running", "Stopped"] = "Running"
-    env: Annotated[list[EnvVar], AfterValidator(_unique_env)] = Field(default_factory=list, max_length=MAX_ENV_VARS)
+    env: Annotated[list[EnvVar], AfterValidator(_unique_env)] = Field(
+        default_factory=list, max_length=MAX_ENV_VARS
+    )
     network: NetworkSpec | None = None
 
 
@@ -378,11 +398,15 @@ _EVALUATION_TIMEOUT = (timedelta(minutes=1), timedelta(hours=24))
 def _validate_environment_ref(value: str) -> str:
     match = _ENVIRONMENT_REF.match(value) if isinstance(value, str) else None
     if match is None:
-        raise ValueError(f"{value[:80]!r} is not an Environment reference such as \"nodus/arithmetic-v2@2.0.0\" "
-                         "(owner/name@version)")
+        raise ValueError(
+            f'{value[:80]!r} is not an Environment reference such as "nodus/arithmetic-v2@2.0.0" '
+            "(owner/name@version)"
+        )
     if match.group("version") is None:
-        raise ValueError(f"{value!r} names no version; an evaluation pins one, e.g. \"{value}@2.0.0\" "
-                         "(`nodus get environments` lists the versions)")
+        raise ValueError(
+            f'{value!r} names no version; an evaluation pins one, e.g. "{value}@2.0.0" '
+            "(`nodus get environments` lists the versions)"
+        )
     return value
 
 
@@ -411,8 +435,10 @@ class EvaluationSpec(_Strict):
     @model_validator(mode="after")
     def _bounded_batch(self) -> EvaluationSpec:
         if self.tasks * self.repetitions > MAX_EVALUATION_CASES:
-            raise ValueError(f"tasks x repetitions is {self.tasks * self.repetitions}; an evaluation runs at most "
-                             f"{MAX_EVALUATION_CASES} cases")
+            raise ValueError(
+                f"tasks x repetitions is {self.tasks * self.repetitions}; an evaluation runs at most "
+                f"{MAX_EVALUATION_CASES} cases"
+            )
         return self
 
 
@@ -451,7 +477,12 @@ class GroupCost(_Open):
 # answer; Scored: a verdict and a reward. The rest are unscored, each for its own reason, and
 # left out of the pass rate and the mean reward (a failure is not a zero reward).
 UNSCORED_STATES: tuple[str, ...] = (
-    "RunFailed", "RunCancelled", "MissingAnswer", "GraderFailed", "EvaluationTimeout", "GradingCancelled",
+    "RunFailed",
+    "RunCancelled",
+    "MissingAnswer",
+    "GraderFailed",
+    "EvaluationTimeout",
+    "GradingCancelled",
 )
 CASE_STATES: tuple[str, ...] = ("Pending", "Grading", "Scored", *UNSCORED_STATES)
 
@@ -543,7 +574,9 @@ class Secret(_Strict):
         default=None, repr=False
     )
     data: Annotated[
-        dict[str, str] | None, AfterValidator(_validate_base64_values), AfterValidator(_validate_secret_values)
+        dict[str, str] | None,
+        AfterValidator(_validate_base64_values),
+        AfterValidator(_validate_secret_values),
     ] = Field(default=None, repr=False)
     status: SecretStatus | None = None
 
@@ -589,7 +622,11 @@ class Token(_Strict):
 Resource = Agent | AgentRun | AgentGroup | Secret | Token
 
 KINDS: dict[str, type[_Strict]] = {
-    "Agent": Agent, "AgentRun": AgentRun, "AgentGroup": AgentGroup, "Secret": Secret, "Token": Token,
+    "Agent": Agent,
+    "AgentRun": AgentRun,
+    "AgentGroup": AgentGroup,
+    "Secret": Secret,
+    "Token": Token,
 }
 
 # kubectl-style names the CLI accepts, mapped to the kind and the REST collection.
@@ -630,20 +667,25 @@ def parse_resource(document: Any, *, expected_kind: str | None = None) -> Resour
     `PayloadTooLarge` for an input over 256 KiB, so every entry point refuses the same way.
     """
     if not isinstance(document, dict):
-        raise Invalid("a resource must be a mapping with apiVersion, kind, metadata and spec",
-                      details={"field": ""})
+        raise Invalid(
+            "a resource must be a mapping with apiVersion, kind, metadata and spec", details={"field": ""}
+        )
     api_version = document.get("apiVersion")
     if api_version != API_VERSION:
-        raise Invalid(f"apiVersion {api_version!r} is not supported; use {API_VERSION!r}",
-                      details={"field": "apiVersion"})
+        raise Invalid(
+            f"apiVersion {api_version!r} is not supported; use {API_VERSION!r}",
+            details={"field": "apiVersion"},
+        )
     kind = document.get("kind")
     model = KINDS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise Invalid(f"kind {kind!r} is not known; known kinds: {', '.join(KINDS)}",
-                      details={"field": "kind"})
+        raise Invalid(
+            f"kind {kind!r} is not known; known kinds: {', '.join(KINDS)}", details={"field": "kind"}
+        )
     if expected_kind is not None and kind != expected_kind:
-        raise Invalid(f"kind {kind!r} was sent where {expected_kind!r} is expected",
-                      details={"field": "kind"})
+        raise Invalid(
+            f"kind {kind!r} was sent where {expected_kind!r} is expected", details={"field": "kind"}
+        )
     if kind == "AgentRun":
         document = _name_member(document)
     try:
@@ -674,9 +716,11 @@ def _name_member(document: dict[str, Any]) -> dict[str, Any]:
         return document
     for field, value in (("group", group), ("taskKey", task_key)):
         if not _DNS_LABEL.match(value):
-            raise Invalid(f"AgentRun spec.{field}: {value[:70]!r} is not a DNS label (lower-case letters, digits "
-                          "and '-', starting and ending with a letter or digit, at most 63 characters)",
-                          details={"field": f"spec.{field}", "kind": "AgentRun"})
+            raise Invalid(
+                f"AgentRun spec.{field}: {value[:70]!r} is not a DNS label (lower-case letters, digits "
+                "and '-', starting and ending with a letter or digit, at most 63 characters)",
+                details={"field": f"spec.{field}", "kind": "AgentRun"},
+            )
     expected = member_run_name(group, task_key)
     metadata = document.get("metadata")
     if metadata is None:
@@ -686,21 +730,28 @@ def _name_member(document: dict[str, Any]) -> dict[str, Any]:
     name = metadata.get("name")
     if name is None:
         if len(expected) > 63:
-            raise Invalid(f"AgentRun spec.taskKey: the run's name {expected[:70]!r}... (<group>-<taskKey>) is "
-                          "longer than 63 characters; use a shorter taskKey",
-                          details={"field": "spec.taskKey", "kind": "AgentRun"})
+            raise Invalid(
+                f"AgentRun spec.taskKey: the run's name {expected[:70]!r}... (<group>-<taskKey>) is "
+                "longer than 63 characters; use a shorter taskKey",
+                details={"field": "spec.taskKey", "kind": "AgentRun"},
+            )
         return {**document, "metadata": {**metadata, "name": expected}}
     if name != expected:
-        raise Invalid(f"AgentRun metadata.name: a run of group {group!r} with taskKey {task_key!r} is named "
-                      f"{expected!r}; leave metadata.name out or set exactly that, not {name!r}",
-                      details={"field": "metadata.name", "kind": "AgentRun"})
+        raise Invalid(
+            f"AgentRun metadata.name: a run of group {group!r} with taskKey {task_key!r} is named "
+            f"{expected!r}; leave metadata.name out or set exactly that, not {name!r}",
+            details={"field": "metadata.name", "kind": "AgentRun"},
+        )
     return document
 
 
 def _check_membership(spec: AgentRunSpec) -> None:
     """Group fields come together; refused here so every entry point names the same field."""
+
     def refuse(field: str, message: str) -> None:
-        raise Invalid(f"AgentRun spec.{field}: {message}", details={"field": f"spec.{field}", "kind": "AgentRun"})
+        raise Invalid(
+            f"AgentRun spec.{field}: {message}", details={"field": f"spec.{field}", "kind": "AgentRun"}
+        )
 
     if spec.group is None:
         if spec.taskKey is not None:
@@ -717,7 +768,9 @@ def _check_membership(spec: AgentRunSpec) -> None:
 def parse_run_list(document: Any) -> list[AgentRun]:
     """Validate an AgentRunList; a refusal names the item (``items[3].spec.taskKey``)."""
     if not isinstance(document, dict):
-        raise Invalid("an AgentRunList must be a mapping with apiVersion, kind and items", details={"field": ""})
+        raise Invalid(
+            "an AgentRunList must be a mapping with apiVersion, kind and items", details={"field": ""}
+        )
     try:
         batch = AgentRunList.model_validate(document)
     except ValidationError as exc:
@@ -726,15 +779,20 @@ def parse_run_list(document: Any) -> list[AgentRun]:
         message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
         if field == "items" and first["type"] == "too_long":
             message = f"a batch holds at most {MAX_BATCH_RUNS} runs"
-        raise Invalid(f"AgentRunList {field}: {message}", details={"field": field, "kind": "AgentRunList"}) from None
+        raise Invalid(
+            f"AgentRunList {field}: {message}", details={"field": field, "kind": "AgentRunList"}
+        ) from None
     runs: list[AgentRun] = []
     for index, item in enumerate(batch.items):
         try:
             parsed = parse_resource(item, expected_kind="AgentRun")
         except Invalid as exc:
             field = f"items[{index}]" + (f".{exc.details['field']}" if exc.details.get("field") else "")
-            raise type(exc)(f"items[{index}]: {exc.message}", code=exc.code,
-                            details={**exc.details, "field": field, "index": index}) from None
+            raise type(exc)(
+                f"items[{index}]: {exc.message}",
+                code=exc.code,
+                details={**exc.details, "field": field, "index": index},
+            ) from None
         assert isinstance(parsed, AgentRun)
         runs.append(parsed)
     return runs

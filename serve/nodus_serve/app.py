@@ -39,7 +39,9 @@ _MAX_BODY_BYTES = 1024 * 1024
 
 @functools.cache
 def _console_page() -> str:
-    return resources.files(__package__).joinpath("console.html").read_text(encoding="utf-8")  # a resource with a 256 KiB input, JSON-escaped, fits
+    return (
+        resources.files(__package__).joinpath("console.html").read_text(encoding="utf-8")
+    )  # a resource with a 256 KiB input, JSON-escaped, fits
 
 
 class ControlPlaneGateway:
@@ -79,7 +81,9 @@ def _error(error: NodusError) -> JSONResponse:
 async def _body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if len(raw) > _MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"the request body is larger than {_MAX_BODY_BYTES} bytes", details={"field": ""})
+        raise PayloadTooLarge(
+            f"the request body is larger than {_MAX_BODY_BYTES} bytes", details={"field": ""}
+        )
     try:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
@@ -99,8 +103,10 @@ def _project(project: str) -> str:
 def _name_matches(body: dict[str, Any], name: str) -> dict[str, Any]:
     meta = body.get("metadata")
     if isinstance(meta, dict) and meta.get("name") not in (None, name):
-        raise Invalid(f"metadata.name {meta.get('name')!r} does not match the URL's name {name!r}",
-                      details={"field": "metadata.name"})
+        raise Invalid(
+            f"metadata.name {meta.get('name')!r} does not match the URL's name {name!r}",
+            details={"field": "metadata.name"},
+        )
     if isinstance(meta, dict):
         body = {**body, "metadata": {**meta, "name": name}}
     elif meta is None:
@@ -114,29 +120,47 @@ def _listing(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _applied(outcome: dict[str, Any]) -> JSONResponse:
     status = 201 if outcome["result"] == "created" else 200
-    return JSONResponse(status_code=status, content=outcome["resource"],
-                        headers={"X-Nodus-Result": outcome["result"]})
+    return JSONResponse(
+        status_code=status, content=outcome["resource"], headers={"X-Nodus-Result": outcome["result"]}
+    )
 
 
 _MAX_IDEMPOTENCY_KEY = 255
 
 
-async def _create_list(cp: ControlPlaneGateway, create_list: tuple[str, str], project: str,
-                       body: dict[str, Any], request: Request) -> JSONResponse:
+async def _create_list(
+    cp: ControlPlaneGateway,
+    create_list: tuple[str, str],
+    project: str,
+    body: dict[str, Any],
+    request: Request,
+) -> JSONResponse:
     """A batch: 201 with the created items, or 200 with the first answer to a repeated key."""
     key = request.headers.get("Idempotency-Key")
     if key is not None and not (0 < len(key) <= _MAX_IDEMPOTENCY_KEY and key.isprintable()):
-        raise Invalid(f"the Idempotency-Key header must be 1 to {_MAX_IDEMPOTENCY_KEY} printable characters",
-                      details={"field": "Idempotency-Key"})
+        raise Invalid(
+            f"the Idempotency-Key header must be 1 to {_MAX_IDEMPOTENCY_KEY} printable characters",
+            details={"field": "Idempotency-Key"},
+        )
     outcome = await cp.call(create_list[1], project, body, key)
     replayed = bool(outcome["replayed"])
-    return JSONResponse(status_code=200 if replayed else 201,
-                        content=_listing(create_list[0], outcome["items"]),
-                        headers={"Idempotency-Replayed": "true" if replayed else "false"})
+    return JSONResponse(
+        status_code=200 if replayed else 201,
+        content=_listing(create_list[0], outcome["items"]),
+        headers={"Idempotency-Replayed": "true" if replayed else "false"},
+    )
 
 
-def _resource_routes(app: FastAPI, cp: ControlPlaneGateway, plural: str, *, apply: str, get: str,
-                     delete: str, create_list: tuple[str, str] | None = None) -> None:
+def _resource_routes(
+    app: FastAPI,
+    cp: ControlPlaneGateway,
+    plural: str,
+    *,
+    apply: str,
+    get: str,
+    delete: str,
+    create_list: tuple[str, str] | None = None,
+) -> None:
     """POST (create), GET, PUT (apply) and DELETE of one kind of resource, all alike.
 
     ``apply`` names the control-plane method taking ``(project, document, mode)`` with mode
@@ -174,8 +198,11 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     default ``NODUS_API_MAX_INFLIGHT`` or 128.
     """
     cp = gateway or ControlPlaneGateway()
-    app = FastAPI(title="nodus", version="0.1.0",
-                  description="Durable agent runs on Ray. Errors are JSON {code, message, details}.")
+    app = FastAPI(
+        title="nodus",
+        version="0.1.0",
+        description="Durable agent runs on Ray. Errors are JSON {code, message, details}.",
+    )
     principals = PrincipalCache()
     # Starlette runs the middleware added last first: load is shed before a token is looked up.
     app.add_middleware(Authenticator, lookup=functools.partial(cp.call, "authenticate"), cache=principals)
@@ -198,19 +225,27 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
         # Unknown paths and methods answer in the same JSON shape as every other refusal.
         codes = {404: "NotFound", 405: "MethodNotAllowed"}
         code = codes.get(error.status_code, f"HTTP{error.status_code}")
-        message = (f"{request.method} {request.url.path} is not an endpoint of this API"
-                   if error.status_code in codes else str(error.detail))
-        return JSONResponse(status_code=error.status_code, headers=getattr(error, "headers", None),
-                            content={"code": code, "message": message, "details": {}})
+        message = (
+            f"{request.method} {request.url.path} is not an endpoint of this API"
+            if error.status_code in codes
+            else str(error.detail)
+        )
+        return JSONResponse(
+            status_code=error.status_code,
+            headers=getattr(error, "headers", None),
+            content={"code": code, "message": message, "details": {}},
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, error: Exception) -> JSONResponse:
         logger.exception("unexpected error", exc_info=error)
-        return JSONResponse(status_code=500, content={"code": "InternalError",
-                                                      "message": "the server failed; see its logs",
-                                                      "details": {}})
+        return JSONResponse(
+            status_code=500,
+            content={"code": "InternalError", "message": "the server failed; see its logs", "details": {}},
+        )
 
     if faults.enabled():  # the fault-injection suite only: kill this replica mid-request
+
         @app.middleware("http")
         async def _crash_point(request: Request, call_next: Any) -> Any:
             response = await call_next(request)
@@ -254,8 +289,15 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     async def list_runs(project: str, agent: str | None = None, group: str | None = None) -> dict[str, Any]:
         return _listing("AgentRunList", await cp.call("list_runs", _project(project), agent, group))
 
-    _resource_routes(app, cp, "agentruns", apply="create_run", get="get_run", delete="delete_run",
-                     create_list=("AgentRunList", "create_runs"))
+    _resource_routes(
+        app,
+        cp,
+        "agentruns",
+        apply="create_run",
+        get="get_run",
+        delete="delete_run",
+        create_list=("AgentRunList", "create_runs"),
+    )
 
     @app.post("/v1/projects/{project}/agentruns/{name}/cancel")
     async def cancel_run(project: str, name: str) -> dict[str, Any]:
@@ -266,28 +308,45 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
         body = await _body(request)
         unknown = sorted(set(body) - {"payload", "messageKey", "name"})
         if unknown:
-            raise Invalid(f"{unknown[0]}: unknown field (a message has payload, messageKey and name)",
-                          details={"field": unknown[0]})
+            raise Invalid(
+                f"{unknown[0]}: unknown field (a message has payload, messageKey and name)",
+                details={"field": unknown[0]},
+            )
         if "payload" not in body:
-            raise Invalid("payload: required, e.g. {\"payload\": \"Now the staging logs\"}",
-                          details={"field": "payload"})
-        receipt = await cp.call("send_message", _project(project), name, body["payload"], body.get("messageKey"),
-                                body.get("name", "message"))
+            raise Invalid(
+                'payload: required, e.g. {"payload": "Now the staging logs"}', details={"field": "payload"}
+            )
+        receipt = await cp.call(
+            "send_message",
+            _project(project),
+            name,
+            body["payload"],
+            body.get("messageKey"),
+            body.get("name", "message"),
+        )
         return JSONResponse(status_code=200 if receipt["duplicate"] else 202, content=receipt)
 
     @app.post("/v1/projects/{project}/agentruns/{name}/resolve")
     async def resolve_run(project: str, name: str, request: Request) -> dict[str, Any]:
         return await cp.call("resolve_run", _project(project), name, await _body(request))
 
-    @app.get("/v1/projects/{project}/agentruns/{name}/events", response_class=StreamingResponse,
-             responses={200: {"description": "server-sent events", "content": {"text/event-stream": {}}}})
-    async def run_events_stream(project: str, name: str, request: Request, follow: bool = True) -> StreamingResponse:
+    @app.get(
+        "/v1/projects/{project}/agentruns/{name}/events",
+        response_class=StreamingResponse,
+        responses={200: {"description": "server-sent events", "content": {"text/event-stream": {}}}},
+    )
+    async def run_events_stream(
+        project: str, name: str, request: Request, follow: bool = True
+    ) -> StreamingResponse:
         """Server-sent events of the run (`events`); resumable with Last-Event-ID."""
         project = _project(project)
         await cp.call("get_run", project, name)  # a missing run is a 404 before the stream starts
         cursor = parse_cursor(request.headers.get("Last-Event-ID"))
-        return StreamingResponse(run_events(cp.call, project, name, cursor, follow), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            run_events(cp.call, project, name, cursor, follow),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @app.get("/v1/projects/{project}/agentruns/{name}/steps")
     async def run_steps(project: str, name: str) -> dict[str, Any]:
@@ -344,7 +403,7 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     async def add_credits(project: str, request: Request) -> dict[str, Any]:
         body = await _body(request)
         if "amountUSD" not in body:
-            raise Invalid("amountUSD: required, e.g. {\"amountUSD\": \"10.00\"}", details={"field": "amountUSD"})
+            raise Invalid('amountUSD: required, e.g. {"amountUSD": "10.00"}', details={"field": "amountUSD"})
         return await cp.call("add_credits", _project(project), str(body["amountUSD"]))
 
     @app.get("/v1/prices")
@@ -366,8 +425,9 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     async def create_token(project: str, request: Request) -> JSONResponse:
         """A new token; the answer's ``status.token`` is the only time its value is shown."""
         principal = request.state.principal
-        created = await cp.call("create_token", _project(project), await _body(request),
-                                f"{principal.project}/{principal.name}")
+        created = await cp.call(
+            "create_token", _project(project), await _body(request), f"{principal.project}/{principal.name}"
+        )
         return JSONResponse(status_code=201, content=created, headers={"Cache-Control": "no-store"})
 
     @app.get("/v1/projects/{project}/tokens/{name}")

@@ -100,13 +100,20 @@ def _bearer(scope: Scope) -> str | None:
 def authorize(principal: Principal, access: Access) -> None:
     """Refuse what ``principal`` may not do; another project is a plain 404."""
     if principal.project != OPERATOR and access.project is not None and access.project != principal.project:
-        raise NotFound(f"project {access.project!r} not found", details={"kind": "Project", "name": access.project})
+        raise NotFound(
+            f"project {access.project!r} not found", details={"kind": "Project", "name": access.project}
+        )
     if access.operator and principal.project != OPERATOR:
-        raise Forbidden(f"{access.what} needs an operator token; token {principal.name!r} belongs to project "
-                        f"{principal.project!r}", details={"token": principal.name, "needs": "operator"})
+        raise Forbidden(
+            f"{access.what} needs an operator token; token {principal.name!r} belongs to project "
+            f"{principal.project!r}",
+            details={"token": principal.name, "needs": "operator"},
+        )
     if _ROLE_RANK[principal.role] < _ROLE_RANK[access.role]:
-        raise Forbidden(f"{access.what} needs role {access.role}; token {principal.name!r} has role {principal.role}",
-                        details={"token": principal.name, "role": principal.role, "needs": access.role})
+        raise Forbidden(
+            f"{access.what} needs role {access.role}; token {principal.name!r} has role {principal.role}",
+            details={"token": principal.name, "role": principal.role, "needs": access.role},
+        )
 
 
 class Authenticator:
@@ -137,22 +144,28 @@ class Authenticator:
     async def _principal(self, scope: Scope) -> Principal:
         token = _bearer(scope)
         if token is None:
-            raise Unauthorized("this API needs a bearer token (Authorization: Bearer <token>); `nodus up` keeps "
-                               "one for the local user, `nodus login --token` stores another",
-                               details={"field": "Authorization"})
+            raise Unauthorized(
+                "this API needs a bearer token (Authorization: Bearer <token>); `nodus up` keeps "
+                "one for the local user, `nodus login --token` stores another",
+                details={"field": "Authorization"},
+            )
         digest = token_digest(token)
         principal = self.cache.get(digest)
         if principal is None:
             found = await self.lookup(digest)
             if found is None:
-                raise Unauthorized("the bearer token is not valid: unknown, revoked or expired",
-                                   details={"field": "Authorization"})
+                raise Unauthorized(
+                    "the bearer token is not valid: unknown, revoked or expired",
+                    details={"field": "Authorization"},
+                )
             principal = Principal.from_dict(found)
             self.cache.put(digest, principal)
         if principal.expires_at and parse_timestamp(principal.expires_at) <= datetime.now(UTC):
             self.cache.clear()
-            raise Unauthorized("the bearer token is not valid: unknown, revoked or expired",
-                               details={"field": "Authorization"})
+            raise Unauthorized(
+                "the bearer token is not valid: unknown, revoked or expired",
+                details={"field": "Authorization"},
+            )
         return principal
 
 

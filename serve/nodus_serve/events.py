@@ -53,13 +53,25 @@ def _event(kind: str, data: Any, cursor: tuple[int, int]) -> str:
 
 
 def _turn_view(turn: dict[str, Any]) -> dict[str, Any]:
-    keys = ("index", "family", "model", "routing", "inputTokens", "outputTokens", "toolCalls", "costUSD",
-            "stopReason", "startedAt", "finishedAt")
+    keys = (
+        "index",
+        "family",
+        "model",
+        "routing",
+        "inputTokens",
+        "outputTokens",
+        "toolCalls",
+        "costUSD",
+        "stopReason",
+        "startedAt",
+        "finishedAt",
+    )
     return {key: turn.get(key) for key in keys}
 
 
-async def run_events(call: Call, project: str, name: str, cursor: tuple[int, int],
-                     follow: bool = True) -> AsyncIterator[str]:
+async def run_events(
+    call: Call, project: str, name: str, cursor: tuple[int, int], follow: bool = True
+) -> AsyncIterator[str]:
     """The event stream of one run from ``cursor`` on (see the module)."""
     seq, version = cursor
     phase: tuple[Any, Any] | None = None
@@ -82,9 +94,16 @@ async def run_events(call: Call, project: str, name: str, cursor: tuple[int, int
             now_phase = (status.get("phase"), status.get("reason"))
             if now_phase != phase:
                 phase = now_phase
-                yield _event("phase", {"phase": now_phase[0], "reason": now_phase[1],
-                                       "message": status.get("message"), "resourceVersion": version},
-                             (seq, version))
+                yield _event(
+                    "phase",
+                    {
+                        "phase": now_phase[0],
+                        "reason": now_phase[1],
+                        "message": status.get("message"),
+                        "resourceVersion": version,
+                    },
+                    (seq, version),
+                )
             for turn in status.get("turns") or []:
                 view = _turn_view(turn)
                 if turns.get(view["index"]) != view:
@@ -98,11 +117,20 @@ async def run_events(call: Call, project: str, name: str, cursor: tuple[int, int
                 except Conflict:
                     text = ""
                 for offset in range(0, len(text), _ANSWER_CHUNK):
-                    yield _event("answer", {"offset": offset, "text": text[offset:offset + _ANSWER_CHUNK],
-                                            "final": offset + _ANSWER_CHUNK >= len(text)}, (seq, version))
+                    yield _event(
+                        "answer",
+                        {
+                            "offset": offset,
+                            "text": text[offset : offset + _ANSWER_CHUNK],
+                            "final": offset + _ANSWER_CHUNK >= len(text),
+                        },
+                        (seq, version),
+                    )
             last_sent = time.monotonic()
         if status.get("phase") in TERMINAL_PHASES and not records:
-            yield _event("end", {"phase": status.get("phase"), "reason": status.get("reason")}, (seq, version))
+            yield _event(
+                "end", {"phase": status.get("phase"), "reason": status.get("reason")}, (seq, version)
+            )
             return
         if not follow and not records:
             return

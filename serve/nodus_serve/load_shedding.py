@@ -61,13 +61,23 @@ class LoadShedder:
             self.inflight -= 1
 
     async def _refuse(self, send: Any) -> None:
-        body = json.dumps({
-            "code": "TooManyRequests",
-            "message": f"the API has {self.limit} requests in flight, its limit; nothing was done: retry after "
-                       f"{_RETRY_AFTER_SECONDS} s",
-            "details": {"limit": self.limit, "retryAfter": _RETRY_AFTER_SECONDS},
-        }).encode()
-        await send({"type": "http.response.start", "status": 429, "headers": [
-            (b"content-type", b"application/json"), (b"retry-after", str(_RETRY_AFTER_SECONDS).encode()),
-            (b"content-length", str(len(body)).encode())]})
+        body = json.dumps(
+            {
+                "code": "TooManyRequests",
+                "message": f"the API has {self.limit} requests in flight, its limit; nothing was done: retry after "
+                f"{_RETRY_AFTER_SECONDS} s",
+                "details": {"limit": self.limit, "retryAfter": _RETRY_AFTER_SECONDS},
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 429,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"retry-after", str(_RETRY_AFTER_SECONDS).encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

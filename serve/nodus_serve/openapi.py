@@ -58,32 +58,57 @@ _STRING = {"type": "string"}
 _BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/projects/{project}/agents"): _json_body(_ref("Agent")),
     ("put", "/v1/projects/{project}/agents/{name}"): _json_body(_ref("Agent")),
-    ("post", "/v1/projects/{project}/agentruns"): _json_body({"oneOf": [_ref("AgentRun"), _ref("AgentRunList")]}),
+    ("post", "/v1/projects/{project}/agentruns"): _json_body(
+        {"oneOf": [_ref("AgentRun"), _ref("AgentRunList")]}
+    ),
     ("put", "/v1/projects/{project}/agentruns/{name}"): _json_body(_ref("AgentRun")),
     ("post", "/v1/projects/{project}/agentgroups"): _json_body(_ref("AgentGroup")),
     ("put", "/v1/projects/{project}/agentgroups/{name}"): _json_body(_ref("AgentGroup")),
     ("post", "/v1/projects/{project}/secrets"): _json_body(_ref("Secret")),
     ("put", "/v1/projects/{project}/secrets/{name}"): _json_body(_ref("Secret")),
     ("post", "/v1/projects/{project}/tokens"): _json_body(_ref("Token")),
-    ("patch", "/v1/projects/{project}/agents/{name}"): _json_body(_ANY_OBJECT, "application/merge-patch+json"),
-    ("patch", "/v1/projects/{project}/agentgroups/{name}"): _json_body(_ANY_OBJECT, "application/merge-patch+json"),
-    ("post", "/v1/projects/{project}/agentruns/{name}/messages"): _json_body({
-        "type": "object", "required": ["payload"], "additionalProperties": False,
-        "properties": {"payload": _STRING, "messageKey": _STRING, "name": _STRING}}),
-    ("post", "/v1/projects/{project}/agentruns/{name}/resolve"): _json_body({
-        "type": "object", "required": ["step", "decision"], "additionalProperties": False,
-        "properties": {"step": _STRING, "decision": {"enum": ["Completed", "NoEffect", "Cancelled"]},
-                       "revision": {"type": "integer"}, "result": _ANY_OBJECT, "evidence": _STRING}}),
-    ("post", "/v1/projects/{project}/credits"): _json_body({
-        "type": "object", "required": ["amountUSD"], "properties": {"amountUSD": _STRING}}),
+    ("patch", "/v1/projects/{project}/agents/{name}"): _json_body(
+        _ANY_OBJECT, "application/merge-patch+json"
+    ),
+    ("patch", "/v1/projects/{project}/agentgroups/{name}"): _json_body(
+        _ANY_OBJECT, "application/merge-patch+json"
+    ),
+    ("post", "/v1/projects/{project}/agentruns/{name}/messages"): _json_body(
+        {
+            "type": "object",
+            "required": ["payload"],
+            "additionalProperties": False,
+            "properties": {"payload": _STRING, "messageKey": _STRING, "name": _STRING},
+        }
+    ),
+    ("post", "/v1/projects/{project}/agentruns/{name}/resolve"): _json_body(
+        {
+            "type": "object",
+            "required": ["step", "decision"],
+            "additionalProperties": False,
+            "properties": {
+                "step": _STRING,
+                "decision": {"enum": ["Completed", "NoEffect", "Cancelled"]},
+                "revision": {"type": "integer"},
+                "result": _ANY_OBJECT,
+                "evidence": _STRING,
+            },
+        }
+    ),
+    ("post", "/v1/projects/{project}/credits"): _json_body(
+        {"type": "object", "required": ["amountUSD"], "properties": {"amountUSD": _STRING}}
+    ),
 }
 # Successful answers other than 200 (FastAPI documents 200 only).
 _CREATED = {"description": "created", "content": {"application/json": {"schema": _ANY_OBJECT}}}
 _EXTRA_SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     **{(method, path): {"201": _CREATED} for method, path in _BODIES if method in ("post", "put")},
     ("post", "/v1/projects/{project}/agentruns/{name}/messages"): {
-        "202": {"description": "accepted (200: the same messageKey again)",
-                "content": {"application/json": {"schema": _ANY_OBJECT}}}},
+        "202": {
+            "description": "accepted (200: the same messageKey again)",
+            "content": {"application/json": {"schema": _ANY_OBJECT}},
+        }
+    },
     ("post", "/v1/projects/{project}/credits"): {},
     ("post", "/v1/projects/{project}/agentruns/{name}/resolve"): {},
 }
@@ -104,8 +129,9 @@ def install(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        document = get_openapi(title=app.title, version=app.version, description=app.description,
-                               routes=app.routes)
+        document = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
         components = document.setdefault("components", {})
         components.setdefault("schemas", {}).update(_schemas())
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

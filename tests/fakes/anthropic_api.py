@@ -210,8 +210,9 @@ def error_reply(
 
     Add ``headers={"retry-after-ms": "1"}`` to have the SDK retry at once (see the module doc).
     """
-    return ErrorReply(status=status, error_type=error_type, message=message,
-                      headers=dict(headers) if headers else None)
+    return ErrorReply(
+        status=status, error_type=error_type, message=message, headers=dict(headers) if headers else None
+    )
 
 
 def cut_stream_reply(text: str, *, clean_eof: bool = False) -> CutStreamReply:
@@ -246,8 +247,11 @@ def last_user_text(body: Mapping[str, Any]) -> str:
             if isinstance(inner, str):
                 results.append(inner)
             elif isinstance(inner, list):
-                results.extend(str(part.get("text", "")) for part in inner
-                               if isinstance(part, dict) and part.get("type") == "text")
+                results.extend(
+                    str(part.get("text", ""))
+                    for part in inner
+                    if isinstance(part, dict) and part.get("type") == "text"
+                )
         return "\n".join(results)
     return ""
 
@@ -318,8 +322,12 @@ class FakeMessagesAPI:
         port = server.server_address[1]
         self._server = server
         self.base_url = f"http://127.0.0.1:{port}"
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"fake-anthropic-{port}", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-anthropic-{port}",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -396,8 +404,11 @@ class FakeMessagesAPI:
         path = urlsplit(handler.path).path
         api_key = _api_key(headers)
         with self._lock:
-            self.requests.append(RecordedRequest(method=handler.command, path=path, headers=headers,
-                                                 body=body, api_key=api_key))
+            self.requests.append(
+                RecordedRequest(
+                    method=handler.command, path=path, headers=headers, body=body, api_key=api_key
+                )
+            )
             accepted = self._accepted_keys
         responder = _Responder(self, handler)
 
@@ -426,8 +437,14 @@ class FakeMessagesAPI:
         except Exception as error:  # a bug in a test's responder: say so instead of hanging up
             with self._lock:
                 self.responder_errors.append(error)
-            return responder.error(ErrorReply(500, "api_error", f"the fake's responder failed: {error!r}",
-                                              headers={"x-should-retry": "false"}))
+            return responder.error(
+                ErrorReply(
+                    500,
+                    "api_error",
+                    f"the fake's responder failed: {error!r}",
+                    headers={"x-should-retry": "false"},
+                )
+            )
         responder.answer(answer, body)
 
 
@@ -479,8 +496,10 @@ def _validate(body: Any) -> str | None:
                 return "messages: text content blocks must be non-empty"
             breakpoints += "cache_control" in block
     if breakpoints > _MAX_CACHE_BREAKPOINTS:
-        return (f"A maximum of {_MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
-                f"Found {breakpoints}.")
+        return (
+            f"A maximum of {_MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
+            f"Found {breakpoints}."
+        )
     return None
 
 
@@ -489,7 +508,7 @@ def _pieces(text: str, parts: int = 3) -> list[str]:
     if not text:
         return []
     size = max(1, -(-len(text) // parts))
-    return [text[i:i + size] for i in range(0, len(text), size)]
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def _sse(event: str, payload: Mapping[str, Any]) -> tuple[str, bytes]:
@@ -513,8 +532,9 @@ class _Responder:
 
     def json(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
-        self._status(status, {"content-type": "application/json", "content-length": str(len(data)),
-                              **(headers or {})})
+        self._status(
+            status, {"content-type": "application/json", "content-length": str(len(data)), **(headers or {})}
+        )
         self.handler.wfile.write(data)
 
     def error(self, error: ErrorReply) -> None:
@@ -562,8 +582,11 @@ class _Responder:
     # -- streaming ---------------------------------------------------------------------------
 
     def _start_stream(self, *, closing: bool = False) -> None:
-        headers = {"content-type": "text/event-stream", "cache-control": "no-cache",
-                   "transfer-encoding": "chunked"}
+        headers = {
+            "content-type": "text/event-stream",
+            "cache-control": "no-cache",
+            "transfer-encoding": "chunked",
+        }
         if closing:
             # Say so up front: a client must not pool a connection the server is about to close,
             # or its next request fails on the dead socket and counts as one more attempt.
@@ -599,8 +622,13 @@ class _Responder:
         events = _message_events(message)
         # message_start, ping, content_block_start, then the text deltas; never content_block_stop,
         # message_delta or message_stop.
-        self._chunk(b"".join(data for name, data in events
-                             if name not in ("content_block_stop", "message_delta", "message_stop")))
+        self._chunk(
+            b"".join(
+                data
+                for name, data in events
+                if name not in ("content_block_stop", "message_delta", "message_stop")
+            )
+        )
         if answer.clean_eof:
             self._end_stream()
             self.handler.close_connection = True
@@ -612,8 +640,9 @@ class _Responder:
         if not answer.text:
             message["content"] = []
         self._start_stream()
-        events = [data for name, data in _message_events(message)
-                  if name not in ("message_delta", "message_stop")]
+        events = [
+            data for name, data in _message_events(message) if name not in ("message_delta", "message_stop")
+        ]
         error = {"type": "error", "error": {"type": answer.error_type, "message": answer.message}}
         self._chunk(b"".join(events) + _sse("error", error)[1])
         self._end_stream()
@@ -622,10 +651,17 @@ class _Responder:
 def _message_events(message: dict[str, Any]) -> list[tuple[str, bytes]]:
     """The SSE events the API sends for ``message``, in order."""
     usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {**usage, "output_tokens": min(1, usage.get("output_tokens", 0))}}
-    events = [_sse("message_start", {"type": "message_start", "message": start}),
-              _sse("ping", {"type": "ping"})]
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": min(1, usage.get("output_tokens", 0))},
+    }
+    events = [
+        _sse("message_start", {"type": "message_start", "message": start}),
+        _sse("ping", {"type": "ping"}),
+    ]
     for index, block in enumerate(message["content"]):
         kind = block.get("type")
         if kind == "text":
@@ -633,27 +669,39 @@ def _message_events(message: dict[str, Any]) -> list[tuple[str, bytes]]:
             deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block.get("text", ""))]
         elif kind == "tool_use":
             initial = {"type": "tool_use", "id": block["id"], "name": block.get("name"), "input": {}}
-            deltas = [{"type": "input_json_delta", "partial_json": piece}
-                      for piece in _pieces(json.dumps(block.get("input", {})))]
+            deltas = [
+                {"type": "input_json_delta", "partial_json": piece}
+                for piece in _pieces(json.dumps(block.get("input", {})))
+            ]
         elif kind == "thinking":
             initial = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [{"type": "thinking_delta", "thinking": piece}
-                      for piece in _pieces(block.get("thinking", ""))]
+            deltas = [
+                {"type": "thinking_delta", "thinking": piece} for piece in _pieces(block.get("thinking", ""))
+            ]
             if block.get("signature"):
                 deltas.append({"type": "signature_delta", "signature": block["signature"]})
         else:
             initial, deltas = dict(block), []
-        events.append(_sse("content_block_start",
-                           {"type": "content_block_start", "index": index, "content_block": initial}))
+        events.append(
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": initial},
+            )
+        )
         events.extend(
             _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
             for delta in deltas
         )
         events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
-    events.append(_sse("message_delta", {
-        "type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-        "usage": dict(usage),
-    }))
+    events.append(
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
+                "usage": dict(usage),
+            },
+        )
+    )
     events.append(_sse("message_stop", {"type": "message_stop"}))
     return events

@@ -56,10 +56,19 @@ class Server:
     def fired(self, point: str) -> bool:
         return any(self.faults.glob(f".{point}.fired.*"))
 
-    def cli(self, *args: str, input: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, input: str | None = None, timeout: float = 180
+    ) -> subprocess.CompletedProcess[str]:
         """Run the `nodus` CLI against this server, as a user would."""
-        return subprocess.run([NODUS, *args], env=self.env, input=input, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [NODUS, *args],
+            env=self.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def http(self, token: str | None = None) -> httpx.Client:
         """Raw HTTP to the API with the operator token, or ``token`` (``""``: none at all)."""
@@ -70,12 +79,19 @@ class Server:
     def up(self, **extra_env: str) -> subprocess.CompletedProcess[str]:
         """`nodus up` again on the running service, e.g. with ANTHROPIC_API_KEY set or cleared."""
         env = {**self.env, **extra_env}
-        return subprocess.run([NODUS, "up", "--port", str(PORT)], env={k: v for k, v in env.items() if v},
-                              capture_output=True, text=True, timeout=180, check=False)
+        return subprocess.run(
+            [NODUS, "up", "--port", str(PORT)],
+            env={k: v for k, v in env.items() if v},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
 
 
-def wait_for(condition: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.05,
-             message: str = "condition") -> Any:
+def wait_for(
+    condition: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.05, message: str = "condition"
+) -> Any:
     """Poll ``condition`` until it returns something truthy, or fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -118,13 +134,24 @@ def storage_service() -> Iterator[dict[str, str]]:
     moto.start()
     try:
         host, port = moto.get_host_and_port()
-        credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}
+        credentials = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         os.environ.update(credentials)  # this process reads the bucket too (`Server.store`)
-        pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1",
-                          access_key="testing", secret_key="testing", allow_bucket_creation=True).create_dir("nodus-it")
-        yield {**credentials,
-               "NODUS_STORAGE": f"s3://nodus-it/storage?endpoint_override={host}:{port}&scheme=http&region=us-east-1"}
+        pafs.S3FileSystem(
+            endpoint_override=f"{host}:{port}",
+            scheme="http",
+            region="us-east-1",
+            access_key="testing",
+            secret_key="testing",
+            allow_bucket_creation=True,
+        ).create_dir("nodus-it")
+        yield {
+            **credentials,
+            "NODUS_STORAGE": f"s3://nodus-it/storage?endpoint_override={host}:{port}&scheme=http&region=us-east-1",
+        }
     finally:
         moto.stop()
 
@@ -154,15 +181,23 @@ def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Ser
         **storage_service,
     }
     env.pop("ANTHROPIC_API_KEY", None)
-    up = subprocess.run([NODUS, "up", "--port", str(PORT)], env=env, capture_output=True, text=True,
-                        timeout=300, check=False)
+    up = subprocess.run(
+        [NODUS, "up", "--port", str(PORT)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     if up.returncode != 0:
         pytest.fail(f"nodus up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
     stored = json.loads((home / ".nodus" / "credentials.json").read_text())
     token = stored["servers"][f"http://127.0.0.1:{PORT}"]["token"]
     try:
-        yield Server(api_url=f"http://127.0.0.1:{PORT}", storage=storage, sandbox_root=sandboxes, env=env,
-                     faults=faults, storage_uri=env["NODUS_STORAGE"], token=token)
+        yield Server(
+            api_url=f"http://127.0.0.1:{PORT}",
+            storage=storage,
+            sandbox_root=sandboxes,
+            env=env,
+            faults=faults,
+            storage_uri=env["NODUS_STORAGE"],
+            token=token,
+        )
     finally:
         subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
         shutil.rmtree(base, ignore_errors=True)

@@ -13,23 +13,37 @@ V1 = "nodus.dev/v1"
 
 
 def agent(server: Server, name: str, cap: str = "0.10", model: dict[str, Any] | None = None) -> None:
-    spec: dict[str, Any] = {"system": "Answer in one sentence.", "perRunMaxCostUSD": cap,
-                            "model": model or {"access": "Nodus", "families": ["haiku"]}}
+    spec: dict[str, Any] = {
+        "system": "Answer in one sentence.",
+        "perRunMaxCostUSD": cap,
+        "model": model or {"access": "Nodus", "families": ["haiku"]},
+    }
     with server.http() as http:
-        response = http.put(f"{AGENTS}/{name}", json={"apiVersion": V1, "kind": "Agent",
-                                                      "metadata": {"name": name}, "spec": spec})
+        response = http.put(
+            f"{AGENTS}/{name}",
+            json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": name}, "spec": spec},
+        )
         assert response.status_code in (200, 201), response.text
 
 
 def group(server: Server, name: str, agent: str, **spec: Any) -> dict[str, Any]:
     with server.http() as http:
-        response = http.post(GROUPS, json={"apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": name},
-                                           "spec": {"agent": agent, **spec}})
+        response = http.post(
+            GROUPS,
+            json={
+                "apiVersion": V1,
+                "kind": "AgentGroup",
+                "metadata": {"name": name},
+                "spec": {"agent": agent, **spec},
+            },
+        )
         assert response.status_code == 201, response.text
         return response.json()
 
 
-def member(group: str, agent: str, key: str, text: str = "What is 2 + 2?", deps: list[str] | None = None) -> dict[str, Any]:
+def member(
+    group: str, agent: str, key: str, text: str = "What is 2 + 2?", deps: list[str] | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"agent": agent, "group": group, "taskKey": key, "input": text}
     if deps:
         spec["dependsOn"] = deps
@@ -39,7 +53,9 @@ def member(group: str, agent: str, key: str, text: str = "What is 2 + 2?", deps:
 def batch(server: Server, runs: list[dict[str, Any]], key: str | None = None) -> Any:
     with server.http() as http:
         headers = {"Idempotency-Key": key} if key else {}
-        return http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRunList", "items": runs}, headers=headers)
+        return http.post(
+            RUNS, json={"apiVersion": V1, "kind": "AgentRunList", "items": runs}, headers=headers
+        )
 
 
 def get_group(server: Server, name: str) -> dict[str, Any]:
@@ -60,14 +76,29 @@ def seal(server: Server, name: str) -> None:
 def finished(server: Server, name: str, timeout: float = 120) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         group = get_group(server, name)  # no status while a restarted control plane loads (503)
-        return group if (group.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled") else None
+        return (
+            group
+            if (group.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
+            else None
+        )
 
     try:
         return wait_for(done, timeout=timeout, interval=0.1, message=f"group {name} to finish")
     except AssertionError as stuck:  # say where it stuck: the group's status and each run's
-        runs = [(r["metadata"]["name"], r["status"]["phase"], r["status"].get("reason"), r["status"].get("attempts"),
-                 r["status"].get("admittedAt"), r["status"].get("actorName")) for r in runs_of(server, name)]
-        raise AssertionError(f"{stuck}; group status {get_group(server, name).get('status')}; runs {runs}") from None
+        runs = [
+            (
+                r["metadata"]["name"],
+                r["status"]["phase"],
+                r["status"].get("reason"),
+                r["status"].get("attempts"),
+                r["status"].get("admittedAt"),
+                r["status"].get("actorName"),
+            )
+            for r in runs_of(server, name)
+        ]
+        raise AssertionError(
+            f"{stuck}; group status {get_group(server, name).get('status')}; runs {runs}"
+        ) from None
 
 
 def most_at_once(runs: list[dict[str, Any]]) -> int:

@@ -30,7 +30,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 def _operations(server: Server) -> list[Any]:
     # The events stream follows a run until it ends: fuzzed, it would hold the test open.
-    published = schemathesis.openapi.from_url(f"{server.api_url}/openapi.json").exclude(path_regex=r"/events$")
+    published = schemathesis.openapi.from_url(f"{server.api_url}/openapi.json").exclude(
+        path_regex=r"/events$"
+    )
     return [result.ok() for result in published.get_all_operations()]
 
 
@@ -42,8 +44,13 @@ def test_no_input_breaks_the_api(server: Server) -> None:
     sent: Counter[str] = Counter()
     for operation in operations:
 
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=operation.as_strategy())
         def fuzz(case: Any) -> None:
             sent[case.operation.label] += 1

@@ -18,8 +18,12 @@ def agent(name: str, **spec: object) -> dict[str, object]:
 
 
 def run(name: str, agent_name: str, **spec: object) -> dict[str, object]:
-    return {"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
-            "spec": {"agent": agent_name, "input": "What is 2 + 2?", **spec}}
+    return {
+        "apiVersion": "nodus.dev/v1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {"agent": agent_name, "input": "What is 2 + 2?", **spec},
+    }
 
 
 @pytest.mark.parametrize(
@@ -168,13 +172,25 @@ def test_unknown_routes_and_methods_answer_json(server: Server) -> None:
 
 
 def test_nodus_up_refuses_to_change_a_running_servers_settings(server: Server) -> None:
-    again = subprocess.run([NODUS, "up", "--port", str(PORT)], env={**server.env, "NODUS_OFFLINE_LATENCY": "7"},
-                           capture_output=True, text=True, timeout=180, check=False)
+    again = subprocess.run(
+        [NODUS, "up", "--port", str(PORT)],
+        env={**server.env, "NODUS_OFFLINE_LATENCY": "7"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert again.returncode != 0
     assert "offline_latency_seconds" in again.stderr and "nodus down" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
-    bad = subprocess.run([NODUS, "up", "--port", str(PORT)], env={**server.env, "NODUS_OFFLINE_LATENCY": "soon"},
-                         capture_output=True, text=True, timeout=180, check=False)
+    bad = subprocess.run(
+        [NODUS, "up", "--port", str(PORT)],
+        env={**server.env, "NODUS_OFFLINE_LATENCY": "soon"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert bad.returncode != 0 and "NODUS_OFFLINE_LATENCY" in bad.stderr
     # The running server is untouched.
     with server.http() as http:

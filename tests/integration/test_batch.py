@@ -27,27 +27,57 @@ def _tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
 
 
 def test_a_batch_runs_from_a_file_into_parquet_and_running_it_again_runs_nothing_twice(
-    server: Server, tmp_path: Path,
+    server: Server,
+    tmp_path: Path,
 ) -> None:
     worker = unique("batch")
     agent(server, worker)
-    tasks = _tasks(tmp_path / "tasks.jsonl", [
-        {"key": "add", "input": "What is 19 + 23?"},
-        {"key": "mul", "input": "What is 6 * 7?"},
-        {"key": "both", "input": "What is 84 / 2?", "depends_on": ["add", "mul"]},
-    ])
+    tasks = _tasks(
+        tmp_path / "tasks.jsonl",
+        [
+            {"key": "add", "input": "What is 19 + 23?"},
+            {"key": "mul", "input": "What is 6 * 7?"},
+            {"key": "both", "input": "What is 84 / 2?", "depends_on": ["add", "mul"]},
+        ],
+    )
     out = tmp_path / "answers.parquet"
-    done = server.cli("batch", "run", str(tasks), "--agent", worker, "--out", str(out), "--max-active", "2",
-                      "--max-cost", "0.50")
+    done = server.cli(
+        "batch",
+        "run",
+        str(tasks),
+        "--agent",
+        worker,
+        "--out",
+        str(out),
+        "--max-active",
+        "2",
+        "--max-cost",
+        "0.50",
+    )
     assert done.returncode == 0, done.stderr
     assert "3 of 3 tasks succeeded" in done.stdout
     assert "3/3 done (0 failed)" in done.stderr, "progress is logged when stderr is not a terminal"
     table = pq.read_table(out)
-    assert table.column_names == ["key", "run", "phase", "reason", "answer", "cost_usd", "model", "turns",
-                                  "queued_seconds", "run_seconds", "created_at", "finished_at"]
+    assert table.column_names == [
+        "key",
+        "run",
+        "phase",
+        "reason",
+        "answer",
+        "cost_usd",
+        "model",
+        "turns",
+        "queued_seconds",
+        "run_seconds",
+        "created_at",
+        "finished_at",
+    ]
     rows = {row["key"]: row for row in table.to_pylist()}
     assert {key: row["answer"] for key, row in rows.items()} == {
-        "add": "19 + 23 = 42.", "mul": "6 * 7 = 42.", "both": "84 / 2 = 42."}
+        "add": "19 + 23 = 42.",
+        "mul": "6 * 7 = 42.",
+        "both": "84 / 2 = 42.",
+    }
     assert all(row["phase"] == "Succeeded" and row["turns"] == 1 and row["model"] for row in rows.values())
     group = batch_group_name(out)
     assert rows["both"]["created_at"] < rows["both"]["finished_at"]
@@ -61,24 +91,39 @@ def test_a_batch_runs_from_a_file_into_parquet_and_running_it_again_runs_nothing
     assert pq.read_table(out).to_pylist() == table.to_pylist()
 
 
-def test_an_interrupted_batch_resumes_and_finished_tasks_are_not_run_again(server: Server, tmp_path: Path) -> None:
+def test_an_interrupted_batch_resumes_and_finished_tasks_are_not_run_again(
+    server: Server, tmp_path: Path
+) -> None:
     worker = unique("resume")
     agent(server, worker)
-    tasks = _tasks(tmp_path / "tasks.jsonl", [
-        {"key": f"t{i}", "input": f"Use the shell to run `echo {i} >> ../ran-{i}.txt; sleep 1`"}
-        for i in range(6)])
+    tasks = _tasks(
+        tmp_path / "tasks.jsonl",
+        [
+            {"key": f"t{i}", "input": f"Use the shell to run `echo {i} >> ../ran-{i}.txt; sleep 1`"}
+            for i in range(6)
+        ],
+    )
     out = tmp_path / "answers.jsonl"
     group = batch_group_name(out)
-    first = subprocess.Popen([NODUS, "batch", "run", str(tasks), "--agent", worker, "--out", str(out),
-                              "--max-active", "1"], env=server.env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: (get_group(server, group).get("status") or {}).get("counts", {}).get("succeeded", 0) >= 2,
-             timeout=120, message="two tasks to finish before the interruption (the group exists once submitted)")
+    first = subprocess.Popen(
+        [NODUS, "batch", "run", str(tasks), "--agent", worker, "--out", str(out), "--max-active", "1"],
+        env=server.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(
+        lambda: (get_group(server, group).get("status") or {}).get("counts", {}).get("succeeded", 0) >= 2,
+        timeout=120,
+        message="two tasks to finish before the interruption (the group exists once submitted)",
+    )
     first.send_signal(signal.SIGINT)
     _, stderr = first.communicate(timeout=60)
     assert first.returncode != 0 and "run the same command to resume" in stderr
 
-    resumed = server.cli("batch", "run", str(tasks), "--agent", worker, "--out", str(out), "--max-active", "3")
+    resumed = server.cli(
+        "batch", "run", str(tasks), "--agent", worker, "--out", str(out), "--max-active", "3"
+    )
     assert resumed.returncode == 0, resumed.stderr
     rows = read_rows(out)
     assert sorted(rows) == [f"t{i}" for i in range(6)]
@@ -104,7 +149,10 @@ def test_csv_in_csv_out_and_bad_files_are_refused_in_one_line(server: Server, tm
     out = tmp_path / "answers.csv"
     done = server.cli("batch", "run", str(tasks), "--agent", worker, "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert {key: row["answer"] for key, row in read_rows(out).items()} == {"one": "1 + 1 = 2.", "two": "2 + 2 = 4."}
+    assert {key: row["answer"] for key, row in read_rows(out).items()} == {
+        "one": "1 + 1 = 2.",
+        "two": "2 + 2 = 4.",
+    }
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"key": "a", "input": "x"}\n{"key": "b", "inptu": "y"}\n')
@@ -120,16 +168,39 @@ def test_csv_in_csv_out_and_bad_files_are_refused_in_one_line(server: Server, tm
     assert other.returncode == 1 and "runs agent" in other.stderr
 
 
-def test_the_batch_example_runs_as_a_ray_job_with_progress_in_its_logs(server: Server, tmp_path: Path) -> None:
+def test_the_batch_example_runs_as_a_ray_job_with_progress_in_its_logs(
+    server: Server, tmp_path: Path
+) -> None:
     out = tmp_path / "job-answers.parquet"
     worker = unique("job-worker")
     runtime_env = json.dumps({"env_vars": {"NODUS_API_URL": server.api_url, "NODUS_PROJECT": "default"}})
     job = subprocess.run(
-        [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", "http://127.0.0.1:8265",
-         "--working-dir", str(EXAMPLE), "--runtime-env-json", runtime_env, "--",
-         # The cluster's Python (the one with nodus installed): a user's `python` with the venv active.
-         sys.executable, "submit.py", "tasks.jsonl", "--agent", worker, "--out", str(out)],
-        env=server.env, capture_output=True, text=True, timeout=300, check=False)
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "job",
+            "submit",
+            "--address",
+            "http://127.0.0.1:8265",
+            "--working-dir",
+            str(EXAMPLE),
+            "--runtime-env-json",
+            runtime_env,
+            "--",
+            # The cluster's Python (the one with nodus installed): a user's `python` with the venv active.
+            sys.executable,
+            "submit.py",
+            "tasks.jsonl",
+            "--agent",
+            worker,
+            "--out",
+            str(out),
+        ],
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "6 of 6 tasks succeeded" in job.stdout
     assert "6/6 done (0 failed)" in job.stdout + job.stderr, "the job's logs show progress"

@@ -30,17 +30,25 @@ MICRO = Decimal("0.000001")
 
 def _agent(server: Server, name: str, **spec: Any) -> None:
     with server.http() as http:
-        response = http.put(f"{AGENTS}/{name}", json={"apiVersion": "nodus.dev/v1", "kind": "Agent",
-                                                      "metadata": {"name": name}, "spec": spec})
+        response = http.put(
+            f"{AGENTS}/{name}",
+            json={"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name}, "spec": spec},
+        )
         assert response.status_code in (200, 201), response.text
 
 
 def _run(server: Server, agent: str, prompt: str, project: str = "default") -> str:
     name = unique("run")
     with server.http() as http:
-        response = http.post(f"/v1/projects/{project}/agentruns", json={
-            "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
-            "spec": {"agent": agent, "input": prompt}})
+        response = http.post(
+            f"/v1/projects/{project}/agentruns",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "AgentRun",
+                "metadata": {"name": name},
+                "spec": {"agent": agent, "input": prompt},
+            },
+        )
         assert response.status_code == 201, response.text
     return name
 
@@ -89,8 +97,13 @@ def _files_containing(secret: str, server: Server) -> list[str]:
     """Every file the server writes (storage, sandboxes, Ray's session logs) holding ``secret``."""
     needle = secret.encode()
     roots = [server.storage, server.sandbox_root, Path("/tmp/ray/session_latest/logs")]
-    return [str(path) for root in roots if root.exists() for path in root.rglob("*")
-            if path.is_file() and needle in path.read_bytes()]
+    return [
+        str(path)
+        for root in roots
+        if root.exists()
+        for path in root.rglob("*")
+        if path.is_file() and needle in path.read_bytes()
+    ]
 
 
 def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(
@@ -100,8 +113,13 @@ def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(
     secret, agent = unique("anthropic-key"), unique("byok")
     created = server.cli("create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY={key}")
     assert created.returncode == 0, created.stderr
-    _agent(server, agent, system="You are careful.", maxTokens=777,
-           model={"access": "BYOK", "name": "claude-sonnet-5-5", "apiKeySecret": secret})
+    _agent(
+        server,
+        agent,
+        system="You are careful.",
+        maxTokens=777,
+        model={"access": "BYOK", "name": "claude-sonnet-5-5", "apiKeySecret": secret},
+    )
     marker = f"byok-{uuid.uuid4().hex[:6]}"
     fake_anthropic.script(
         tool_use_reply("echo hi", usage={"input_tokens": 120, "output_tokens": 30}),
@@ -112,7 +130,11 @@ def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(
     assert run["status"]["cost"]["totalUSD"] == "0" and run["status"]["cost"]["limitUSD"] is None
     turn = run["status"]["turns"][0]
     assert (turn["model"], turn["routing"], turn["inputTokens"], turn["outputTokens"]) == (
-        "claude-sonnet-5-5", "pinned", 280, 40)
+        "claude-sonnet-5-5",
+        "pinned",
+        280,
+        40,
+    )
 
     sent = _requests_for(fake_anthropic, marker)
     assert len(sent) == 2
@@ -130,7 +152,11 @@ def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(
 
     # The key is nowhere the server writes: storage, sandboxes, Ray's logs, the API's answers.
     with server.http() as http:
-        shown = http.get(f"{SECRETS}/{secret}").text + http.get(SECRETS).text + http.get(f"{RUNS}/{run['metadata']['name']}/steps").text
+        shown = (
+            http.get(f"{SECRETS}/{secret}").text
+            + http.get(SECRETS).text
+            + http.get(f"{RUNS}/{run['metadata']['name']}/steps").text
+        )
     assert key not in shown
     assert "ANTHROPIC_API_KEY" in shown  # the key's name is shown, never its value
     assert _files_containing(key, server) == []
@@ -139,7 +165,11 @@ def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(
 def test_byok_without_a_usable_secret_fails_with_a_clear_reason(server: Server) -> None:
     agent_missing, agent_empty, secret = unique("byok-missing"), unique("byok-empty"), unique("not-a-key")
     assert server.cli("create", "secret", secret, "--from-literal", "OTHER=x").returncode == 0
-    _agent(server, agent_missing, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": unique("nope")})
+    _agent(
+        server,
+        agent_missing,
+        model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": unique("nope")},
+    )
     _agent(server, agent_empty, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret})
     missing = _settled(server, _run(server, agent_missing, "hello"))
     empty = _settled(server, _run(server, agent_empty, "hello"))
@@ -151,7 +181,9 @@ def test_byok_without_a_usable_secret_fails_with_a_clear_reason(server: Server) 
 def test_a_rejected_key_fails_the_run_once_without_a_retry_storm(server: Server, fake_anthropic: Any) -> None:
     secret, agent = unique("bad-key"), unique("byok-bad")
     bad = f"sk-ant-bad-{uuid.uuid4().hex}"
-    assert server.cli("create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY={bad}").returncode == 0
+    assert (
+        server.cli("create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY={bad}").returncode == 0
+    )
     _agent(server, agent, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret})
     marker = f"reject-{uuid.uuid4().hex[:6]}"
     fake_anthropic.accept_keys({"sk-ant-only-this-one"})
@@ -168,13 +200,23 @@ def test_server_key_routes_bills_exactly_and_debits_credits(
     server: Server, fake_anthropic: Any, server_key: str
 ) -> None:
     agent = unique("nodus-claude")
-    _agent(server, agent, system="Answer briefly.", maxTokens=1024, perRunMaxCostUSD="0.10",
-           model={"access": "Nodus", "families": ["haiku", "sonnet"]})
+    _agent(
+        server,
+        agent,
+        system="Answer briefly.",
+        maxTokens=1024,
+        perRunMaxCostUSD="0.10",
+        model={"access": "Nodus", "families": ["haiku", "sonnet"]},
+    )
     with server.http() as http:
         before = Decimal(http.get("/v1/projects/default/credits").json()["balanceUSD"])
     prompt = f"What is the capital of France? ({uuid.uuid4().hex[:6]})"
-    usage = {"input_tokens": 100, "output_tokens": 20, "cache_creation_input_tokens": 40,
-             "cache_read_input_tokens": 300}
+    usage = {
+        "input_tokens": 100,
+        "output_tokens": 20,
+        "cache_creation_input_tokens": 40,
+        "cache_read_input_tokens": 300,
+    }
     fake_anthropic.script(text_reply("Paris.", usage=usage))
     run = _settled(server, _run(server, agent, prompt))
     assert run["status"]["phase"] == "Succeeded", run["status"]
@@ -255,16 +297,27 @@ def _live_actors_of(project: str, run: str) -> list[Any]:
     """Live actors serving the run: their ``__repr__`` (what the dashboard shows) names it."""
     from ray.util.state import list_actors
 
-    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
-            if f"run={project}/{run}," in (getattr(a, "repr_name", "") or "")]
+    return [
+        a
+        for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
+        if f"run={project}/{run}," in (getattr(a, "repr_name", "") or "")
+    ]
 
 
-def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: Server, ray_driver: Any) -> None:
+def test_credits_run_out_then_the_run_continues_when_credits_are_added(
+    server: Server, ray_driver: Any
+) -> None:
     project = unique("credits")
     with server.http() as http:
-        http.put(f"/v1/projects/{project}/agents/big", json={
-            "apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "big"},
-            "spec": {"maxTokens": 128000, "perRunMaxCostUSD": "5.00", "model": {"families": ["fable"]}}})
+        http.put(
+            f"/v1/projects/{project}/agents/big",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Agent",
+                "metadata": {"name": "big"},
+                "spec": {"maxTokens": 128000, "perRunMaxCostUSD": "5.00", "model": {"families": ["fable"]}},
+            },
+        )
     name = _run(server, "big", "What is 6 * 7?", project=project)
 
     def waiting() -> dict[str, Any] | None:
@@ -275,12 +328,21 @@ def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: S
     parked = wait_for(waiting, timeout=60, message="the run to wait for credits")
     assert parked["status"]["phase"] == "Waiting"
     # Waiting costs no process: the run gives its actor back and keeps its journal.
-    wait_for(lambda: not _live_actors_of(project, name), timeout=30, interval=0.2, message="the waiting run's actor to go")
+    wait_for(
+        lambda: not _live_actors_of(project, name),
+        timeout=30,
+        interval=0.2,
+        message="the waiting run's actor to go",
+    )
     # The control plane crashes while the run waits: Ray restarts it, it reloads the run from
     # storage; adding credits then starts an actor that replays the journal and goes on.
     os.kill(_actor_pid(ray_driver, "nodus-control-plane"), signal.SIGKILL)
-    wait_for(lambda: server.cli("credits", "-p", project).returncode == 0, timeout=120, interval=0.5,
-             message="the restarted control plane")
+    wait_for(
+        lambda: server.cli("credits", "-p", project).returncode == 0,
+        timeout=120,
+        interval=0.5,
+        message="the restarted control plane",
+    )
     shown = server.cli("credits", "-p", project)
     assert shown.returncode == 0 and "$1.00" in shown.stdout
     added = server.cli("credits", "add", "5", "-p", project)
@@ -292,7 +354,9 @@ def test_credits_run_out_then_the_run_continues_when_credits_are_added(server: S
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
 
 
-def test_router_unavailable_falls_back_to_sonnet_or_the_nearest_family(server: Server, ray_driver: Any) -> None:
+def test_router_unavailable_falls_back_to_sonnet_or_the_nearest_family(
+    server: Server, ray_driver: Any
+) -> None:
     default_families, split = unique("fallback-all"), unique("fallback-split")
     _agent(server, default_families)
     _agent(server, split, model={"families": ["haiku", "opus"]})
@@ -302,8 +366,14 @@ def test_router_unavailable_falls_back_to_sonnet_or_the_nearest_family(server: S
         second = _settled(server, _run(server, split, "What is 1 + 1?"))
     finally:
         assert server.up().returncode == 0  # `nodus up` brings the router back
-    assert (first["status"]["turns"][0]["routing"], first["status"]["turns"][0]["family"]) == ("fallback", "sonnet")
-    assert (second["status"]["turns"][0]["routing"], second["status"]["turns"][0]["family"]) == ("fallback", "haiku")
+    assert (first["status"]["turns"][0]["routing"], first["status"]["turns"][0]["family"]) == (
+        "fallback",
+        "sonnet",
+    )
+    assert (second["status"]["turns"][0]["routing"], second["status"]["turns"][0]["family"]) == (
+        "fallback",
+        "haiku",
+    )
     assert first["status"]["phase"] == second["status"]["phase"] == "Succeeded"
     again = _settled(server, _run(server, default_families, "What is 1 + 1?"))
     assert again["status"]["turns"][0]["routing"] == "jev"
@@ -311,36 +381,69 @@ def test_router_unavailable_falls_back_to_sonnet_or_the_nearest_family(server: S
 
 def test_bad_model_settings_are_refused(server: Server) -> None:
     with server.http() as http:
-        unpriced = http.put(f"{AGENTS}/unpriced", json={
-            "apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "unpriced"},
-            "spec": {"model": {"access": "BYOK", "name": "claude-unknown-9", "apiKeySecret": "k"}}})
+        unpriced = http.put(
+            f"{AGENTS}/unpriced",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Agent",
+                "metadata": {"name": "unpriced"},
+                "spec": {"model": {"access": "BYOK", "name": "claude-unknown-9", "apiKeySecret": "k"}},
+            },
+        )
         assert unpriced.status_code == 422
         assert unpriced.json()["code"] == "UnpricedModel"
         assert unpriced.json()["details"]["field"] == "spec.model.name"
-        no_secret = http.put(f"{AGENTS}/nosecret", json={
-            "apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "nosecret"},
-            "spec": {"model": {"access": "BYOK"}}})
+        no_secret = http.put(
+            f"{AGENTS}/nosecret",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Agent",
+                "metadata": {"name": "nosecret"},
+                "spec": {"model": {"access": "BYOK"}},
+            },
+        )
         assert no_secret.json()["details"]["field"] == "spec.model.apiKeySecret"
-        negative = http.put(f"{AGENTS}/negative", json={
-            "apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "negative"},
-            "spec": {"perRunMaxCostUSD": "-0.10"}})
+        negative = http.put(
+            f"{AGENTS}/negative",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Agent",
+                "metadata": {"name": "negative"},
+                "spec": {"perRunMaxCostUSD": "-0.10"},
+            },
+        )
         assert negative.json()["details"]["field"] == "spec.perRunMaxCostUSD"
         secret_value = "sk-ant-never-echo-this"
-        bad_secret = http.post(SECRETS, json={"apiVersion": "nodus.dev/v1", "kind": "Secret",
-                                              "metadata": {"name": "bad"}, "stringData": {"not a key": secret_value}})
+        bad_secret = http.post(
+            SECRETS,
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Secret",
+                "metadata": {"name": "bad"},
+                "stringData": {"not a key": secret_value},
+            },
+        )
         assert bad_secret.status_code == 422 and secret_value not in bad_secret.text
 
 
 def test_the_claude_examples_apply_and_run_within_their_cap(server: Server) -> None:
     examples = Path(__file__).resolve().parents[2] / "examples" / "claude"
-    applied = server.cli("apply", "-f", str(examples / "agent.yaml"), "-f", str(examples / "byok.yaml"),
-                         "-f", str(examples / "run.yaml"))
+    applied = server.cli(
+        "apply",
+        "-f",
+        str(examples / "agent.yaml"),
+        "-f",
+        str(examples / "byok.yaml"),
+        "-f",
+        str(examples / "run.yaml"),
+    )
     assert applied.returncode == 0, applied.stderr
     assert "secret/anthropic-key created" in applied.stdout and "agent/byok-helper created" in applied.stdout
     secret_yaml = server.cli("get", "secret/anthropic-key", "-o", "yaml").stdout
     assert "ANTHROPIC_API_KEY" in secret_yaml and "REPLACE-ME" not in secret_yaml
-    waited = server.cli("wait", "agentrun/claude-helper-run", "--for=jsonpath={.status.phase}=Succeeded",
-                        "--timeout=2m")
+    waited = server.cli(
+        "wait", "agentrun/claude-helper-run", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=2m"
+    )
     assert waited.returncode == 0, waited.stdout + waited.stderr
     run = json.loads(server.cli("get", "agentrun/claude-helper-run", "-o", "json").stdout)
     assert Decimal(0) < Decimal(run["status"]["cost"]["totalUSD"]) <= Decimal("0.10")
@@ -351,8 +454,15 @@ def test_the_claude_examples_apply_and_run_within_their_cap(server: Server) -> N
 def test_every_stop_reason_has_a_defined_outcome(server: Server, fake_anthropic: Any) -> None:
     secret, agent = unique("stops-key"), unique("stops")
     key = f"sk-ant-stops-{uuid.uuid4().hex}"
-    assert server.cli("create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY={key}").returncode == 0
-    _agent(server, agent, maxTokens=64, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret})
+    assert (
+        server.cli("create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY={key}").returncode == 0
+    )
+    _agent(
+        server,
+        agent,
+        maxTokens=64,
+        model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret},
+    )
 
     fake_anthropic.script(text_reply("Thinking about it...", stop_reason="pause_turn"), text_reply("Done."))
     paused = _settled(server, _run(server, agent, "long task"))
@@ -390,10 +500,13 @@ def test_a_run_parked_at_its_cap_stops_waiters_and_still_meets_its_deadline(
     assert caught.value.details["reason"] == "MaxCostReached"
 
     name = unique("parked")
-    created = server.cli("create", "agentrun", name, "--agent", agent, "--prompt", "What is 2 + 2?",
-                         "--deadline", "4s")
+    created = server.cli(
+        "create", "agentrun", name, "--agent", agent, "--prompt", "What is 2 + 2?", "--deadline", "4s"
+    )
     assert created.returncode == 0, created.stderr
-    waited = server.cli("wait", f"agentrun/{name}", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=60s")
+    waited = server.cli(
+        "wait", f"agentrun/{name}", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=60s"
+    )
     assert waited.returncode != 0 and "MaxCostReached" in waited.stderr
     assert "timed out" not in waited.stderr  # it gave up because the run is parked, not by timing out
 

@@ -19,8 +19,14 @@ def _gcs_servers() -> int:
 def test_up_with_address_auto_joins_the_running_cluster(server: Server, ray_driver: Any) -> None:
     before = _gcs_servers()
     address = ray_driver.get_runtime_context().gcs_address
-    joined = subprocess.run([NODUS, "up", "--address", "auto", "--port", str(PORT)], env=server.env,
-                            capture_output=True, text=True, timeout=180, check=False)
+    joined = subprocess.run(
+        [NODUS, "up", "--address", "auto", "--port", str(PORT)],
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert joined.returncode == 0, joined.stderr
     assert f"Ray       {address}" in joined.stdout
     assert _gcs_servers() == before == 1, "no second cluster was started"
@@ -30,8 +36,14 @@ def test_up_with_address_auto_joins_the_running_cluster(server: Server, ray_driv
 
 def test_up_with_an_address_where_no_cluster_is_fails_at_once_in_one_line(server: Server) -> None:
     started = time.monotonic()
-    refused = subprocess.run([NODUS, "up", "--address", "127.0.0.1:1", "--port", "18999"], env=server.env,
-                             capture_output=True, text=True, timeout=120, check=False)
+    refused = subprocess.run(
+        [NODUS, "up", "--address", "127.0.0.1:1", "--port", "18999"],
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: no Ray cluster answers at 127.0.0.1:1;")
     assert refused.stderr.count("\n") == 1

@@ -21,9 +21,23 @@ def _chromium(*args: str, url: str, timeout: float = 120) -> subprocess.Complete
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.fail("chromium is not installed: `make test` installs it with apt (browser-deps)")
-    return subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=10000", *args, url],
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [
+            browser,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size={WIDTH},{HEIGHT}",
+            "--virtual-time-budget=10000",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _link(server: Server, **params: str) -> str:
@@ -40,30 +54,50 @@ def finished_work(server: Server) -> dict[str, Any]:
     agent_name, group_name, run_name = unique("console"), unique("gc"), unique("console-run")
     agent(server, agent_name)
     group(server, group_name, agent_name, limits={"maxActive": 2}, maxCostUSD="0.50")
-    assert batch(server, [member(group_name, agent_name, f"q{i}", f"What is {i} + {i}?") for i in range(2)]
-                 ).status_code == 201
+    assert (
+        batch(
+            server, [member(group_name, agent_name, f"q{i}", f"What is {i} + {i}?") for i in range(2)]
+        ).status_code
+        == 201
+    )
     seal(server, group_name)
     with server.http() as http:
-        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": run_name},
-                                     "spec": {"agent": agent_name, "input": "Use the shell to run `echo shown`"}}
-                         ).status_code == 201
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": V1,
+                    "kind": "AgentRun",
+                    "metadata": {"name": run_name},
+                    "spec": {"agent": agent_name, "input": "Use the shell to run `echo shown`"},
+                },
+            ).status_code
+            == 201
+        )
     finished(server, group_name)
     assert _read(server, run_name)[-1]["data"]["phase"] == "Succeeded"
     return {"agent": agent_name, "group": group_name, "run": run_name}
 
 
-def test_the_console_lists_groups_and_runs_with_phase_model_and_cost(server: Server, finished_work: Any) -> None:
+def test_the_console_lists_groups_and_runs_with_phase_model_and_cost(
+    server: Server, finished_work: Any
+) -> None:
     page = _chromium("--dump-dom", url=_link(server))
     assert page.returncode == 0, page.stderr[-2000:]
     dom = page.stdout
     group_name, run_name = finished_work["group"], finished_work["run"]
-    assert f"<td>{group_name}</td><td class=\"phase-Succeeded\">Succeeded</td><td>2/2</td>" in dom
-    assert f"<td>{run_name}</td><td>{finished_work['agent']}</td><td class=\"phase-Succeeded\">Succeeded</td>" in dom
+    assert f'<td>{group_name}</td><td class="phase-Succeeded">Succeeded</td><td>2/2</td>' in dom
+    assert (
+        f'<td>{run_name}</td><td>{finished_work["agent"]}</td><td class="phase-Succeeded">Succeeded</td>'
+        in dom
+    )
     assert "<td>offline-haiku</td>" in dom and f"{group_name}-q1" in dom
 
 
 def test_a_runs_page_shows_its_turns_answer_and_steps_and_the_screenshot_shows_them(
-    server: Server, finished_work: Any, tmp_path: Path,
+    server: Server,
+    finished_work: Any,
+    tmp_path: Path,
 ) -> None:
     from PIL import Image
 
@@ -89,23 +123,37 @@ def test_a_runs_page_shows_its_turns_answer_and_steps_and_the_screenshot_shows_t
     assert any(r < 60 and 90 < g < 140 and 50 < b < 100 for r, g, b in pixels), "a phase is shown in green"
 
 
-def test_without_a_token_the_console_asks_for_one_and_shows_nothing(server: Server, finished_work: Any) -> None:
+def test_without_a_token_the_console_asks_for_one_and_shows_nothing(
+    server: Server, finished_work: Any
+) -> None:
     page = _chromium("--dump-dom", url=f"{server.api_url}/console?project=default")
     assert page.returncode == 0, page.stderr[-2000:]
     assert '<form id="login">' in page.stdout  # no longer hidden
     assert finished_work["run"] not in page.stdout and finished_work["group"] not in page.stdout
 
 
-def test_an_evaluation_groups_results_view_shows_its_cases_and_rates(server: Server, finished_work: Any) -> None:
+def test_an_evaluation_groups_results_view_shows_its_cases_and_rates(
+    server: Server, finished_work: Any
+) -> None:
     name = unique("ce")
-    group(server, name, finished_work["agent"],
-          evaluation={"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 3, "seed": 42})
+    group(
+        server,
+        name,
+        finished_work["agent"],
+        evaluation={"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 3, "seed": 42},
+    )
     evaluation = finished(server, name)["status"]["evaluation"]
     page = _chromium("--dump-dom", url=_link(server, group=name))
     assert page.returncode == 0, page.stderr[-2000:]
     dom = page.stdout
     assert f"{evaluation['passed']}/3 pass" in dom  # the groups list
     rate = f"{evaluation['passRate'] * 100:.1f}%"
-    assert f"pass rate {rate}, mean reward {evaluation['meanReward']:.3f}; 3 scored, 0 pending, 0 unscored" in dom
+    assert (
+        f"pass rate {rate}, mean reward {evaluation['meanReward']:.3f}; 3 scored, 0 pending, 0 unscored"
+        in dom
+    )
     for index in range(3):
-        assert f"<td>test-00{index}</td><td>{name}-test-00{index}</td><td class=\"state-Scored\">Scored</td>" in dom
+        assert (
+            f'<td>test-00{index}</td><td>{name}-test-00{index}</td><td class="state-Scored">Scored</td>'
+            in dom
+        )

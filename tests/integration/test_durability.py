@@ -14,7 +14,12 @@ RUNS = "/v1/projects/default/agentruns"
 
 
 def _agent(name: str) -> dict[str, Any]:
-    return {"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name}, "spec": {"system": "x"}}
+    return {
+        "apiVersion": "nodus.dev/v1",
+        "kind": "Agent",
+        "metadata": {"name": name},
+        "spec": {"system": "x"},
+    }
 
 
 def _steps(server: Server, name: str) -> list[dict[str, Any]]:
@@ -36,10 +41,15 @@ def test_a_killed_run_actor_is_replaced_and_completed_steps_are_not_repeated(
     agent, run = unique("durable"), unique("counted")
     with server.http() as http:
         http.put(f"{AGENTS}/{agent}", json=_agent(agent))
-        created = http.post(RUNS, json={
-            "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": run},
-            "spec": {"agent": agent, "input": "Use the shell to run `echo tick >> counter.txt`"},
-        })
+        created = http.post(
+            RUNS,
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "AgentRun",
+                "metadata": {"name": run},
+                "spec": {"agent": agent, "input": "Use the shell to run `echo tick >> counter.txt`"},
+            },
+        )
         assert created.status_code == 201
 
     def command_done() -> bool:
@@ -76,10 +86,20 @@ def test_the_control_plane_reloads_everything_after_a_crash(server: Server, ray_
     agent, run = unique("reload"), unique("kept")
     with server.http() as http:
         http.put(f"{AGENTS}/{agent}", json=_agent(agent))
-        http.post(RUNS, json={"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": run},
-                              "spec": {"agent": agent, "input": "What is 3 * 3?"}})
-        wait_for(lambda: http.get(f"{RUNS}/{run}").json()["status"]["phase"] == "Succeeded", timeout=60,
-                 message="the run to succeed")
+        http.post(
+            RUNS,
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "AgentRun",
+                "metadata": {"name": run},
+                "spec": {"agent": agent, "input": "What is 3 * 3?"},
+            },
+        )
+        wait_for(
+            lambda: http.get(f"{RUNS}/{run}").json()["status"]["phase"] == "Succeeded",
+            timeout=60,
+            message="the run to succeed",
+        )
         before = http.get(f"{RUNS}/{run}").json()
         os.kill(_actor_pid(ray_driver, "nodus-control-plane"), signal.SIGKILL)
 
@@ -91,16 +111,23 @@ def test_the_control_plane_reloads_everything_after_a_crash(server: Server, ray_
         assert after == before
         assert http.get(f"{AGENTS}/{agent}").json()["status"]["revision"] == 1
         assert http.get(f"{RUNS}/{run}/answer").json()["answer"].strip() == "3 * 3 = 9."
-    assert json.loads((server.storage / "projects/default/agentruns" / run / "run.json").read_text())[
-        "status"]["phase"] == "Succeeded"
+    assert (
+        json.loads((server.storage / "projects/default/agentruns" / run / "run.json").read_text())["status"][
+            "phase"
+        ]
+        == "Succeeded"
+    )
 
 
 def _live_actors_of(run: str) -> list[Any]:
     """Live actors that serve ``run``: their ``__repr__`` (shown by the dashboard) names it."""
     from ray.util.state import list_actors
 
-    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
-            if f"run=default/{run}," in (getattr(a, "repr_name", "") or "")]
+    return [
+        a
+        for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
+        if f"run=default/{run}," in (getattr(a, "repr_name", "") or "")
+    ]
 
 
 def test_cancel_or_delete_right_after_create_leaves_no_actor_and_no_sandbox(
@@ -111,18 +138,33 @@ def test_cancel_or_delete_right_after_create_leaves_no_actor_and_no_sandbox(
     with server.http() as http:
         http.put(f"{AGENTS}/{agent}", json=_agent(agent))
         for name in (cancelled, deleted):
-            assert http.post(RUNS, json={
-                "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
-                "spec": {"agent": agent, "input": "Use the shell to run `sleep 60`"},
-            }).status_code == 201
+            assert (
+                http.post(
+                    RUNS,
+                    json={
+                        "apiVersion": "nodus.dev/v1",
+                        "kind": "AgentRun",
+                        "metadata": {"name": name},
+                        "spec": {"agent": agent, "input": "Use the shell to run `sleep 60`"},
+                    },
+                ).status_code
+                == 201
+            )
         assert http.post(f"{RUNS}/{cancelled}/cancel").json()["status"]["phase"] == "Cancelled"
         assert http.delete(f"{RUNS}/{deleted}").status_code == 200
 
         for name in (cancelled, deleted):
-            wait_for(lambda name=name: not _live_actors_of(name), timeout=30, interval=0.2,
-                     message=f"no live actor for {name}")
-            wait_for(lambda name=name: not (server.sandbox_root / "default" / name).exists(), timeout=30,
-                     message=f"no workspace for {name}")
+            wait_for(
+                lambda name=name: not _live_actors_of(name),
+                timeout=30,
+                interval=0.2,
+                message=f"no live actor for {name}",
+            )
+            wait_for(
+                lambda name=name: not (server.sandbox_root / "default" / name).exists(),
+                timeout=30,
+                message=f"no workspace for {name}",
+            )
         assert http.get(f"{RUNS}/{cancelled}").json()["status"]["phase"] == "Cancelled"
         assert http.get(f"{RUNS}/{deleted}").status_code == 404
         # No command of the cancelled run ever finished: the sleep never ran to its end.

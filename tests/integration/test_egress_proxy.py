@@ -41,6 +41,7 @@ _RESPONSE_BODY = b"hello from origin\n"
 
 # -- local destinations -------------------------------------------------------------------------
 
+
 class _TcpServer:
     """A threaded TCP server on ``host``; ``handle`` serves one accepted connection."""
 
@@ -119,6 +120,7 @@ def origin() -> Iterator[tuple[_TcpServer, _Origin]]:
 
 # -- the proxy ----------------------------------------------------------------------------------
 
+
 class _Records:
     """Collects records from the proxy's thread; ``wait`` blocks until ``n`` have arrived."""
 
@@ -147,13 +149,17 @@ def socket_dir() -> Path:
 def make_proxy(socket_dir: Path) -> Iterator[Callable[..., tuple[EgressProxy, _Records]]]:
     started: list[EgressProxy] = []
 
-    def make(allowed: tuple[str, ...], private: tuple = LOOPBACK,
-             on_record: Callable[[EgressRecord], None] | None = None, **kwargs: int
-             ) -> tuple[EgressProxy, _Records]:
+    def make(
+        allowed: tuple[str, ...],
+        private: tuple = LOOPBACK,
+        on_record: Callable[[EgressRecord], None] | None = None,
+        **kwargs: int,
+    ) -> tuple[EgressProxy, _Records]:
         records = _Records()
         callback = records if on_record is None else on_record
-        proxy = EgressProxy(socket_dir / f"p{len(started)}.sock", EgressPolicy(allowed, private),
-                            callback, **kwargs).start()
+        proxy = EgressProxy(
+            socket_dir / f"p{len(started)}.sock", EgressPolicy(allowed, private), callback, **kwargs
+        ).start()
         started.append(proxy)
         return proxy, records
 
@@ -206,6 +212,7 @@ def _ask(proxy: EgressProxy, request: bytes) -> bytes:
 
 # -- allowed ------------------------------------------------------------------------------------
 
+
 def test_connect_to_an_allowed_host_relays_both_ways_and_counts_bytes(make_proxy, echo) -> None:
     proxy, records = make_proxy(("127.0.0.1",))
     payload = os.urandom(300_000)
@@ -253,6 +260,7 @@ def test_a_host_name_is_resolved_on_the_host(make_proxy, origin) -> None:
 
 # -- refused ------------------------------------------------------------------------------------
 
+
 def test_a_host_not_in_the_list_is_refused_and_recorded(make_proxy, echo) -> None:
     proxy, records = make_proxy(("127.0.0.1:1",))  # the right address, another port
     answer = _ask(proxy, b"CONNECT example.org:443 HTTP/1.1\r\n\r\n")
@@ -261,8 +269,18 @@ def test_a_host_not_in_the_list_is_refused_and_recorded(make_proxy, echo) -> Non
     answer = _ask(proxy, f"GET http://127.0.0.1:{echo.port}/ HTTP/1.1\r\n\r\n".encode())
     assert answer.startswith(b"HTTP/1.1 403 ")
     first, second = records.wait(2)
-    assert (first.host, first.port, first.outcome, first.reason) == ("example.org", 443, "refused", "HostNotAllowed")
-    assert (second.method, second.reason, second.bytes_up, second.bytes_down) == ("GET", "HostNotAllowed", 0, 0)
+    assert (first.host, first.port, first.outcome, first.reason) == (
+        "example.org",
+        443,
+        "refused",
+        "HostNotAllowed",
+    )
+    assert (second.method, second.reason, second.bytes_up, second.bytes_down) == (
+        "GET",
+        "HostNotAllowed",
+        0,
+        0,
+    )
     assert echo.accepted == 0
 
 
@@ -293,7 +311,9 @@ def test_resolve_and_connect_failures_are_failed_not_allowed(make_proxy) -> None
     assert _ask(proxy, b"CONNECT no-such-host.invalid:443 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 502 ")
     assert _ask(proxy, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode()).startswith(b"HTTP/1.1 502 ")
     assert [(r.outcome, r.reason) for r in records.wait(2)] == [
-        ("failed", "ResolveFailed"), ("failed", "ConnectFailed")]
+        ("failed", "ResolveFailed"),
+        ("failed", "ConnectFailed"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -328,6 +348,7 @@ def test_a_connection_that_asks_nothing_is_not_recorded(make_proxy, echo) -> Non
 
 # -- robustness ---------------------------------------------------------------------------------
 
+
 def test_concurrent_connections(make_proxy, echo, origin) -> None:
     server, _ = origin
     proxy, records = make_proxy(("127.0.0.1",))
@@ -337,7 +358,8 @@ def test_concurrent_connections(make_proxy, echo, origin) -> None:
             payload = os.urandom(50_000 + i)
             return _tunnel(proxy, f"127.0.0.1:{echo.port}", payload) == payload
         return _ask(proxy, f"GET http://127.0.0.1:{server.port}/{i} HTTP/1.1\r\n\r\n".encode()).endswith(
-            _RESPONSE_BODY)
+            _RESPONSE_BODY
+        )
 
     with ThreadPoolExecutor(max_workers=24) as pool:
         assert all(pool.map(one, range(48)))
@@ -369,7 +391,9 @@ def test_too_many_connections_are_refused_with_503(make_proxy, echo) -> None:
         client.sendall(f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\n\r\n".encode())
         assert _read_head(client).startswith(b"HTTP/1.1 200 ")
         open_tunnels.append(client)
-    assert _ask(proxy, f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\n\r\n".encode()).startswith(b"HTTP/1.1 503 ")
+    assert _ask(proxy, f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\n\r\n".encode()).startswith(
+        b"HTTP/1.1 503 "
+    )
     assert records.wait(1)[0].reason == "TooManyConnections"
     for client in open_tunnels:
         client.close()
@@ -402,8 +426,9 @@ def _bwrap_works() -> bool:
     bwrap = shutil.which("bwrap")
     if bwrap is None or not os.path.exists("/usr/bin/python3"):
         return False
-    probe = subprocess.run([bwrap, *_namespaces(), "--ro-bind", "/", "/", "--", "/bin/true"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        [bwrap, *_namespaces(), "--ro-bind", "/", "/", "--", "/bin/true"], capture_output=True, timeout=30
+    )
     return probe.returncode == 0
 
 
@@ -415,8 +440,9 @@ def _namespaces() -> list[str]:
 needs_bwrap = pytest.mark.skipif(not _bwrap_works(), reason="bubblewrap cannot run here")
 
 
-def _sandboxed(command: str, socket_path: Path, *, wrap: bool = True, drop: bool = False
-               ) -> subprocess.CompletedProcess[str]:
+def _sandboxed(
+    command: str, socket_path: Path, *, wrap: bool = True, drop: bool = False
+) -> subprocess.CompletedProcess[str]:
     """``bash -c command`` in a sandbox with only loopback, wired the way sandbox.py will be."""
     env: list[str] = []
     for name, value in proxy_env().items():
@@ -424,18 +450,42 @@ def _sandboxed(command: str, socket_path: Path, *, wrap: bool = True, drop: bool
     setpriv = shutil.which("setpriv")
     uid_drop: list[str] = []
     if drop and os.geteuid() == 0 and setpriv:
-        uid_drop = [setpriv, f"--reuid={_DROP_UID}", f"--regid={_DROP_UID}", "--clear-groups",
-                    "--no-new-privs", "--"]
+        uid_drop = [
+            setpriv,
+            f"--reuid={_DROP_UID}",
+            f"--regid={_DROP_UID}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+        ]
     argv = ["/bin/bash", "-c", command]
     return subprocess.run(
         [
-            "bwrap", *_namespaces(),
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "bwrap",
+            *_namespaces(),
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
             *bwrap_args(socket_path),
-            "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, *env,
-            "--", *uid_drop, *(wrap_argv(argv) if wrap else argv),
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            _SANDBOX_PATH,
+            *env,
+            "--",
+            *uid_drop,
+            *(wrap_argv(argv) if wrap else argv),
         ],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -454,13 +504,16 @@ def _fetch(url: str, *, proxy: bool = True, tunnel: bool = False) -> str:
     if shutil.which("curl"):
         flags = ("" if proxy else "--noproxy '*' ") + ("-p " if tunnel else "")
         return f"curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' {flags}{url}"
-    opener = "urllib.request.build_opener()" if proxy else \
-        "urllib.request.build_opener(urllib.request.ProxyHandler({}))"
+    opener = (
+        "urllib.request.build_opener()"
+        if proxy
+        else "urllib.request.build_opener(urllib.request.ProxyHandler({}))"
+    )
     return (
-        "python3 -c \"import sys, urllib.request, urllib.error\n"
+        'python3 -c "import sys, urllib.request, urllib.error\n'
         f"try:\n  r = {opener}.open('{url}', timeout=20); print(r.status, end='')\n"
         "except urllib.error.HTTPError as e:\n  print(e.code, end='')\n"
-        "except OSError as e:\n  print(e, file=sys.stderr); sys.exit(7)\""
+        'except OSError as e:\n  print(e, file=sys.stderr); sys.exit(7)"'
     )
 
 
@@ -493,8 +546,15 @@ def test_forwarder_in_bwrap_reaches_only_allowed_hosts(make_proxy, sandbox_origi
 @needs_bwrap
 @pytest.mark.parametrize(
     "command",
-    ["exit 0", "exit 7", "kill -XCPU $$", "kill -TERM $$", "kill -KILL $$", "bash -c 'kill -XCPU $$'",
-     "echo out; echo err >&2; exit 3"],
+    [
+        "exit 0",
+        "exit 7",
+        "kill -XCPU $$",
+        "kill -TERM $$",
+        "kill -KILL $$",
+        "bash -c 'kill -XCPU $$'",
+        "echo out; echo err >&2; exit 3",
+    ],
 )
 def test_forwarder_passes_the_exit_status_and_output_through(make_proxy, command: str) -> None:
     proxy, _ = make_proxy(("127.0.0.1",))
@@ -502,18 +562,24 @@ def test_forwarder_passes_the_exit_status_and_output_through(make_proxy, command
     bare = _sandboxed(command, proxy.socket_path, wrap=False)
     assert (wrapped.returncode, wrapped.stdout, wrapped.stderr) == (bare.returncode, bare.stdout, bare.stderr)
     assert wrapped.returncode == {"exit 7": 7, "kill -XCPU $$": 152, "bash -c 'kill -XCPU $$'": 152}.get(
-        command, wrapped.returncode)
+        command, wrapped.returncode
+    )
 
 
 @needs_bwrap
 def test_forwarder_is_mounted_read_only_where_the_wiring_says(make_proxy) -> None:
     proxy, _ = make_proxy(("127.0.0.1",))
-    result = _sandboxed(f"test -r {SANDBOX_FORWARDER} && ! echo x >> {SANDBOX_FORWARDER} 2>/dev/null && "
-                        "stat -c %a /tmp/.nodus", proxy.socket_path, drop=True)
+    result = _sandboxed(
+        f"test -r {SANDBOX_FORWARDER} && ! echo x >> {SANDBOX_FORWARDER} 2>/dev/null && "
+        "stat -c %a /tmp/.nodus",
+        proxy.socket_path,
+        drop=True,
+    )
     assert (result.returncode, result.stdout.strip()) == (0, "755"), result.stderr
 
 
 # -- the forwarder on its own -------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
@@ -522,10 +588,20 @@ def _free_port() -> int:
 
 def test_forwarder_passes_sigterm_to_the_command_and_exits_with_its_status(socket_dir: Path) -> None:
     forwarder = subprocess.Popen(
-        ["/usr/bin/python3", str(FORWARDER_PATH), "--listen", f"127.0.0.1:{_free_port()}",
-         "--socket", str(socket_dir / "none.sock"), "--",
-         "/bin/bash", "-c", "trap 'exit 42' TERM; echo ready; sleep 30 & wait"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            "/usr/bin/python3",
+            str(FORWARDER_PATH),
+            "--listen",
+            f"127.0.0.1:{_free_port()}",
+            "--socket",
+            str(socket_dir / "none.sock"),
+            "--",
+            "/bin/bash",
+            "-c",
+            "trap 'exit 42' TERM; echo ready; sleep 30 & wait",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert forwarder.stdout is not None
     assert forwarder.stdout.readline() == "ready\n"
@@ -536,12 +612,23 @@ def test_forwarder_passes_sigterm_to_the_command_and_exits_with_its_status(socke
 def test_forwarder_answers_502_when_the_proxy_is_gone(socket_dir: Path) -> None:
     port = _free_port()
     result = subprocess.run(
-        ["/usr/bin/python3", str(FORWARDER_PATH), "--listen", f"127.0.0.1:{port}",
-         "--socket", str(socket_dir / "none.sock"), "--", "/usr/bin/python3", "-c",
-         f"import socket; s = socket.create_connection(('127.0.0.1', {port})); "
-         "s.sendall(b'CONNECT example.org:443 HTTP/1.1\\r\\n\\r\\n'); "
-         "print(b''.join(iter(lambda: s.recv(200), b'')).decode())"],
-        capture_output=True, text=True, timeout=30,
+        [
+            "/usr/bin/python3",
+            str(FORWARDER_PATH),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--socket",
+            str(socket_dir / "none.sock"),
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            f"import socket; s = socket.create_connection(('127.0.0.1', {port})); "
+            "s.sendall(b'CONNECT example.org:443 HTTP/1.1\\r\\n\\r\\n'); "
+            "print(b''.join(iter(lambda: s.recv(200), b'')).decode())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("HTTP/1.1 502 ") and "egress proxy is not running" in result.stdout

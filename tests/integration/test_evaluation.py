@@ -48,7 +48,9 @@ def _results(server: Server, name: str) -> dict[str, Any]:
         return response.json()
 
 
-def _expected(ref: str, split: str, seed: int, count: int, answers: dict[str, str]) -> dict[str, tuple[str, float]]:
+def _expected(
+    ref: str, split: str, seed: int, count: int, answers: dict[str, str]
+) -> dict[str, tuple[str, float]]:
     """What the Environment's own grader gives each recorded answer (answer-only Environments)."""
     from nodus_ray.environments import GradingWorkspace
 
@@ -62,15 +64,25 @@ def _expected(ref: str, split: str, seed: int, count: int, answers: dict[str, st
 
 def _answers(server: Server, runs: list[dict[str, Any]]) -> dict[str, str]:
     with server.http() as http:
-        return {run["metadata"]["labels"]["nodus.dev/task-id"]:
-                http.get(f"{kit.RUNS}/{run['metadata']['name']}/answer").json()["answer"] for run in runs}
+        return {
+            run["metadata"]["labels"]["nodus.dev/task-id"]: http.get(
+                f"{kit.RUNS}/{run['metadata']['name']}/answer"
+            ).json()["answer"]
+            for run in runs
+        }
 
 
 def test_the_documents_evaluation_example_runs_unchanged(server: Server) -> None:
     _worker(server)
     env = {**server.env, "NODUS_API_URL": server.api_url, "NODUS_PROJECT": "default"}
-    done = subprocess.run([sys.executable, str(ROOT / "examples/evaluation/evaluation.py")], env=env,
-                          capture_output=True, text=True, timeout=700, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples/evaluation/evaluation.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=700,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[0] == "Succeeded: cases=2, pending=0", done.stdout
@@ -91,8 +103,23 @@ def test_the_documents_evaluation_example_runs_unchanged(server: Server) -> None
 def test_an_evaluation_from_the_cli_grades_every_case_and_records_it(server: Server) -> None:
     _worker(server)
     name = unique("eval")
-    created = server.cli("create", "agentgroup", name, "--agent", WORKER, "--max-active", "2", "--max-cost", "0.20",
-                         "--environment", ARITHMETIC, "--tasks", "10", "--seed", "42")
+    created = server.cli(
+        "create",
+        "agentgroup",
+        name,
+        "--agent",
+        WORKER,
+        "--max-active",
+        "2",
+        "--max-cost",
+        "0.20",
+        "--environment",
+        ARITHMETIC,
+        "--tasks",
+        "10",
+        "--seed",
+        "42",
+    )
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip() == f"agentgroup/{name} created"
     group = kit.finished(server, name, timeout=300)
@@ -104,10 +131,30 @@ def test_an_evaluation_from_the_cli_grades_every_case_and_records_it(server: Ser
     import yaml
 
     evaluation = yaml.safe_load(shown.stdout)["status"]["evaluation"]
-    assert {key: evaluation[key] for key in ("environment", "version", "split", "seed", "tasks", "repetitions",
-                                             "cases", "pending", "unscored")} == {
-        "environment": ARITHMETIC, "version": "2.0.0", "split": "test", "seed": 42, "tasks": 10,
-        "repetitions": 1, "cases": 10, "pending": 0, "unscored": 0}
+    assert {
+        key: evaluation[key]
+        for key in (
+            "environment",
+            "version",
+            "split",
+            "seed",
+            "tasks",
+            "repetitions",
+            "cases",
+            "pending",
+            "unscored",
+        )
+    } == {
+        "environment": ARITHMETIC,
+        "version": "2.0.0",
+        "split": "test",
+        "seed": 42,
+        "tasks": 10,
+        "repetitions": 1,
+        "cases": 10,
+        "pending": 0,
+        "unscored": 0,
+    }
     assert "imageDigest" in evaluation and evaluation["grading"]["graded"] == 10
 
     runs = kit.runs_of(server, name)
@@ -123,7 +170,8 @@ def test_an_evaluation_from_the_cli_grades_every_case_and_records_it(server: Ser
     expected = _expected(ARITHMETIC, "test", 42, 10, _answers(server, runs))
     items = _results(server, name)["items"]
     assert [(item["taskId"], item["state"], item["verdict"], item["reward"]) for item in items] == [
-        (task.id, "Scored", *expected[task.id]) for task in tasks]
+        (task.id, "Scored", *expected[task.id]) for task in tasks
+    ]
     passes = sum(verdict == "pass" for verdict, _ in expected.values())
     assert 0 < passes < 10, "the batch should hold tasks the offline model gets right and wrong"
     assert (evaluation["scored"], evaluation["passed"]) == (10, passes)
@@ -137,8 +185,11 @@ def test_an_evaluation_from_the_cli_grades_every_case_and_records_it(server: Ser
     assert [row[:3] for row in rows[1:]] == [[task.id, f"{name}-{task.id}", "Scored"] for task in tasks]
 
     # The records are also a Parquet file in storage.
-    table = pq.read_table(io.BytesIO(server.store().read_bytes(
-        f"projects/default/agentgroups/{name}/evaluation/results.parquet")))
+    table = pq.read_table(
+        io.BytesIO(
+            server.store().read_bytes(f"projects/default/agentgroups/{name}/evaluation/results.parquet")
+        )
+    )
     assert table.column("taskId").to_pylist() == [task.id for task in tasks]
     assert table.column("verdict").to_pylist() == [expected[task.id][0] for task in tasks]
 
@@ -154,23 +205,61 @@ def test_bad_evaluations_are_refused_clearly_and_create_nothing(server: Server) 
 
     def create(evaluation: dict[str, Any], **spec: Any) -> Any:
         with server.http() as http:
-            return http.post(kit.GROUPS, json={"apiVersion": kit.V1, "kind": "AgentGroup", "metadata": {"name": name},
-                                               "spec": {"agent": WORKER, "evaluation": evaluation, **spec}})
+            return http.post(
+                kit.GROUPS,
+                json={
+                    "apiVersion": kit.V1,
+                    "kind": "AgentGroup",
+                    "metadata": {"name": name},
+                    "spec": {"agent": WORKER, "evaluation": evaluation, **spec},
+                },
+            )
 
     refusals = [
-        (create({"environment": "nodus/arithmetic-v2", "tasks": 2}), 422, "spec.evaluation.environment", "no version"),
-        (create({"environment": "nodus/arithmetic-v2@9.9.9", "tasks": 2}), 404, "spec.evaluation.environment",
-         "2.0.0"),
-        (create({"environment": "acme/nothing@1.0.0", "tasks": 2}), 404, "spec.evaluation.environment", "acme"),
+        (
+            create({"environment": "nodus/arithmetic-v2", "tasks": 2}),
+            422,
+            "spec.evaluation.environment",
+            "no version",
+        ),
+        (
+            create({"environment": "nodus/arithmetic-v2@9.9.9", "tasks": 2}),
+            404,
+            "spec.evaluation.environment",
+            "2.0.0",
+        ),
+        (
+            create({"environment": "acme/nothing@1.0.0", "tasks": 2}),
+            404,
+            "spec.evaluation.environment",
+            "acme",
+        ),
         (create({"environment": ARITHMETIC, "tasks": 60, "repetitions": 2}), 422, "spec.evaluation", "100"),
-        (create({"environment": ARITHMETIC, "tasks": 2, "timeout": "30s"}), 422, "spec.evaluation.timeout",
-         "1m to 24h"),
-        (create({"environment": ARITHMETIC, "tasks": 2, "timeout": "25h"}), 422, "spec.evaluation.timeout",
-         "1m to 24h"),
-        (create({"environment": ARITHMETIC, "tasks": 2, "split": "holdout"}), 422, "spec.evaluation.split", "test"),
+        (
+            create({"environment": ARITHMETIC, "tasks": 2, "timeout": "30s"}),
+            422,
+            "spec.evaluation.timeout",
+            "1m to 24h",
+        ),
+        (
+            create({"environment": ARITHMETIC, "tasks": 2, "timeout": "25h"}),
+            422,
+            "spec.evaluation.timeout",
+            "1m to 24h",
+        ),
+        (
+            create({"environment": ARITHMETIC, "tasks": 2, "split": "holdout"}),
+            422,
+            "spec.evaluation.split",
+            "test",
+        ),
         (create({"environment": ARITHMETIC, "tasks": 2}, sealed=True), 422, "spec.sealed", "seals itself"),
-        (create({"environment": ARITHMETIC, "tasks": 3}, limits={"maxPending": 2}), 422, "spec.limits.maxPending",
-         "3 cases"),
+        (
+            create({"environment": ARITHMETIC, "tasks": 3}, limits={"maxPending": 2}),
+            422,
+            "spec.limits.maxPending",
+            "3 cases",
+        ),
     ]
     for response, status, field, words in refusals:
         assert response.status_code == status, response.text
@@ -180,15 +269,30 @@ def test_bad_evaluations_are_refused_clearly_and_create_nothing(server: Server) 
     kit.agent(server, stopped)
     with server.http() as http:
         assert http.patch(f"{kit.AGENTS}/{stopped}", json={"spec": {"state": "Stopped"}}).status_code == 200
-        refused = http.post(kit.GROUPS, json={"apiVersion": kit.V1, "kind": "AgentGroup", "metadata": {"name": name},
-                                               "spec": {"agent": stopped,
-                                                        "evaluation": {"environment": ARITHMETIC, "tasks": 1}}})
+        refused = http.post(
+            kit.GROUPS,
+            json={
+                "apiVersion": kit.V1,
+                "kind": "AgentGroup",
+                "metadata": {"name": name},
+                "spec": {"agent": stopped, "evaluation": {"environment": ARITHMETIC, "tasks": 1}},
+            },
+        )
         assert refused.status_code == 409 and refused.json()["code"] == "AgentStopped", refused.text
         assert http.get(f"{kit.GROUPS}/{name}").status_code == 404
     assert not server.store().list_dir(f"projects/default/agentgroups/{name}")
 
-    cli = server.cli("create", "agentgroup", name, "--agent", WORKER, "--environment", "nodus/arithmetic-v2",
-                     "--tasks", "2")
+    cli = server.cli(
+        "create",
+        "agentgroup",
+        name,
+        "--agent",
+        WORKER,
+        "--environment",
+        "nodus/arithmetic-v2",
+        "--tasks",
+        "2",
+    )
     assert cli.returncode != 0 and cli.stdout == ""
     assert cli.stderr.count("\n") == 1 and "names no version" in cli.stderr, cli.stderr
     no_env = server.cli("create", "agentgroup", name, "--agent", WORKER, "--tasks", "2")
@@ -212,7 +316,9 @@ def test_bad_evaluations_are_refused_clearly_and_create_nothing(server: Server) 
 
 def _byok_agent(server: Server) -> str:
     secret, agent = unique("eval-key"), unique("eval-byok")
-    created = server.cli("create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY=sk-ant-{uuid.uuid4().hex}")
+    created = server.cli(
+        "create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY=sk-ant-{uuid.uuid4().hex}"
+    )
     assert created.returncode == 0, created.stderr
     kit.agent(server, agent, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret})
     return agent
@@ -220,7 +326,11 @@ def _byok_agent(server: Server) -> str:
 
 def _first_prompt(body: dict[str, Any]) -> str:
     first = body["messages"][0]["content"]
-    return first if isinstance(first, str) else "\n".join(b.get("text", "") for b in first if b.get("type") == "text")
+    return (
+        first
+        if isinstance(first, str)
+        else "\n".join(b.get("text", "") for b in first if b.get("type") == "text")
+    )
 
 
 def _answering_tool_results(body: dict[str, Any]) -> bool:
@@ -271,15 +381,22 @@ def test_python_fix_grades_the_workspace_the_agent_left_and_hides_its_checks(
     name = unique("fix")
     fake_anthropic.set_responder(responder)
     try:
-        kit.group(server, name, agent, limits={"maxActive": 4},
-                  evaluation={"environment": PYTHON_FIX, "tasks": 4, "seed": 7})
+        kit.group(
+            server,
+            name,
+            agent,
+            limits={"maxActive": 4},
+            evaluation={"environment": PYTHON_FIX, "tasks": 4, "seed": 7},
+        )
         group = kit.finished(server, name, timeout=240)
     finally:
         fake_anthropic.set_responder(None)
     assert group["status"]["phase"] == "Succeeded", group["status"]
     items = _results(server, name)["items"]
     states = [(item["taskId"], item["state"], item["verdict"]) for item in items]
-    assert states[0] == (tasks[0].id, "Scored", "pass") and states[2] == (tasks[2].id, "Scored", "pass"), states
+    assert states[0] == (tasks[0].id, "Scored", "pass") and states[2] == (tasks[2].id, "Scored", "pass"), (
+        states
+    )
     assert items[0]["reward"] == items[2]["reward"] == 1.0
     # The untouched module keeps its bugs: scored, and not a pass.
     assert states[1][1] == "Scored" and states[1][2] in ("fail", "partial") and items[1]["reward"] < 1.0
@@ -298,14 +415,24 @@ def test_python_fix_grades_the_workspace_the_agent_left_and_hides_its_checks(
         # The task's files were the run's first workspace: its first command listed them.
         listed = next(step for step in steps if step.get("kind") == "command")
         assert tasks[0].answer["module"] in json.dumps(listed)
-        shown = "".join(http.get(path).text for path in (
-            f"{kit.GROUPS}/{name}", f"{kit.GROUPS}/{name}/results", f"{kit.RUNS}?group={name}",
-            *(f"{kit.RUNS}/{run}/steps" for run in runs), *(f"{kit.RUNS}/{run}/answer" for run in runs)))
+        shown = "".join(
+            http.get(path).text
+            for path in (
+                f"{kit.GROUPS}/{name}",
+                f"{kit.GROUPS}/{name}/results",
+                f"{kit.RUNS}?group={name}",
+                *(f"{kit.RUNS}/{run}/steps" for run in runs),
+                *(f"{kit.RUNS}/{run}/answer" for run in runs),
+            )
+        )
     # No hidden check (its call or, for the agents that did not write it, the fixed source)
     # is in any API answer or anywhere in storage: run inputs, journals, snapshots, records.
     store = server.store()
-    stored = b"".join(store.read_bytes(path) for path in _walk(store, "projects/default")
-                      if path.endswith((".json", ".arrow", ".txt", ".parquet")))
+    stored = b"".join(
+        store.read_bytes(path)
+        for path in _walk(store, "projects/default")
+        if path.endswith((".json", ".arrow", ".txt", ".parquet"))
+    )
     for index, task in enumerate(tasks):
         for call, _ in task.answer["cases"]:
             assert call not in shown and call.encode() not in stored, call
@@ -335,8 +462,12 @@ def test_the_deadline_fails_unfinished_cases_and_leaves_them_out(server: Server,
     name = unique("deadline")
     fake_anthropic.set_responder(responder)
     try:
-        created = kit.group(server, name, agent, evaluation={"environment": ARITHMETIC, "tasks": 2, "seed": 11,
-                                                             "timeout": "1m"})
+        created = kit.group(
+            server,
+            name,
+            agent,
+            evaluation={"environment": ARITHMETIC, "tasks": 2, "seed": 11, "timeout": "1m"},
+        )
         group = kit.finished(server, name, timeout=150)
     finally:
         fake_anthropic.set_responder(None)
@@ -348,7 +479,9 @@ def test_the_deadline_fails_unfinished_cases_and_leaves_them_out(server: Server,
     assert slow["finishedAt"] >= deadline
     items = _results(server, name)["items"]
     assert [(item["state"], item["verdict"], item["reason"]) for item in items] == [
-        ("Scored", "pass", None), ("RunFailed", None, "DeadlineExceeded")]
+        ("Scored", "pass", None),
+        ("RunFailed", None, "DeadlineExceeded"),
+    ]
     evaluation = group["status"]["evaluation"]
     assert group["status"]["phase"] == "Succeeded"
     assert (evaluation["scored"], evaluation["unscored"], evaluation["pending"]) == (1, 1, 0)

@@ -20,20 +20,38 @@ PROMPT = "Use the shell to run `echo streamed`"
 
 def _start(server: Server, agent_name: str, name: str, prompt: str = PROMPT) -> None:
     with server.http() as http:
-        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name},
-                                     "spec": {"agent": agent_name, "input": prompt}}).status_code == 201
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": V1,
+                    "kind": "AgentRun",
+                    "metadata": {"name": name},
+                    "spec": {"agent": agent_name, "input": prompt},
+                },
+            ).status_code
+            == 201
+        )
 
 
-def _read(server: Server, name: str, last_event_id: str | None = None, stop_after: Any = None,
-          follow: bool = True) -> list[dict[str, Any]]:
+def _read(
+    server: Server, name: str, last_event_id: str | None = None, stop_after: Any = None, follow: bool = True
+) -> list[dict[str, Any]]:
     """Events as {id, event, data}; stops at the end, or after the event ``stop_after`` accepts."""
     events: list[dict[str, Any]] = []
     headers = {"Authorization": f"Bearer {server.token}"}
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
-    with httpx.stream("GET", f"{server.api_url}{RUNS}/{name}/events", params={"follow": str(follow).lower()},
-                      headers=headers, timeout=60) as response:
-        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    with httpx.stream(
+        "GET",
+        f"{server.api_url}{RUNS}/{name}/events",
+        params={"follow": str(follow).lower()},
+        headers=headers,
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith(
+            "text/event-stream"
+        )
         current: dict[str, Any] = {}
         for line in response.iter_lines():
             if line.startswith(("id: ", "event: ", "data: ")):
@@ -55,8 +73,12 @@ def test_a_run_streams_its_steps_phase_turns_and_answer_then_ends(server: Server
     kinds = [event["event"] for event in events]
     assert kinds[-1] == "end" and events[-1]["data"]["phase"] == "Succeeded"
     steps = [event["data"] for event in events if event["event"] == "step"]
-    assert [step["seq"] for step in steps] == sorted({step["seq"] for step in steps}), "each record once, in order"
-    assert ("turn-1/command-1-1", "Started", "$ echo streamed") in [(s["step"], s["state"], s["summary"]) for s in steps]
+    assert [step["seq"] for step in steps] == sorted({step["seq"] for step in steps}), (
+        "each record once, in order"
+    )
+    assert ("turn-1/command-1-1", "Started", "$ echo streamed") in [
+        (s["step"], s["state"], s["summary"]) for s in steps
+    ]
     with server.http() as http:
         recorded = http.get(f"{RUNS}/{name}/steps").json()["items"]
     assert len(steps) == 2 * len(recorded), "every step's Started and its end, nothing else"

@@ -83,8 +83,11 @@ def settle(server: Server, name: str, timeout: float = 180) -> dict[str, Any]:
         if status["phase"] == "Waiting" and status.get("reason") == "NeedsResolution":
             step = status["step"]
             happened = _counter(server, name) == "tick\n"
-            decision: dict[str, Any] = {"step": step, "revision": run["metadata"]["resourceVersion"],
-                                        "evidence": "counter.txt inspected by the test"}
+            decision: dict[str, Any] = {
+                "step": step,
+                "revision": run["metadata"]["resourceVersion"],
+                "evidence": "counter.txt inspected by the test",
+            }
             if happened:
                 decision |= {"decision": "Completed", "result": {"exitCode": 0, "output": ""}}
             else:
@@ -131,8 +134,15 @@ def audit_group(server: Server, name: str, members: int, max_active: int) -> Non
 
 
 def _counted_runs(agent_name: str, names: list[str]) -> list[dict[str, Any]]:
-    return [{"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name},
-             "spec": {"agent": agent_name, "input": COUNTED}} for name in names]
+    return [
+        {
+            "apiVersion": V1,
+            "kind": "AgentRun",
+            "metadata": {"name": name},
+            "spec": {"agent": agent_name, "input": COUNTED},
+        }
+        for name in names
+    ]
 
 
 def _counted_group(server: Server, max_active: int, members: int, max_cost: str = "1.00") -> tuple[str, str]:
@@ -164,21 +174,38 @@ def test_a_run_killed_between_a_model_call_and_its_record_calls_again_and_bills_
 
 
 def test_a_run_actor_killed_mid_command_waits_for_a_person_and_the_command_is_not_repeated(
-    server: Server, ray_driver: Any,
+    server: Server,
+    ray_driver: Any,
 ) -> None:
     from ray.util.state import list_actors
 
     agent_name, name = unique("mid"), unique("mid-run")
     agent(server, agent_name)
     with server.http() as http:
-        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name}, "spec": {
-            "agent": agent_name, "input": "Use the shell to run `echo tick >> counter.txt; sleep 60`"}}).status_code == 201
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": V1,
+                    "kind": "AgentRun",
+                    "metadata": {"name": name},
+                    "spec": {
+                        "agent": agent_name,
+                        "input": "Use the shell to run `echo tick >> counter.txt; sleep 60`",
+                    },
+                },
+            ).status_code
+            == 201
+        )
     wait_for(lambda: _counter(server, name) == "tick\n", timeout=60, message="the command's effect")
     actor_name = _run(server, name)["status"]["actorName"]
     actors = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
     os.kill(int(actors[0].pid), signal.SIGKILL)  # in the middle of the command's sleep
-    run = wait_for(lambda: (r := _run(server, name))["status"].get("reason") == "NeedsResolution" and r,
-                   timeout=90, message="the run to wait for a resolution")
+    run = wait_for(
+        lambda: (r := _run(server, name))["status"].get("reason") == "NeedsResolution" and r,
+        timeout=90,
+        message="the run to wait for a resolution",
+    )
     assert run["status"]["step"] == "turn-1/command-1-1"
     settle(server, name)  # the operator sees the counter and records the command as Completed
     audit_run(server, name)
@@ -190,7 +217,9 @@ def test_a_supervisor_killed_mid_admission_rebuilds_and_keeps_the_limits(server:
     group(server, group_name, agent_name, limits={"maxActive": 2}, maxCostUSD="0.50")
     # The supervisor dies having decided to start the fourth run, before anyone heard of it.
     server.arm("admission-decided", f"default/{group_name}/{group_name}-t3")
-    assert batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(6)]).status_code == 201
+    assert (
+        batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(6)]).status_code == 201
+    )
     seal(server, group_name)
     finished(server, group_name, timeout=180)
     assert server.fired("admission-decided")
@@ -207,7 +236,9 @@ def test_a_control_plane_killed_before_telling_a_group_a_run_ended_is_told_again
     # The first run's end is stored, the control plane dies before its supervisor hears of it: the
     # supervisor (alive all along) would hold that run's place forever if nobody told it again.
     server.arm("run-ended-untold", f"default/{group_name}-t0")
-    assert batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(3)]).status_code == 201
+    assert (
+        batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(3)]).status_code == 201
+    )
     seal(server, group_name)
     finished(server, group_name, timeout=180)
     assert server.fired("run-ended-untold")
@@ -229,8 +260,12 @@ def test_a_control_plane_killed_mid_batch_keeps_none_of_it_and_the_retry_creates
         assert first.json()["code"] == "Unavailable"
         assert server.fired("batch-half-written")
         # The restarted control plane rolled the half-written batch back: all or nothing.
-        wait_for(lambda: http.get("/readyz").status_code == 200, timeout=120, interval=0.25,
-                 message="the control plane to come back")
+        wait_for(
+            lambda: http.get("/readyz").status_code == 200,
+            timeout=120,
+            interval=0.25,
+            message="the control plane to come back",
+        )
         assert [http.get(f"{RUNS}/{name}").status_code for name in names] == [404, 404, 404]
         assert not server.store().exists(f"projects/default/agentruns/{names[0]}/run.json")
         again = http.post(RUNS, json=body, headers={"Idempotency-Key": key})
@@ -256,30 +291,57 @@ def test_an_api_replica_killed_mid_request_loses_nothing_and_the_sdk_retry_gets_
     assert server.fired("api-answering")
     assert [item["metadata"]["name"] for item in created] == names
     for item in created:
-        assert _run(server, item["metadata"]["name"])["metadata"]["uid"] == item["metadata"]["uid"], \
+        assert _run(server, item["metadata"]["name"])["metadata"]["uid"] == item["metadata"]["uid"], (
             "the answer is the run that was created, not a second one"
+        )
     for name in names:
         settle(server, name)
         audit_run(server, name)
 
 
-def test_byok_a_model_call_whose_record_was_lost_waits_for_a_person(server: Server, fake_anthropic: Any) -> None:
+def test_byok_a_model_call_whose_record_was_lost_waits_for_a_person(
+    server: Server, fake_anthropic: Any
+) -> None:
     from tests.fakes.anthropic_api import text_reply
 
     secret, agent_name, name = unique("key"), unique("byok-gap"), unique("byok-gap-run")
-    assert server.cli("create", "secret", secret, "--from-literal",
-                      f"ANTHROPIC_API_KEY=sk-ant-{uuid.uuid4().hex}").returncode == 0
+    assert (
+        server.cli(
+            "create", "secret", secret, "--from-literal", f"ANTHROPIC_API_KEY=sk-ant-{uuid.uuid4().hex}"
+        ).returncode
+        == 0
+    )
     with server.http() as http:
-        assert http.put(f"{AGENTS}/{agent_name}", json={
-            "apiVersion": V1, "kind": "Agent", "metadata": {"name": agent_name},
-            "spec": {"system": "x", "model": {"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret}},
-        }).status_code in (200, 201)
-    fake_anthropic.script(text_reply("first", usage={"input_tokens": 10, "output_tokens": 2}),
-                          text_reply("second", usage={"input_tokens": 10, "output_tokens": 2}))
+        assert http.put(
+            f"{AGENTS}/{agent_name}",
+            json={
+                "apiVersion": V1,
+                "kind": "Agent",
+                "metadata": {"name": agent_name},
+                "spec": {
+                    "system": "x",
+                    "model": {"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": secret},
+                },
+            },
+        ).status_code in (200, 201)
+    fake_anthropic.script(
+        text_reply("first", usage={"input_tokens": 10, "output_tokens": 2}),
+        text_reply("second", usage={"input_tokens": 10, "output_tokens": 2}),
+    )
     server.arm("step-effect-done", f"agentruns/{name}/journal/turn-1/model-1")
     with server.http() as http:
-        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": name},
-                                     "spec": {"agent": agent_name, "input": "Say something."}}).status_code == 201
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": V1,
+                    "kind": "AgentRun",
+                    "metadata": {"name": name},
+                    "spec": {"agent": agent_name, "input": "Say something."},
+                },
+            ).status_code
+            == 201
+        )
 
     def parked() -> dict[str, Any] | None:
         run = _run(server, name)
@@ -289,11 +351,20 @@ def test_byok_a_model_call_whose_record_was_lost_waits_for_a_person(server: Serv
     run = wait_for(parked, timeout=90, message="the run to wait for a resolution")
     assert run["status"]["step"] == "turn-1/model-1"
     with server.http() as http:
-        resolved = http.post(f"{RUNS}/{name}/resolve", json={
-            "step": "turn-1/model-1", "decision": "NoEffect", "revision": run["metadata"]["resourceVersion"]})
+        resolved = http.post(
+            f"{RUNS}/{name}/resolve",
+            json={
+                "step": "turn-1/model-1",
+                "decision": "NoEffect",
+                "revision": run["metadata"]["resourceVersion"],
+            },
+        )
         assert resolved.status_code == 200, resolved.text
-        wait_for(lambda: _run(server, name)["status"]["phase"] == "Succeeded", timeout=90,
-                 message="the resolved run to finish")
+        wait_for(
+            lambda: _run(server, name)["status"]["phase"] == "Succeeded",
+            timeout=90,
+            message="the resolved run to finish",
+        )
         assert http.get(f"{RUNS}/{name}/answer").json()["answer"] == "second"
 
 
@@ -304,10 +375,16 @@ def _evaluation(server: Server, tasks: int) -> tuple[str, dict[str, Any]]:
     """An arithmetic evaluation's group name and its POST body, on an agent of its own."""
     agent_name, group_name = unique("judged"), unique("fe")
     agent(server, agent_name)
-    return group_name, {"apiVersion": V1, "kind": "AgentGroup", "metadata": {"name": group_name},
-                        "spec": {"agent": agent_name, "limits": {"maxActive": 2},
-                                 "evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": tasks,
-                                                "seed": 5}}}
+    return group_name, {
+        "apiVersion": V1,
+        "kind": "AgentGroup",
+        "metadata": {"name": group_name},
+        "spec": {
+            "agent": agent_name,
+            "limits": {"maxActive": 2},
+            "evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": tasks, "seed": 5},
+        },
+    }
 
 
 def audit_evaluation(server: Server, name: str, tasks: int) -> None:
@@ -326,15 +403,21 @@ def audit_evaluation(server: Server, name: str, tasks: int) -> None:
     assert len(server.store().list_dir(f"projects/default/agentgroups/{name}/evaluation/cases")) == tasks
 
 
-def test_a_control_plane_killed_before_sealing_an_evaluation_finishes_it_after_its_restart(server: Server) -> None:
+def test_a_control_plane_killed_before_sealing_an_evaluation_finishes_it_after_its_restart(
+    server: Server,
+) -> None:
     name, body = _evaluation(server, tasks=3)
     server.arm("evaluation-unsealed", f"default/{name}")
     with server.http() as http:
         created = http.post(GROUPS, json=body)
         assert created.status_code == 503 and created.json()["code"] == "Unavailable", created.text
         assert server.fired("evaluation-unsealed")
-        wait_for(lambda: http.get("/readyz").status_code == 200, timeout=120, interval=0.25,
-                 message="the control plane to come back")
+        wait_for(
+            lambda: http.get("/readyz").status_code == 200,
+            timeout=120,
+            interval=0.25,
+            message="the control plane to come back",
+        )
         # The group and its runs were stored before the crash; the restart sealed it.
         again = http.post(GROUPS, json=body)
         assert again.status_code == 409 and again.json()["code"] == "AlreadyExists"
@@ -342,7 +425,9 @@ def test_a_control_plane_killed_before_sealing_an_evaluation_finishes_it_after_i
     assert get_group(server, name)["spec"]["sealed"] is True
 
 
-def test_a_control_plane_killed_after_grading_a_case_grades_it_again_and_records_it_once(server: Server) -> None:
+def test_a_control_plane_killed_after_grading_a_case_grades_it_again_and_records_it_once(
+    server: Server,
+) -> None:
     name, body = _evaluation(server, tasks=3)
     server.arm("case-graded-unrecorded", f"default/{name}-test-001")
     with server.http() as http:
@@ -363,25 +448,55 @@ def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ra
     agent_name, group_name = _counted_group(server, max_active=3, members=6)
     done_run, waiting_run = unique("kept-answer"), unique("kept-waiting")
     with server.http() as http:
-        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": done_run},
-                                     "spec": {"agent": agent_name, "input": "What is 6 * 7?"}}).status_code == 201
-        assert http.post(RUNS, json={"apiVersion": V1, "kind": "AgentRun", "metadata": {"name": waiting_run},
-                                     "spec": {"agent": agent_name, "input": "What is 1 + 1?",
-                                              "keepAlive": True}}).status_code == 201
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": V1,
+                    "kind": "AgentRun",
+                    "metadata": {"name": done_run},
+                    "spec": {"agent": agent_name, "input": "What is 6 * 7?"},
+                },
+            ).status_code
+            == 201
+        )
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": V1,
+                    "kind": "AgentRun",
+                    "metadata": {"name": waiting_run},
+                    "spec": {"agent": agent_name, "input": "What is 1 + 1?", "keepAlive": True},
+                },
+            ).status_code
+            == 201
+        )
 
     def mid_batch() -> bool:
         counts = get_group(server, group_name)["status"]["counts"]
         return counts["succeeded"] >= 1 and counts["active"] >= 1 and counts["succeeded"] < 6
 
     wait_for(mid_batch, timeout=120, interval=0.05, message="the group to be mid-batch")
-    wait_for(lambda: _run(server, done_run)["status"]["phase"] == "Succeeded", timeout=60, message="a finished run")
-    wait_for(lambda: _run(server, waiting_run)["status"].get("reason") == "AwaitingMessage", timeout=60,
-             message="a waiting run")
+    wait_for(
+        lambda: _run(server, done_run)["status"]["phase"] == "Succeeded", timeout=60, message="a finished run"
+    )
+    wait_for(
+        lambda: _run(server, waiting_run)["status"].get("reason") == "AwaitingMessage",
+        timeout=60,
+        message="a waiting run",
+    )
     before_done = _run(server, done_run)
     before_group = get_group(server, group_name)
 
-    stopped = subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], env=server.env,
-                             capture_output=True, text=True, timeout=120, check=False)
+    stopped = subprocess.run(
+        [str(Path(sys.executable).parent / "ray"), "stop", "--force"],
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert stopped.returncode == 0, stopped.stderr
     with pytest.raises(httpx.HTTPError):
         with server.http() as http:
@@ -403,11 +518,18 @@ def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ra
     waiting = _run(server, waiting_run)
     assert (waiting["status"]["phase"], waiting["status"]["reason"]) == ("Waiting", "AwaitingMessage")
     with server.http() as http:
-        sent = http.post(f"{RUNS}/{waiting_run}/messages", json={"payload": "What is 2 + 3?", "messageKey": "m1"})
+        sent = http.post(
+            f"{RUNS}/{waiting_run}/messages", json={"payload": "What is 2 + 3?", "messageKey": "m1"}
+        )
         assert sent.status_code == 202, sent.text
-        wait_for(lambda: len(_run(server, waiting_run)["status"]["turns"]) == 2
-                 and _run(server, waiting_run)["status"].get("reason") == "AwaitingMessage",
-                 timeout=90, message="the waiting run to answer after the restart")
+        wait_for(
+            lambda: (
+                len(_run(server, waiting_run)["status"]["turns"]) == 2
+                and _run(server, waiting_run)["status"].get("reason") == "AwaitingMessage"
+            ),
+            timeout=90,
+            message="the waiting run to answer after the restart",
+        )
         assert http.get(f"{RUNS}/{waiting_run}/answer").json()["answer"].strip() == "2 + 3 = 5."
 
 
@@ -427,15 +549,28 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
 
 
 def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspaces(
-    server: Server, ray_driver: Any,
+    server: Server,
+    ray_driver: Any,
 ) -> None:
     from ray.util.state import list_actors
 
     gcs = ray_driver.get_runtime_context().gcs_address
-    node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--address", gcs, "--block",
-                             "--num-cpus", "1", "--disable-usage-stats"],
-                            env=server.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    node = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--address",
+            gcs,
+            "--block",
+            "--num-cpus",
+            "1",
+            "--disable-usage-stats",
+        ],
+        env=server.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         head = ray_driver.get_runtime_context().get_node_id()
 
@@ -458,19 +593,27 @@ def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspac
         def running_on_worker() -> list[str]:
             runs = runs_of(server, group_name)
             seen_nodes.update(n for run in runs if (n := (run["status"].get("sandbox") or {}).get("nodeId")))
-            return [run["metadata"]["name"] for run in runs
-                    if run["status"]["phase"] == "Running"
-                    and (run["status"].get("sandbox") or {}).get("nodeId") == worker
-                    and any(step["kind"] == "command" and step["state"] == "Completed"
-                            for step in _steps(server, run["metadata"]["name"]))]
+            return [
+                run["metadata"]["name"]
+                for run in runs
+                if run["status"]["phase"] == "Running"
+                and (run["status"].get("sandbox") or {}).get("nodeId") == worker
+                and any(
+                    step["kind"] == "command" and step["state"] == "Completed"
+                    for step in _steps(server, run["metadata"]["name"])
+                )
+            ]
 
-        moved = wait_for(running_on_worker, timeout=120, interval=0.02,
-                         message="a run on the worker node past its command")
+        moved = wait_for(
+            running_on_worker, timeout=120, interval=0.02, message="a run on the worker node past its command"
+        )
         _kill_tree(node)
         # The node's disk went with it: its runs' workspaces are gone.
         for name in moved:
-            for path in (server.sandbox_root / "default" / name,
-                         server.sandbox_root / "default" / f".{name}.workspace"):
+            for path in (
+                server.sandbox_root / "default" / name,
+                server.sandbox_root / "default" / f".{name}.workspace",
+            ):
                 subprocess.run(["rm", "-rf", str(path)], check=True)
 
         for run in runs_of(server, group_name):

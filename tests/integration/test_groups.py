@@ -55,8 +55,14 @@ V1 = "nodus.dev/v1"
 
 
 def test_the_parallel_agents_example_of_document_001_runs_unchanged(server: Server) -> None:
-    result = subprocess.run([sys.executable, str(EXAMPLE / "main.py")], env=server.env, capture_output=True,
-                            text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE / "main.py")],
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "Succeeded: 3 of 3 runs succeeded"
@@ -83,23 +89,35 @@ def test_the_yaml_flow_of_document_002(server: Server) -> None:
     if c.get("admittedAt") is None:
         assert (c["phase"], c["reason"]) == ("Pending", "DependencyWait")
     assert server.cli("patch", "ag/parallel-agents", "--patch", '{"spec":{"sealed":true}}').returncode == 0
-    waited = server.cli("wait", "ag/parallel-agents", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=2m")
+    waited = server.cli(
+        "wait", "ag/parallel-agents", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=2m"
+    )
     assert waited.returncode == 0, waited.stdout + waited.stderr
 
     table = server.cli("get", "ag").stdout
     row = next(line for line in table.splitlines() if line.startswith("parallel-agents "))
     assert "Succeeded" in row and "3/3" in row and "/ $0.60" in row
     members = server.cli("get", "ar", "--field-selector", "spec.group=parallel-agents").stdout.splitlines()
-    assert [line.split()[0] for line in members[1:]] == ["parallel-agents-a", "parallel-agents-b",
-                                                         "parallel-agents-c"]
+    assert [line.split()[0] for line in members[1:]] == [
+        "parallel-agents-a",
+        "parallel-agents-b",
+        "parallel-agents-c",
+    ]
     assert all("Succeeded" in line for line in members[1:])
     assert server.cli("agentrun", "answer", "parallel-agents-c").stdout.startswith("You asked:")
     runs = _runs_of(server, "parallel-agents")
     c_run = runs[2]["status"]
     assert all(c_run["admittedAt"] > run["status"]["finishedAt"] for run in runs[:2])
     group = _get_group(server, "parallel-agents")["status"]
-    assert group["counts"] == {"queued": 0, "active": 0, "waiting": 0, "succeeded": 3, "failed": 0,
-                               "cancelled": 0, "total": 3}
+    assert group["counts"] == {
+        "queued": 0,
+        "active": 0,
+        "waiting": 0,
+        "succeeded": 3,
+        "failed": 0,
+        "cancelled": 0,
+        "total": 3,
+    }
     assert Decimal(group["cost"]["totalUSD"]) == sum(Decimal(r["status"]["cost"]["totalUSD"]) for r in runs)
     # Sealed: no more runs; applying the files again changes nothing (the seal stays).
     again = server.cli("apply", "-f", str(EXAMPLE / "runs.yaml"))
@@ -107,15 +125,35 @@ def test_the_yaml_flow_of_document_002(server: Server) -> None:
     group_again = server.cli("apply", "-f", str(EXAMPLE / "group.yaml"))
     assert group_again.returncode == 0 and "unchanged" in group_again.stdout, group_again.stderr
     assert _get_group(server, "parallel-agents")["spec"]["sealed"] is True
-    late = server.cli("create", "agentrun", "parallel-agents-d", "--agent", "parallel-agents-worker",
-                      "--prompt", "x", "--group", "parallel-agents", "--task-key", "d")
+    late = server.cli(
+        "create",
+        "agentrun",
+        "parallel-agents-d",
+        "--agent",
+        "parallel-agents-worker",
+        "--prompt",
+        "x",
+        "--group",
+        "parallel-agents",
+        "--task-key",
+        "d",
+    )
     assert late.returncode != 0 and "sealed" in late.stderr
 
     # The same group from flags, patched live, cancelled and deleted.
     assert server.cli("delete", "ag/parallel-agents").returncode == 0
     assert server.cli("get", "ar/parallel-agents-a").returncode != 0
-    created = server.cli("create", "agentgroup", "parallel-agents", "--agent", "parallel-agents-worker",
-                         "--max-active", "2", "--max-cost", "0.60")
+    created = server.cli(
+        "create",
+        "agentgroup",
+        "parallel-agents",
+        "--agent",
+        "parallel-agents-worker",
+        "--max-active",
+        "2",
+        "--max-cost",
+        "0.60",
+    )
     assert created.returncode == 0, created.stderr
     patched = server.cli("patch", "ag/parallel-agents", "--patch", '{"spec":{"limits":{"maxActive":4}}}')
     assert patched.returncode == 0, patched.stderr
@@ -143,8 +181,11 @@ def test_never_more_than_max_active_run_at_once_and_a_live_patch_admits_more(ser
 
     status = wait_for(blocked, timeout=30, message="queued runs to wait for a slot")
     assert status["counts"]["active"] + status["counts"]["waiting"] <= 2
-    queued = [run for run in _runs_of(server, group) if run["status"]["phase"] == "Pending"
-              and not run["status"].get("admittedAt")]
+    queued = [
+        run
+        for run in _runs_of(server, group)
+        if run["status"]["phase"] == "Pending" and not run["status"].get("admittedAt")
+    ]
     assert queued and all(run["status"]["reason"] == "GroupWait" for run in queued)
     _seal(server, group)
     final = _finished(server, group)
@@ -176,33 +217,52 @@ def test_a_cap_below_one_runs_cap_starts_nothing_and_says_so_until_raised(server
     _agent(server, agent, cap="0.10")
     _group(server, group, agent, maxCostUSD="0.05")
     assert _batch(server, [_member(group, agent, "a")]).status_code == 201
-    status = wait_for(lambda: (s := _get_group(server, group)["status"])["blockedReasons"]["MaxCostReached"] and s,
-                      timeout=30, message="the run to be blocked by the cap")
+    status = wait_for(
+        lambda: (s := _get_group(server, group)["status"])["blockedReasons"]["MaxCostReached"] and s,
+        timeout=30,
+        message="the run to be blocked by the cap",
+    )
     assert "below a run's cap" in status["message"] and status["counts"]["active"] == 0
     with server.http() as http:
         lowered = http.patch(f"{GROUPS}/{group}", json={"spec": {"maxCostUSD": "0.01"}})
         assert lowered.status_code == 409 and lowered.json()["code"] == "CapLowered"
         assert lowered.json()["details"]["field"] == "spec.maxCostUSD"
-        assert http.patch(f"{GROUPS}/{group}", json={"spec": {"maxCostUSD": "0.10", "sealed": True}}).status_code == 200
+        assert (
+            http.patch(f"{GROUPS}/{group}", json={"spec": {"maxCostUSD": "0.10", "sealed": True}}).status_code
+            == 200
+        )
     assert _finished(server, group)["status"]["phase"] == "Succeeded"
 
 
 def test_a_failed_dependency_cancels_its_dependents_and_fails_the_group(server: Server) -> None:
     agent, group = unique("broken"), unique("gf")
     # A BYOK agent whose secret does not exist: every run of it fails at its start.
-    _agent(server, agent, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": unique("missing")})
+    _agent(
+        server, agent, model={"access": "BYOK", "name": "claude-haiku-5-5", "apiKeySecret": unique("missing")}
+    )
     _group(server, group, agent)
-    created = _batch(server, [_member(group, agent, "a"), _member(group, agent, "b", deps=["a"]),
-                              _member(group, agent, "c", deps=["b"])])
+    created = _batch(
+        server,
+        [
+            _member(group, agent, "a"),
+            _member(group, agent, "b", deps=["a"]),
+            _member(group, agent, "c", deps=["b"]),
+        ],
+    )
     assert created.status_code == 201, created.text
     _seal(server, group)
     final = _finished(server, group)["status"]
     assert (final["phase"], final["reason"]) == ("Failed", "RunsFailed")
-    phases = {run["spec"]["taskKey"]: (run["status"]["phase"], run["status"]["reason"])
-              for run in _runs_of(server, group)}
+    phases = {
+        run["spec"]["taskKey"]: (run["status"]["phase"], run["status"]["reason"])
+        for run in _runs_of(server, group)
+    }
     # c's own dependency (b) was cancelled, not failed: the documents' rule, applied level by level.
-    assert phases == {"a": ("Failed", "SecretNotFound"), "b": ("Cancelled", "DependencyFailed"),
-                      "c": ("Cancelled", "DependencyCancelled")}
+    assert phases == {
+        "a": ("Failed", "SecretNotFound"),
+        "b": ("Cancelled", "DependencyFailed"),
+        "c": ("Cancelled", "DependencyCancelled"),
+    }
 
 
 def test_a_queued_run_whose_deadline_passes_fails_without_ever_starting(server: Server) -> None:
@@ -235,14 +295,28 @@ def test_cancel_keeps_finished_runs_and_a_cancelled_dependency_cancels_dependent
     _agent(server, agent)
     _group(server, group, agent, limits={"maxActive": 1})
     assert _batch(server, [_member(group, agent, "done")]).status_code == 201
-    wait_for(lambda: _runs_of(server, group)[0]["status"]["phase"] == "Succeeded", timeout=60,
-             message="the first run to succeed")
-    assert _batch(server, [_member(group, agent, "slow", "Use the shell to run `sleep 30`"),
-                           _member(group, agent, "next", deps=["slow"]),
-                           _member(group, agent, "after", deps=["next"])]).status_code == 201
+    wait_for(
+        lambda: _runs_of(server, group)[0]["status"]["phase"] == "Succeeded",
+        timeout=60,
+        message="the first run to succeed",
+    )
+    assert (
+        _batch(
+            server,
+            [
+                _member(group, agent, "slow", "Use the shell to run `sleep 30`"),
+                _member(group, agent, "next", deps=["slow"]),
+                _member(group, agent, "after", deps=["next"]),
+            ],
+        ).status_code
+        == 201
+    )
     with server.http() as http:
-        wait_for(lambda: http.get(f"{RUNS}/{group}-slow").json()["status"]["phase"] == "Running", timeout=30,
-                 message="the slow run to start")
+        wait_for(
+            lambda: http.get(f"{RUNS}/{group}-slow").json()["status"]["phase"] == "Running",
+            timeout=30,
+            message="the slow run to start",
+        )
         cancelled = http.post(f"{GROUPS}/{group}/cancel")
         assert cancelled.status_code == 200
     final = _finished(server, group)["status"]
@@ -269,8 +343,15 @@ def test_a_batch_is_all_or_nothing_and_an_idempotency_key_replays_it(server: Ser
     agent, group = unique("batch"), unique("gb")
     _agent(server, agent)
     _group(server, group, agent, limits={"maxActive": 1})
-    bad = _batch(server, [_member(group, agent, "a"), _member(group, agent, "b", deps=["a"]),
-                          _member(group, agent, "c", deps=["nope"])], key="k-bad")
+    bad = _batch(
+        server,
+        [
+            _member(group, agent, "a"),
+            _member(group, agent, "b", deps=["a"]),
+            _member(group, agent, "c", deps=["nope"]),
+        ],
+        key="k-bad",
+    )
     assert bad.status_code == 422 and bad.json()["code"] == "UnknownDependency"
     assert bad.json()["details"]["index"] == 2
     cycle = _batch(server, [_member(group, agent, "a", deps=["b"]), _member(group, agent, "b", deps=["a"])])
@@ -287,14 +368,23 @@ def test_a_batch_is_all_or_nothing_and_an_idempotency_key_replays_it(server: Ser
     other = _batch(server, [_member(group, agent, "d")], key="k-1")
     assert other.status_code == 409 and other.json()["code"] == "IdempotencyKeyReused"
     with server.http() as http:
-        assert http.patch(f"{GROUPS}/{group}", json={"spec": {"limits": {"maxPending": 4}}}).status_code == 200
+        assert (
+            http.patch(f"{GROUPS}/{group}", json={"spec": {"limits": {"maxPending": 4}}}).status_code == 200
+        )
     pending = _batch(server, [_member(group, agent, f"p{i}") for i in range(5)])
     assert pending.status_code == 409 and pending.json()["code"] == "MaxPendingReached"
     assert pending.json()["details"]["field"] == "spec.limits.maxPending"
     over = _batch(server, [_member(group, agent, f"x{i}") for i in range(101)])
     assert over.status_code == 422 and over.json()["details"]["field"] == "items"
-    wrong_agent = _batch(server, [{**_member(group, agent, "w"), "spec": {**_member(group, agent, "w")["spec"],
-                                                                             "agent": "parallel-agents-worker"}}])
+    wrong_agent = _batch(
+        server,
+        [
+            {
+                **_member(group, agent, "w"),
+                "spec": {**_member(group, agent, "w")["spec"], "agent": "parallel-agents-worker"},
+            }
+        ],
+    )
     assert wrong_agent.status_code in (404, 422)
     assert len(_runs_of(server, group)) == 3
     with server.http() as http:
@@ -336,9 +426,14 @@ def test_a_killed_supervisor_is_rebuilt_from_its_runs_and_the_group_finishes(
     _agent(server, agent)
     _group(server, group, agent, limits={"maxActive": 2})
     assert _batch(server, [_member(group, agent, f"t{i}") for i in range(6)]).status_code == 201
-    wait_for(lambda: _get_group(server, group)["status"]["counts"]["succeeded"] >= 1, timeout=60,
-             message="a first run to succeed")
-    actors = list_actors(filters=[("name", "=", f"group.default.{group}"), ("state", "=", "ALIVE")], detail=True)
+    wait_for(
+        lambda: _get_group(server, group)["status"]["counts"]["succeeded"] >= 1,
+        timeout=60,
+        message="a first run to succeed",
+    )
+    actors = list_actors(
+        filters=[("name", "=", f"group.default.{group}"), ("state", "=", "ALIVE")], detail=True
+    )
     assert actors and f"group=default/{group}" in (actors[0].repr_name or "")
     os.kill(int(actors[0].pid), signal.SIGKILL)  # Ray restarts it; it rebuilds from its members
     _seal(server, group)
@@ -356,10 +451,14 @@ def test_a_group_goes_on_after_the_control_plane_crashes_mid_group(server: Serve
     _agent(server, agent)
     _group(server, group, agent, limits={"maxActive": 2})
     assert _batch(server, [_member(group, agent, f"t{i}") for i in range(6)]).status_code == 201
-    wait_for(lambda: _get_group(server, group)["status"]["counts"]["succeeded"] >= 1, timeout=60,
-             message="a first run to succeed")
-    control_plane = list_actors(filters=[("name", "=", "nodus-control-plane"), ("state", "=", "ALIVE")],
-                                detail=True)
+    wait_for(
+        lambda: _get_group(server, group)["status"]["counts"]["succeeded"] >= 1,
+        timeout=60,
+        message="a first run to succeed",
+    )
+    control_plane = list_actors(
+        filters=[("name", "=", "nodus-control-plane"), ("state", "=", "ALIVE")], detail=True
+    )
     os.kill(int(control_plane[0].pid), signal.SIGKILL)  # Ray restarts it; it reloads storage
 
     def sealed() -> bool:

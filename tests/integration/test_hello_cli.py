@@ -20,8 +20,9 @@ def test_hello_agent_end_to_end(server: Server) -> None:
     assert again.returncode == 0 and "unchanged" in again.stdout
 
     assert server.cli("apply", "-f", str(EXAMPLES / "run.yaml")).returncode == 0
-    waited = server.cli("wait", "agentrun/hello-agent-run", "--for=jsonpath={.status.phase}=Succeeded",
-                        "--timeout=2m")
+    waited = server.cli(
+        "wait", "agentrun/hello-agent-run", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=2m"
+    )
     assert waited.returncode == 0, waited.stdout + waited.stderr
 
     as_yaml = yaml.safe_load(server.cli("get", "agentrun/hello-agent-run", "-o", "yaml").stdout)
@@ -61,12 +62,15 @@ def _answer_via_api(server: Server, name: str) -> str:
 def test_create_cancel_delete(server: Server) -> None:
     assert server.cli("apply", "-f", str(EXAMPLES / "agent.yaml")).returncode == 0
     name = unique("triage")
-    created = server.cli("create", "agentrun", name, "--agent", "hello-agent",
-                         "--prompt", "Use the shell to run `sleep 60`")
+    created = server.cli(
+        "create", "agentrun", name, "--agent", "hello-agent", "--prompt", "Use the shell to run `sleep 60`"
+    )
     assert created.returncode == 0, created.stderr
 
     def command_started() -> bool:
-        steps = json.loads(server.cli("agentrun", "steps", name, "-o", "json").stdout or "{}").get("items", [])
+        steps = json.loads(server.cli("agentrun", "steps", name, "-o", "json").stdout or "{}").get(
+            "items", []
+        )
         return any(step["kind"] == "command" and step["state"] == "Started" for step in steps)
 
     wait_for(command_started, timeout=60, message="the sleep command to start")

@@ -16,15 +16,31 @@ RUNS = "/v1/projects/default/agentruns"
 
 def _agent(server: Server, name: str) -> None:
     with server.http() as http:
-        assert http.put(f"{AGENTS}/{name}", json={"apiVersion": "nodus.dev/v1", "kind": "Agent",
-                                                  "metadata": {"name": name},
-                                                  "spec": {"system": "Answer briefly."}}).status_code == 201
+        assert (
+            http.put(
+                f"{AGENTS}/{name}",
+                json={
+                    "apiVersion": "nodus.dev/v1",
+                    "kind": "Agent",
+                    "metadata": {"name": name},
+                    "spec": {"system": "Answer briefly."},
+                },
+            ).status_code
+            == 201
+        )
 
 
 def _run(server: Server, agent: str, name: str, text: str, **spec: Any) -> None:
     with server.http() as http:
-        created = http.post(RUNS, json={"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
-                                        "spec": {"agent": agent, "input": text, "keepAlive": True, **spec}})
+        created = http.post(
+            RUNS,
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "AgentRun",
+                "metadata": {"name": name},
+                "spec": {"agent": agent, "input": text, "keepAlive": True, **spec},
+            },
+        )
         assert created.status_code == 201, created.text
 
 
@@ -54,8 +70,11 @@ def _send(server: Server, name: str, payload: Any, key: str | None = None) -> An
 def _live_actors_of(run: str) -> list[Any]:
     from ray.util.state import list_actors
 
-    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
-            if f"run=default/{run}," in (getattr(a, "repr_name", "") or "")]
+    return [
+        a
+        for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
+        if f"run=default/{run}," in (getattr(a, "repr_name", "") or "")
+    ]
 
 
 def test_messages_continue_the_conversation_once_each_and_a_waiting_run_holds_no_actor(
@@ -66,7 +85,9 @@ def test_messages_continue_the_conversation_once_each_and_a_waiting_run_holds_no
     _run(server, agent, run, "What is 2 + 2?")
     first = _awaiting(server, run, 1)
     assert first["status"]["answer"]["preview"] == "2 + 2 = 4."
-    wait_for(lambda: not _live_actors_of(run), timeout=30, interval=0.2, message="the waiting run's actor to go")
+    wait_for(
+        lambda: not _live_actors_of(run), timeout=30, interval=0.2, message="the waiting run's actor to go"
+    )
     workspace = server.sandbox_root / "default" / run
     assert workspace.is_dir(), "a waiting run keeps its sandbox"
 
@@ -120,8 +141,18 @@ def test_bad_messages_are_refused_and_change_nothing(server: Server) -> None:
     _agent(server, agent)
     _run(server, agent, run, "What is 2 + 2?")
     with server.http() as http:
-        assert http.post(RUNS, json={"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": plain},
-                                     "spec": {"agent": agent, "input": "What is 1 + 1?"}}).status_code == 201
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": "nodus.dev/v1",
+                    "kind": "AgentRun",
+                    "metadata": {"name": plain},
+                    "spec": {"agent": agent, "input": "What is 1 + 1?"},
+                },
+            ).status_code
+            == 201
+        )
     big = _send(server, run, "a" * (256 * 1024 + 1))
     assert big.status_code == 413 and big.json()["details"]["field"] == "payload"
     assert _send(server, run, 42).status_code == 422

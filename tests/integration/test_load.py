@@ -22,13 +22,23 @@ from .conftest import Server, unique, wait_for
 CLIENTS = 300
 
 
-async def _client(http: httpx.AsyncClient, index: int, group: str, agent: str, talker: str,
-                  statuses: Counter[int]) -> tuple[str, str]:
+async def _client(
+    http: httpx.AsyncClient, index: int, group: str, agent: str, talker: str, statuses: Counter[int]
+) -> tuple[str, str]:
     """One client: a run, a message, a status read; each sent again after a 429, as the SDK does."""
     key = f"load-{index:04d}"
     requests = [
-        ("POST", kit.RUNS, {"json": {"apiVersion": kit.V1, "kind": "AgentRun",
-                                     "spec": {"agent": agent, "group": group, "taskKey": key, "input": "What is 1 + 1?"}}}),
+        (
+            "POST",
+            kit.RUNS,
+            {
+                "json": {
+                    "apiVersion": kit.V1,
+                    "kind": "AgentRun",
+                    "spec": {"agent": agent, "group": group, "taskKey": key, "input": "What is 1 + 1?"},
+                }
+            },
+        ),
         ("POST", f"{kit.RUNS}/{talker}/messages", {"json": {"payload": f"note {index}", "messageKey": key}}),
         ("GET", f"{kit.RUNS}/{talker}", {}),
     ]
@@ -44,22 +54,39 @@ async def _client(http: httpx.AsyncClient, index: int, group: str, agent: str, t
     return key, f"note {index}"
 
 
-async def _burst(server: Server, group: str, agent: str, talker: str) -> tuple[list[tuple[str, str]], Counter[int]]:
+async def _burst(
+    server: Server, group: str, agent: str, talker: str
+) -> tuple[list[tuple[str, str]], Counter[int]]:
     statuses: Counter[int] = Counter()
     limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
-    async with httpx.AsyncClient(base_url=server.api_url, timeout=120.0, limits=limits,
-                                 headers={"Authorization": f"Bearer {server.token}"}) as http:
-        done = await asyncio.gather(*(_client(http, i, group, agent, talker, statuses) for i in range(CLIENTS)))
+    async with httpx.AsyncClient(
+        base_url=server.api_url,
+        timeout=120.0,
+        limits=limits,
+        headers={"Authorization": f"Bearer {server.token}"},
+    ) as http:
+        done = await asyncio.gather(
+            *(_client(http, i, group, agent, talker, statuses) for i in range(CLIENTS))
+        )
     return list(done), statuses
 
 
 def test_a_burst_is_shed_with_429_and_nothing_accepted_is_lost(server: Server) -> None:
     agent, group, talker = unique("load"), unique("lg"), unique("talker")
     kit.agent(server, agent, cap="0.10")
-    kit.group(server, group, agent, maxCostUSD="0.05", limits={"maxActive": 1})  # no run fits: all stay queued
+    kit.group(
+        server, group, agent, maxCostUSD="0.05", limits={"maxActive": 1}
+    )  # no run fits: all stay queued
     with server.http() as http:
-        created = http.post(kit.RUNS, json={"apiVersion": kit.V1, "kind": "AgentRun", "metadata": {"name": talker},
-                                            "spec": {"agent": agent, "input": "Say hi.", "keepAlive": True}})
+        created = http.post(
+            kit.RUNS,
+            json={
+                "apiVersion": kit.V1,
+                "kind": "AgentRun",
+                "metadata": {"name": talker},
+                "spec": {"agent": agent, "input": "Say hi.", "keepAlive": True},
+            },
+        )
         assert created.status_code == 201, created.text
 
     accepted, statuses = asyncio.run(_burst(server, group, agent, talker))
@@ -72,13 +99,18 @@ def test_a_burst_is_shed_with_429_and_nothing_accepted_is_lost(server: Server) -
     assert sorted(run["spec"]["taskKey"] for run in runs) == sorted(key for key, _ in accepted)
     assert {run["status"]["phase"] for run in runs} == {"Pending"}
     store = server.store()
-    inbox = [store.read_json(f"projects/default/agentruns/{talker}/messages/{name}")
-             for name in store.list_dir(f"projects/default/agentruns/{talker}/messages")]
+    inbox = [
+        store.read_json(f"projects/default/agentruns/{talker}/messages/{name}")
+        for name in store.list_dir(f"projects/default/agentruns/{talker}/messages")
+    ]
     assert sorted(message["messageKey"] for message in inbox) == sorted(key for key, _ in accepted)
     assert len({message["seq"] for message in inbox}) == CLIENTS
 
     with server.http() as http:
         assert http.post(f"{kit.GROUPS}/{group}/cancel").status_code == 200
         assert http.post(f"{kit.RUNS}/{talker}/cancel").status_code == 200
-    wait_for(lambda: kit.get_group(server, group)["status"]["phase"] == "Cancelled", timeout=120,
-             message="the load test's group to be cancelled")
+    wait_for(
+        lambda: kit.get_group(server, group)["status"]["phase"] == "Cancelled",
+        timeout=120,
+        message="the load test's group to be cancelled",
+    )

@@ -21,12 +21,30 @@ def _park_mid_command(server: Server, ray: Any) -> tuple[str, dict[str, Any]]:
 
     agent, run = unique("resolve"), unique("cut")
     with server.http() as http:
-        http.put(f"{AGENTS}/{agent}", json={"apiVersion": "nodus.dev/v1", "kind": "Agent",
-                                            "metadata": {"name": agent}, "spec": {"system": "x"}})
-        assert http.post(RUNS, json={
-            "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": run},
-            "spec": {"agent": agent, "input": "Use the shell to run `echo tick >> counter.txt; sleep 6`"},
-        }).status_code == 201
+        http.put(
+            f"{AGENTS}/{agent}",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Agent",
+                "metadata": {"name": agent},
+                "spec": {"system": "x"},
+            },
+        )
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": "nodus.dev/v1",
+                    "kind": "AgentRun",
+                    "metadata": {"name": run},
+                    "spec": {
+                        "agent": agent,
+                        "input": "Use the shell to run `echo tick >> counter.txt; sleep 6`",
+                    },
+                },
+            ).status_code
+            == 201
+        )
 
         def command_started() -> bool:
             steps = http.get(f"{RUNS}/{run}/steps").json()["items"]
@@ -63,7 +81,9 @@ def _finished(server: Server, run: str) -> dict[str, Any]:
     return wait_for(done, timeout=90, interval=0.1, message=f"{run} to finish")
 
 
-def test_completed_records_the_result_and_the_command_does_not_run_again(server: Server, ray_driver: Any) -> None:
+def test_completed_records_the_result_and_the_command_does_not_run_again(
+    server: Server, ray_driver: Any
+) -> None:
     run, resource = _park_mid_command(server, ray_driver)
     revision = resource["metadata"]["resourceVersion"]
     stale = _resolve(server, run, step=STEP, decision="NoEffect", revision=revision - 1)
@@ -75,8 +95,15 @@ def test_completed_records_the_result_and_the_command_does_not_run_again(server:
     no_result = _resolve(server, run, step=STEP, decision="Completed", revision=revision)
     assert no_result.status_code == 422 and no_result.json()["details"]["field"] == "result"
 
-    done = _resolve(server, run, step=STEP, decision="Completed", revision=revision,
-                    result={"exitCode": 0, "output": ""}, evidence="counter.txt has the tick")
+    done = _resolve(
+        server,
+        run,
+        step=STEP,
+        decision="Completed",
+        revision=revision,
+        result={"exitCode": 0, "output": ""},
+        evidence="counter.txt has the tick",
+    )
     assert done.status_code == 200, done.text
     again = _resolve(server, run, step=STEP, decision="NoEffect", revision=revision)
     assert again.status_code == 409  # the first decision won
@@ -94,8 +121,9 @@ def test_no_effect_runs_the_command_again_and_cancelled_fails_the_run(
     server: Server, ray_driver: Any, decision: str
 ) -> None:
     run, resource = _park_mid_command(server, ray_driver)
-    answered = _resolve(server, run, step=STEP, decision=decision,
-                        revision=resource["metadata"]["resourceVersion"])
+    answered = _resolve(
+        server, run, step=STEP, decision=decision, revision=resource["metadata"]["resourceVersion"]
+    )
     assert answered.status_code == 200, answered.text
     final = _finished(server, run)["status"]
     counter = (server.sandbox_root / "default" / run / "counter.txt").read_text()

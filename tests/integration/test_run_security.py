@@ -25,9 +25,15 @@ BASE = "/v1/projects/default"
 
 def _agent(server: Server, name: str, **spec: Any) -> None:
     with server.http() as http:
-        answer = http.put(f"{BASE}/agents/{name}", json={
-            "apiVersion": V1, "kind": "Agent", "metadata": {"name": name},
-            "spec": {"system": "Run what you are asked.", "perRunMaxCostUSD": "0.10", **spec}})
+        answer = http.put(
+            f"{BASE}/agents/{name}",
+            json={
+                "apiVersion": V1,
+                "kind": "Agent",
+                "metadata": {"name": name},
+                "spec": {"system": "Run what you are asked.", "perRunMaxCostUSD": "0.10", **spec},
+            },
+        )
         assert answer.status_code == 201, answer.text
 
 
@@ -35,12 +41,25 @@ def _finished_run(server: Server, agent: str, commands: list[str]) -> dict[str, 
     name = unique("sec-run")
     prompt = "run:\n" + "\n".join(commands)  # the offline model runs each line verbatim
     with server.http() as http:
-        created = http.post(f"{BASE}/agentruns", json={"apiVersion": V1, "kind": "AgentRun",
-                                                       "metadata": {"name": name},
-                                                       "spec": {"agent": agent, "input": prompt}})
+        created = http.post(
+            f"{BASE}/agentruns",
+            json={
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "metadata": {"name": name},
+                "spec": {"agent": agent, "input": prompt},
+            },
+        )
         assert created.status_code == 201, created.text
-        return wait_for(lambda: (r := http.get(f"{BASE}/agentruns/{name}").json())["status"]["phase"]
-                        in ("Succeeded", "Failed") and r, timeout=120, message=f"run {name} to end")
+        return wait_for(
+            lambda: (
+                (r := http.get(f"{BASE}/agentruns/{name}").json())["status"]["phase"]
+                in ("Succeeded", "Failed")
+                and r
+            ),
+            timeout=120,
+            message=f"run {name} to end",
+        )
 
 
 def _steps(server: Server, name: str) -> list[dict[str, Any]]:
@@ -76,21 +95,44 @@ def _stored_text(server: Server, run: str) -> str:
 def secret_value(server: Server) -> Iterator[str]:
     value = f"s3cr3t-{unique('pw')}"
     with server.http() as http:
-        assert http.put(f"{BASE}/secrets/db-{value[-8:]}", json={
-            "apiVersion": V1, "kind": "Secret", "metadata": {"name": f"db-{value[-8:]}"},
-            "stringData": {"PASSWORD": value}}).status_code == 201
+        assert (
+            http.put(
+                f"{BASE}/secrets/db-{value[-8:]}",
+                json={
+                    "apiVersion": V1,
+                    "kind": "Secret",
+                    "metadata": {"name": f"db-{value[-8:]}"},
+                    "stringData": {"PASSWORD": value},
+                },
+            ).status_code
+            == 201
+        )
     yield value
 
 
 def test_a_secret_reaches_the_command_and_only_a_marker_reaches_anything_recorded(
-    server: Server, secret_value: str,
+    server: Server,
+    secret_value: str,
 ) -> None:
     secret = f"db-{secret_value[-8:]}"
     agent = unique("sec-agent")
-    _agent(server, agent, env=[{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "PASSWORD"}}},
-                               {"name": "MODE", "value": "fast"}])
-    run = _finished_run(server, agent, ['echo "pw=$DB_PASSWORD mode=$MODE"', "printenv DB_PASSWORD | wc -c",
-                                        "tr '\\0' ' ' < /proc/1/cmdline"])
+    _agent(
+        server,
+        agent,
+        env=[
+            {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "PASSWORD"}}},
+            {"name": "MODE", "value": "fast"},
+        ],
+    )
+    run = _finished_run(
+        server,
+        agent,
+        [
+            'echo "pw=$DB_PASSWORD mode=$MODE"',
+            "printenv DB_PASSWORD | wc -c",
+            "tr '\\0' ' ' < /proc/1/cmdline",
+        ],
+    )
     assert run["status"]["phase"] == "Succeeded", run["status"]
     echoed, length, bwrap_line = _outputs(server, run["metadata"]["name"])
     marker = f"[REDACTED:{secret}/PASSWORD]"
@@ -112,7 +154,9 @@ def test_a_secret_reaches_the_command_and_only_a_marker_reaches_anything_recorde
 
 def test_a_missing_secret_fails_the_run_naming_the_entry(server: Server) -> None:
     agent = unique("sec-missing")
-    _agent(server, agent, env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "nowhere", "key": "K"}}}])
+    _agent(
+        server, agent, env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "nowhere", "key": "K"}}}]
+    )
     run = _finished_run(server, agent, ["echo hi"])
     assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "SecretNotFound")
     assert "spec.env[0] (TOKEN)" in run["status"]["message"]
@@ -120,12 +164,22 @@ def test_a_missing_secret_fails_the_run_naming_the_entry(server: Server) -> None
 
 def test_agent_env_is_checked_when_the_agent_is_saved(server: Server) -> None:
     with server.http() as http:
-        for spec, field in [({"env": [{"name": "PATH", "value": "/evil"}]}, "spec.env[0].name"),
-                            ({"env": [{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "K"}}}]},
-                             "spec.env[0]"),
-                            ({"network": {"allowedHosts": ["https://pypi.org/simple"]}}, "spec.network.allowedHosts[0]")]:
-            refused = http.put(f"{BASE}/agents/bad-env", json={"apiVersion": V1, "kind": "Agent",
-                                                                "metadata": {"name": "bad-env"}, "spec": spec})
+        for spec, field in [
+            ({"env": [{"name": "PATH", "value": "/evil"}]}, "spec.env[0].name"),
+            (
+                {
+                    "env": [
+                        {"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "K"}}}
+                    ]
+                },
+                "spec.env[0]",
+            ),
+            ({"network": {"allowedHosts": ["https://pypi.org/simple"]}}, "spec.network.allowedHosts[0]"),
+        ]:
+            refused = http.put(
+                f"{BASE}/agents/bad-env",
+                json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": "bad-env"}, "spec": spec},
+            )
             assert refused.status_code == 422 and refused.json()["details"]["field"] == field, refused.text
 
 
@@ -159,12 +213,21 @@ def _fetch(url: str, *, proxy: bool = True) -> str:
     return f"python3 -c \"import urllib.request as u; print({opener}.open('{url}', timeout=10).read().decode())\" || echo FAILED"
 
 
-def test_a_run_reaches_only_its_allowed_hosts_and_every_connection_is_recorded(server: Server, outside: str) -> None:
+def test_a_run_reaches_only_its_allowed_hosts_and_every_connection_is_recorded(
+    server: Server, outside: str
+) -> None:
     agent = unique("net-agent")
     port = outside.split(":")[1]
     _agent(server, agent, network={"allowedHosts": ["127.0.0.2"]})
-    run = _finished_run(server, agent, [_fetch(f"http://{outside}/hello"), _fetch(f"http://127.0.0.3:{port}/"),
-                                        _fetch(f"http://{outside}/", proxy=False)])
+    run = _finished_run(
+        server,
+        agent,
+        [
+            _fetch(f"http://{outside}/hello"),
+            _fetch(f"http://127.0.0.3:{port}/"),
+            _fetch(f"http://{outside}/", proxy=False),
+        ],
+    )
     assert run["status"]["phase"] == "Succeeded", run["status"]
     allowed, refused, direct = _outputs(server, run["metadata"]["name"])
     assert "hello from outside" in allowed
@@ -172,9 +235,13 @@ def test_a_run_reaches_only_its_allowed_hosts_and_every_connection_is_recorded(s
     assert "FAILED" in direct  # no route around the proxy: the sandbox has no network of its own
     commands = [step for step in _steps(server, run["metadata"]["name"]) if step["kind"] == "command"]
     first, second, third = (step["detail"]["result"].get("egress") or [] for step in commands)
-    assert [(c["host"], c["port"], c["outcome"], c["reason"]) for c in first] == [("127.0.0.2", int(port), "allowed", None)]
+    assert [(c["host"], c["port"], c["outcome"], c["reason"]) for c in first] == [
+        ("127.0.0.2", int(port), "allowed", None)
+    ]
     assert first[0]["bytesDown"] > len("hello from outside") and first[0]["method"] == "GET"
-    assert [(c["host"], c["outcome"], c["reason"]) for c in second] == [("127.0.0.3", "refused", "HostNotAllowed")]
+    assert [(c["host"], c["outcome"], c["reason"]) for c in second] == [
+        ("127.0.0.3", "refused", "HostNotAllowed")
+    ]
     assert third == []
     assert commands[0]["summary"].endswith("exit 0, 1 connection")
     assert commands[1]["summary"].endswith("1 connection (1 refused)")

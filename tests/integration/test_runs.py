@@ -16,12 +16,30 @@ RUNS = "/v1/projects/default/agentruns"
 def _start(server: Server, prompt: str, **agent_spec: Any) -> str:
     agent, run = unique("agent"), unique("run")
     with server.http() as http:
-        assert http.put(f"{AGENTS}/{agent}", json={
-            "apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": agent},
-            "spec": {"system": "x", **agent_spec}}).status_code == 201
-        assert http.post(RUNS, json={
-            "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": run},
-            "spec": {"agent": agent, "input": prompt}}).status_code == 201
+        assert (
+            http.put(
+                f"{AGENTS}/{agent}",
+                json={
+                    "apiVersion": "nodus.dev/v1",
+                    "kind": "Agent",
+                    "metadata": {"name": agent},
+                    "spec": {"system": "x", **agent_spec},
+                },
+            ).status_code
+            == 201
+        )
+        assert (
+            http.post(
+                RUNS,
+                json={
+                    "apiVersion": "nodus.dev/v1",
+                    "kind": "AgentRun",
+                    "metadata": {"name": run},
+                    "spec": {"agent": agent, "input": prompt},
+                },
+            ).status_code
+            == 201
+        )
     return run
 
 
@@ -40,7 +58,9 @@ def _steps(server: Server, run: str) -> list[dict[str, Any]]:
 
 
 def test_max_tool_calls_bounds_the_commands_of_a_turn(server: Server) -> None:
-    run = _start(server, "Use the shell to run `echo one`, then `echo two`, then `echo three`", maxToolCalls=2)
+    run = _start(
+        server, "Use the shell to run `echo one`, then `echo two`, then `echo three`", maxToolCalls=2
+    )
     final = _finished(server, run)
     assert final["status"]["phase"] == "Succeeded"
     assert final["status"]["turns"][0]["toolCalls"] == 2
@@ -66,7 +86,9 @@ def test_the_journal_stores_each_message_once_as_arrow(server: Server) -> None:
     run = _start(server, "Use the shell to print the Python version")
     assert _finished(server, run)["status"]["phase"] == "Succeeded"
     journal = server.storage / "projects" / "default" / "agentruns" / run / "journal"
-    table = pa.concat_tables(ipc.open_stream(p.read_bytes()).read_all() for p in sorted(journal.glob("*.arrow")))
+    table = pa.concat_tables(
+        ipc.open_stream(p.read_bytes()).read_all() for p in sorted(journal.glob("*.arrow"))
+    )
     rows = table.to_pylist()
     assert [r["seq"] for r in rows] == list(range(len(rows)))
     messages = [r for r in rows if r["kind"] == "message"]

@@ -41,8 +41,9 @@ pytestmark = pytest.mark.skipif(
     not bwrap_available(), reason=f"bubblewrap cannot run here: {sandbox_module._probe_bwrap()}"
 )
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop only happens when running as root")
-needs_filter = pytest.mark.skipif(seccomp.unsupported_reason() is not None,
-                                  reason=str(seccomp.unsupported_reason()))
+needs_filter = pytest.mark.skipif(
+    seccomp.unsupported_reason() is not None, reason=str(seccomp.unsupported_reason())
+)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -87,8 +88,9 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     def make(name: str = "run-1", limits: SandboxLimits | None = None, **kwargs: object) -> Sandbox:
         kwargs.setdefault("uid", unused_uid() if os.geteuid() == 0 else None)
         kwargs.setdefault("hidden_paths", (sandboxes, storage))  # as run_supervision passes them
-        box = create_sandbox(sandboxes / "default" / name, limits or SandboxLimits(timeout_seconds=30),
-                             **kwargs)  # type: ignore[arg-type]
+        box = create_sandbox(
+            sandboxes / "default" / name, limits or SandboxLimits(timeout_seconds=30), **kwargs
+        )  # type: ignore[arg-type]
         made.append(box)
         return box
 
@@ -132,6 +134,7 @@ def nr(name: str) -> int:
 
 # -- other runs, storage, Ray, the server's credentials ------------------------------------------
 
+
 def test_another_runs_workspace_is_invisible(host: Host) -> None:
     other = host.make("run-2")
     assert other.run("echo other-run-secret > notes.txt").exit_code == 0
@@ -152,7 +155,9 @@ def test_another_runs_workspace_is_invisible(host: Host) -> None:
 
 def test_storage_directory_is_invisible(host: Host) -> None:
     host.secret(host.storage / "default" / "runs" / "run-2" / "journal.jsonl", '{"api_key": "sk-stored"}\n')
-    result = host.make().run(f"ls -A {host.storage}; echo rc=$?; cat {host.storage}/default/runs/run-2/journal.jsonl")
+    result = host.make().run(
+        f"ls -A {host.storage}; echo rc=$?; cat {host.storage}/default/runs/run-2/journal.jsonl"
+    )
     assert result.output.startswith("rc=0\n")
     assert "No such file or directory" in result.output and "sk-stored" not in result.output
 
@@ -201,22 +206,35 @@ def test_host_process_environments_are_out_of_reach(host: Host, monkeypatch: pyt
 
 # -- the host filesystem --------------------------------------------------------------------------
 
+
 def test_cannot_write_outside_the_workspace(host: Host) -> None:
     marker = f"nodus-escape-{uuid.uuid4().hex}"
-    targets = [Path("/etc") / marker, Path("/usr") / marker, Path("/usr/local/bin") / marker,
-               host.base / marker, Path("/var/tmp") / marker]
+    targets = [
+        Path("/etc") / marker,
+        Path("/usr") / marker,
+        Path("/usr/local/bin") / marker,
+        host.base / marker,
+        Path("/var/tmp") / marker,
+    ]
     result = host.make().run("; ".join(f"echo x > {t}" for t in targets))
     assert result.output.count("Read-only file system") == len(targets), result.output
     assert not any(t.exists() for t in targets)
 
 
 def test_kernel_tunables_are_read_only(host: Host) -> None:
-    targets = ["/proc/sys/kernel/hostname", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger", "/sys/kernel/uevent_helper"]
+    targets = [
+        "/proc/sys/kernel/hostname",
+        "/proc/sys/vm/drop_caches",
+        "/proc/sysrq-trigger",
+        "/sys/kernel/uevent_helper",
+    ]
     result = host.make().run("; ".join(f"echo 1 > {t}" for t in targets) + "; hostname")
     errors = [line for line in result.output.splitlines() if line.startswith("bash:")]
     assert len(errors) == len(targets), result.output
     for line in errors:  # refused, or not even there: /proc/sysrq-trigger is masked by bubblewrap
-        assert line.endswith(("Permission denied", "Read-only file system", "No such file or directory")), line
+        assert line.endswith(("Permission denied", "Read-only file system", "No such file or directory")), (
+            line
+        )
     assert result.output.splitlines()[-1] == "nodus-sandbox"
 
 
@@ -295,6 +313,7 @@ def test_device_nodes_cannot_be_made(host: Host) -> None:
 
 # -- privileges -----------------------------------------------------------------------------------
 
+
 def test_no_capabilities_no_new_privileges_and_a_filter(host: Host) -> None:
     result = host.make().run("grep -E '^(Cap[A-Za-z]+|NoNewPrivs|Seccomp|Uid):' /proc/self/status")
     fields = {line.split(":")[0]: line.split()[1:] for line in result.output.splitlines()}
@@ -310,7 +329,9 @@ def test_setuid_programs_do_not_give_root(host: Host) -> None:
     su = _tool("su")
     mount = _tool("mount")
     assert os.stat(su).st_mode & stat.S_ISUID and os.stat(mount).st_mode & stat.S_ISUID  # precondition
-    result = run_python(host.make(), f"""
+    result = run_python(
+        host.make(),
+        f"""
         import os, subprocess
         su = subprocess.run(["{su}", "root", "-c", "id -u"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
         print("su-exit", su.returncode)
@@ -322,13 +343,20 @@ def test_setuid_programs_do_not_give_root(host: Host) -> None:
         except PermissionError:
             print("setuid EPERM")
         print("euid", "root" if os.geteuid() == 0 else "user")
-    """)
+    """,
+    )
     # su runs without its setuid bit (no_new_privs), cannot read /etc/shadow and gives up.
-    assert results(result.output) == {"su-exit": "1", "su-stdout": "-", "su-stderr": "failure",
-                                      "setuid": "EPERM", "euid": "user"}, result.output
+    assert results(result.output) == {
+        "su-exit": "1",
+        "su-stdout": "-",
+        "su-stderr": "failure",
+        "setuid": "EPERM",
+        "euid": "user",
+    }, result.output
 
 
 # -- system calls behind the filter ---------------------------------------------------------------
+
 
 def test_mount_is_refused_by_the_mount_command_and_the_syscall(host: Host) -> None:
     _tool("mount")
@@ -339,7 +367,10 @@ def test_mount_is_refused_by_the_mount_command_and_the_syscall(host: Host) -> No
     )
     assert result.output.count("must be superuser to use mount") == 3, result.output
     assert result.output.splitlines()[-1] == "0"
-    probe = run_python(box, SYSCALL_PRELUDE, f"""
+    probe = run_python(
+        box,
+        SYSCALL_PRELUDE,
+        f"""
         sc("mount_tmpfs", {nr("mount")}, b"none", b"/tmp/workspace/m", b"tmpfs", 0, 0)
         sc("mount_bind", {nr("mount")}, b"/etc", b"/tmp/workspace/m", 0, 4096, 0)  # MS_BIND
         sc("mount_proc", {nr("mount")}, b"proc", b"/tmp/workspace/m", b"proc", 0, 0)
@@ -348,7 +379,8 @@ def test_mount_is_refused_by_the_mount_command_and_the_syscall(host: Host) -> No
         sc("open_tree", {nr("open_tree")}, -100, b"/etc", 1)  # OPEN_TREE_CLONE
         sc("pivot_root", {nr("pivot_root")}, b".", b".")
         sc("chroot", {nr("chroot")}, b"/tmp/workspace")
-    """)
+    """,
+    )
     assert set(results(probe.output).values()) == {"EPERM"}, probe.output
     assert len(results(probe.output)) == 8
 
@@ -356,25 +388,43 @@ def test_mount_is_refused_by_the_mount_command_and_the_syscall(host: Host) -> No
 def test_new_namespaces_are_refused(host: Host) -> None:
     _tool("unshare")
     box = host.make()
-    result = box.run("unshare -U true; echo rc=$?; unshare -n true; echo rc=$?; unshare -m true; echo rc=$?; "
-                     "unshare -Ur id -u; echo rc=$?")
+    result = box.run(
+        "unshare -U true; echo rc=$?; unshare -n true; echo rc=$?; unshare -m true; echo rc=$?; "
+        "unshare -Ur id -u; echo rc=$?"
+    )
     assert result.output.count("unshare failed: Operation not permitted") == 4, result.output
     assert result.output.count("rc=1") == 4
     clone_flags = {"NEWUSER": 0x10000000, "NEWNS": 0x20000, "NEWNET": 0x40000000, "NEWPID": 0x20000000}
-    probe = run_python(box, SYSCALL_PRELUDE, "\n".join(
-        [f'sc("clone_{name}", {nr("clone")}, {flag} | 17, 0, 0, 0, 0)' for name, flag in clone_flags.items()]
-        + [f'sc("unshare_user", {nr("unshare")}, 0x10000000)', f'sc("setns", {nr("setns")}, 0, 0)',
-           f'sc("clone3", {nr("clone3")}, 0, 0)']
-    ) + "\nimport subprocess; print('fork', 'OK' if subprocess.run(['true']).returncode == 0 else 'FAIL')")
+    probe = run_python(
+        box,
+        SYSCALL_PRELUDE,
+        "\n".join(
+            [
+                f'sc("clone_{name}", {nr("clone")}, {flag} | 17, 0, 0, 0, 0)'
+                for name, flag in clone_flags.items()
+            ]
+            + [
+                f'sc("unshare_user", {nr("unshare")}, 0x10000000)',
+                f'sc("setns", {nr("setns")}, 0, 0)',
+                f'sc("clone3", {nr("clone3")}, 0, 0)',
+            ]
+        )
+        + "\nimport subprocess; print('fork', 'OK' if subprocess.run(['true']).returncode == 0 else 'FAIL')",
+    )
     found = results(probe.output)
-    assert {k: v for k, v in found.items() if k.startswith("clone_")} == {f"clone_{n}": "EPERM" for n in clone_flags}
+    assert {k: v for k, v in found.items() if k.startswith("clone_")} == {
+        f"clone_{n}": "EPERM" for n in clone_flags
+    }
     assert found["unshare_user"] == "EPERM" and found["setns"] == "EPERM"
     assert found["clone3"] == "ENOSYS"  # so libc falls back to clone, which is checked
     assert found["fork"] == "OK"  # ordinary process creation is untouched
 
 
 def test_ptrace_is_refused(host: Host) -> None:
-    probe = run_python(host.make(), SYSCALL_PRELUDE, f"""
+    probe = run_python(
+        host.make(),
+        SYSCALL_PRELUDE,
+        f"""
         import signal, time
         child = os.fork()
         if child == 0:
@@ -396,9 +446,12 @@ def test_ptrace_is_refused(host: Host) -> None:
             os._exit(0)
         os.waitpid(traced, 0)
         print("ptrace_traceme", os.read(r, 100).decode())
-    """)
-    assert results(probe.output) == {name: "EPERM" for name in (
-        "ptrace_attach", "ptrace_seize", "process_vm_readv", "pidfd_getfd", "ptrace_traceme")}, probe.output
+    """,
+    )
+    assert results(probe.output) == {
+        name: "EPERM"
+        for name in ("ptrace_attach", "ptrace_seize", "process_vm_readv", "pidfd_getfd", "ptrace_traceme")
+    }, probe.output
 
 
 @needs_filter
@@ -426,21 +479,30 @@ def test_kernel_attack_surface_calls_are_refused(host: Host) -> None:
     }
     if seccomp.native_arch() == "x86_64":
         calls.update({"iopl": "3", "ioperm": "0x80, 1, 1"})
-    probe = run_python(host.make(), SYSCALL_PRELUDE, "\n".join(
-        f"sc({name!r}, {nr(name)}, {args})" for name, args in calls.items()))
+    probe = run_python(
+        host.make(),
+        SYSCALL_PRELUDE,
+        "\n".join(f"sc({name!r}, {nr(name)}, {args})" for name, args in calls.items()),
+    )
     assert results(probe.output) == dict.fromkeys(calls, "EPERM"), probe.output
 
 
 @needs_filter
-def test_positive_control_without_the_filter_these_calls_work(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_positive_control_without_the_filter_these_calls_work(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same probes, filter off: they succeed, so the EPERMs above are the filter's doing."""
     monkeypatch.setattr(sandbox_module, "_seccomp_program", lambda: None)
-    probe = run_python(host.make(), SYSCALL_PRELUDE, f"""
+    probe = run_python(
+        host.make(),
+        SYSCALL_PRELUDE,
+        f"""
         sc("keyctl", {nr("keyctl")}, 0, -3, 1)
         sc("add_key", {nr("add_key")}, b"user", b"nodus", b"secret", 6, -3)
         sc("clone3", {nr("clone3")}, 0, 0)
         print("seccomp", [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")][0])
-    """)
+    """,
+    )
     found = results(probe.output)
     assert found == {"keyctl": "OK", "add_key": "OK", "clone3": "EINVAL", "seccomp": "0"}, probe.output
 
@@ -451,8 +513,8 @@ def test_ordinary_programs_still_work_under_the_filter(host: Host) -> None:
     result = host.make().run(
         "set -e; git init -q repo && cd repo && git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x"
         " && git log --oneline | wc -l; cd ..; python3 -c 'import threading, subprocess, multiprocessing, sqlite3;"
-        " t = threading.Thread(target=print, args=(\"thread\",)); t.start(); t.join();"
-        " print(subprocess.run([\"echo\", \"child\"], capture_output=True, text=True).stdout.strip())';"
+        ' t = threading.Thread(target=print, args=("thread",)); t.start(); t.join();'
+        ' print(subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())\';'
         " python3 -m pip --version >/dev/null && echo pip; sort --parallel=2 /etc/passwd | wc -l >/dev/null;"
         " echo a | xargs -P2 -n1 echo"
     )
@@ -462,13 +524,16 @@ def test_ordinary_programs_still_work_under_the_filter(host: Host) -> None:
 
 # -- network --------------------------------------------------------------------------------------
 
+
 def test_host_loopback_and_the_internet_are_unreachable(host: Host) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        probe = run_python(host.make(), f"""
+        probe = run_python(
+            host.make(),
+            f"""
             import errno, socket
             for name, address in (("loopback", ("127.0.0.1", {port})), ("internet", ("1.1.1.1", 53))):
                 try:
@@ -476,7 +541,8 @@ def test_host_loopback_and_the_internet_are_unreachable(host: Host) -> None:
                     print(name, "CONNECTED")
                 except OSError as exc:
                     print(name, errno.errorcode.get(exc.errno, str(exc.errno)))
-        """)
+        """,
+        )
         # Nothing listens on the sandbox's own loopback; there is no route out at all.
         assert results(probe.output) == {"loopback": "ECONNREFUSED", "internet": "ENETUNREACH"}, probe.output
         with pytest.raises(BlockingIOError):
@@ -491,7 +557,9 @@ def test_abstract_unix_socket_on_the_host_is_unreachable(host: Host, allow_netwo
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(f"\0{name}")
         listener.listen(1)
-        probe = run_python(host.make(allow_network=allow_network), f"""
+        probe = run_python(
+            host.make(allow_network=allow_network),
+            f"""
             import errno, socket
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -499,19 +567,24 @@ def test_abstract_unix_socket_on_the_host_is_unreachable(host: Host, allow_netwo
                 print("abstract CONNECTED")
             except OSError as exc:
                 print("abstract", errno.errorcode.get(exc.errno, str(exc.errno)))
-        """)
+        """,
+        )
         expected = "CONNECTED" if allow_network else "ECONNREFUSED"
         assert results(probe.output) == {"abstract": expected}, probe.output
 
 
 # -- processes ------------------------------------------------------------------------------------
 
+
 def test_host_processes_cannot_be_signalled(host: Host) -> None:
     box = host.make()
     uid = box.host_uid  # type: ignore[attr-defined]
     # A host process of the sandbox's own uid: the uid alone would allow the kill, if it were visible.
-    victim = subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[]) if uid is not None \
+    victim = (
+        subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[])
+        if uid is not None
         else subprocess.Popen(["sleep", "60"])
+    )
     try:
         result = box.run(f"kill -9 {victim.pid}; echo rc=$?; kill -9 -1; echo all=$?")
         assert result.output.startswith(f"bash: line 1: kill: ({victim.pid}) - No such process\nrc=1\n")
@@ -522,6 +595,7 @@ def test_host_processes_cannot_be_signalled(host: Host) -> None:
 
 
 # -- the disk cap ---------------------------------------------------------------------------------
+
 
 def test_disk_cap_kills_a_command_that_keeps_writing(host: Host) -> None:
     cap = 8 << 20
@@ -543,7 +617,10 @@ def test_disk_cap_kills_a_command_that_keeps_writing(host: Host) -> None:
 def test_disk_cap_spares_a_command_that_shrinks_a_workspace_already_over_it(host: Host) -> None:
     cap = 8 << 20
     box = host.make(limits=SandboxLimits(timeout_seconds=30, disk_bytes=cap))
-    assert box.run("head -c 6M /dev/urandom > a; head -c 6M /dev/urandom > b; head -c 6M /dev/urandom > c").limit == "disk"
+    assert (
+        box.run("head -c 6M /dev/urandom > a; head -c 6M /dev/urandom > b; head -c 6M /dev/urandom > c").limit
+        == "disk"
+    )
     # 18 MiB, over the cap; this deletes 6 MiB, stays over the cap for several polls, and lives.
     result = box.run("rm a; for i in $(seq 20); do sleep 0.05; cat b > /dev/null; done; echo survived")
     assert result.exit_code == 0 and result.limit is None and result.output == "survived\n", result

@@ -31,8 +31,14 @@ def test_the_documented_snippet(sdk_env: Server) -> None:
 
 
 def test_the_example_script_runs(sdk_env: Server) -> None:
-    done = subprocess.run([sys.executable, str(EXAMPLE)], env=sdk_env.env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        env=sdk_env.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "Python 3." in done.stdout
     assert "command" in done.stdout

@@ -33,7 +33,9 @@ def s3_endpoint() -> Iterator[str]:
     if server is None:
         pytest.fail("moto_server is not installed; `pip install -e .[test]` installs it")
     port = _free_port()
-    process = subprocess.Popen([server, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [server, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     endpoint = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -63,13 +65,16 @@ def storage_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
     endpoint = request.getfixturevalue("s3_endpoint")
     bucket = f"nodus-{uuid.uuid4().hex[:12]}"
-    pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", region="us-east-1",
-                      allow_bucket_creation=True).create_dir(bucket)
+    pafs.S3FileSystem(
+        endpoint_override=endpoint, scheme="http", region="us-east-1", allow_bucket_creation=True
+    ).create_dir(bucket)
     return f"s3://{bucket}/prefix?endpoint_override={endpoint}&scheme=http&region=us-east-1"
 
 
 @pytest.fixture(autouse=True)
 def _no_stored_credentials(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """A token the developer's `nodus up` stored must not reach a unit test's client."""
-    monkeypatch.setenv("NODUS_CREDENTIALS_FILE", str(tmp_path_factory.mktemp("credentials") / "credentials.json"))
+    monkeypatch.setenv(
+        "NODUS_CREDENTIALS_FILE", str(tmp_path_factory.mktemp("credentials") / "credentials.json")
+    )
     monkeypatch.delenv("NODUS_TOKEN", raising=False)

@@ -39,8 +39,17 @@ EPHEMERAL = {"type": "ephemeral"}
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No proxy may stand between the SDK and 127.0.0.1, and no ambient key may be used."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
-                 "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+    for name in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "ANTHROPIC_BASE_URL",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -55,8 +64,13 @@ def _provider(api: FakeMessagesAPI, **kwargs: Any) -> AnthropicProvider:
     return AnthropicProvider(api_key=KEY, base_url=api.base_url, **kwargs)
 
 
-def _request(messages: list[dict[str, Any]] | None = None, *, system: str = "Be brief.",
-             tools: list[dict[str, Any]] | None = None, max_tokens: int = 512) -> ModelRequest:
+def _request(
+    messages: list[dict[str, Any]] | None = None,
+    *,
+    system: str = "Be brief.",
+    tools: list[dict[str, Any]] | None = None,
+    max_tokens: int = 512,
+) -> ModelRequest:
     return ModelRequest(
         model=MODEL,
         system=system,
@@ -69,13 +83,19 @@ def _request(messages: list[dict[str, Any]] | None = None, *, system: str = "Be 
 def _conversation() -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": "list the files"},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Listing."},
-            {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "exit code 0\na.txt"},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Listing."},
+                {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "exit code 0\na.txt"},
+            ],
+        },
     ]
 
 
@@ -134,8 +154,10 @@ def test_a_string_user_message_becomes_a_text_block_to_carry_the_breakpoint(api:
     _provider(api).complete(_request(messages))
     sent = api.requests[0].body["messages"]
     assert sent[0] == before[0]
-    assert sent[2] == {"role": "user",
-                       "content": [{"type": "text", "text": "second", "cache_control": EPHEMERAL}]}
+    assert sent[2] == {
+        "role": "user",
+        "content": [{"type": "text", "text": "second", "cache_control": EPHEMERAL}],
+    }
     assert sent[3] == before[3]  # the last message is the assistant's: the breakpoint is on the last user one
     assert messages == before
 
@@ -160,15 +182,24 @@ def test_at_most_four_breakpoints_dropping_the_callers_oldest(api: FakeMessagesA
     def marked(text: str) -> dict[str, Any]:
         return {"role": "user", "content": [{"type": "text", "text": text, "cache_control": EPHEMERAL}]}
 
-    messages = [marked("one"), {"role": "assistant", "content": "a"}, marked("two"),
-                {"role": "assistant", "content": "b"}, marked("three"), {"role": "assistant", "content": "c"},
-                {"role": "user", "content": "four"}]
+    messages = [
+        marked("one"),
+        {"role": "assistant", "content": "a"},
+        marked("two"),
+        {"role": "assistant", "content": "b"},
+        marked("three"),
+        {"role": "assistant", "content": "c"},
+        {"role": "user", "content": "four"},
+    ]
     before = copy.deepcopy(messages)
     _provider(api).complete(_request(messages))  # the fake refuses more than 4, as the API does
     body = api.requests[0].body
     assert _breakpoints(body) == 4
-    kept = [m["content"][0]["text"] for m in body["messages"]
-            if isinstance(m["content"], list) and "cache_control" in m["content"][0]]
+    kept = [
+        m["content"][0]["text"]
+        for m in body["messages"]
+        if isinstance(m["content"], list) and "cache_control" in m["content"][0]
+    ]
     assert kept == ["three", "four"]  # tools + system + the newest of the caller's + ours
     assert messages == before
 
@@ -192,8 +223,12 @@ def test_a_tool_use_reply(api: FakeMessagesAPI) -> None:
 
 def test_structured_tool_input_and_other_block_types_survive(api: FakeMessagesAPI) -> None:
     thinking = {"type": "thinking", "thinking": "The user wants files.", "signature": "sig-123"}
-    tool = {"type": "tool_use", "id": "toolu_x", "name": "bash",
-            "input": {"command": "echo 'hi \"there\"' && ls", "nested": {"n": [1, 2, {"k": None}]}}}
+    tool = {
+        "type": "tool_use",
+        "id": "toolu_x",
+        "name": "bash",
+        "input": {"command": "echo 'hi \"there\"' && ls", "nested": {"n": [1, 2, {"k": None}]}},
+    }
     api.script(reply([thinking, tool], "tool_use", model="claude-sonnet-5-5-20270101"))
     response = _provider(api).complete(_request())
     assert response.content == [thinking, tool]
@@ -201,21 +236,48 @@ def test_structured_tool_input_and_other_block_types_survive(api: FakeMessagesAP
 
 
 def test_usage_with_cache_tokens(api: FakeMessagesAPI) -> None:
-    api.script(text_reply("ok", usage={"input_tokens": 12, "output_tokens": 34,
-                                       "cache_creation_input_tokens": 5600, "cache_read_input_tokens": 7800}))
+    api.script(
+        text_reply(
+            "ok",
+            usage={
+                "input_tokens": 12,
+                "output_tokens": 34,
+                "cache_creation_input_tokens": 5600,
+                "cache_read_input_tokens": 7800,
+            },
+        )
+    )
     usage = _provider(api).complete(_request()).usage
-    assert usage.to_dict() == {"input_tokens": 12, "output_tokens": 34,
-                               "cache_creation_input_tokens": 5600, "cache_read_input_tokens": 7800}
+    assert usage.to_dict() == {
+        "input_tokens": 12,
+        "output_tokens": 34,
+        "cache_creation_input_tokens": 5600,
+        "cache_read_input_tokens": 7800,
+    }
 
 
 def test_default_usage_is_deterministic(api: FakeMessagesAPI) -> None:
     usage = _provider(api).complete(_request()).usage
-    assert usage.to_dict() == {"input_tokens": 100, "output_tokens": 20,
-                               "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    assert usage.to_dict() == {
+        "input_tokens": 100,
+        "output_tokens": 20,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
 
 
-@pytest.mark.parametrize("stop_reason", ["end_turn", "tool_use", "max_tokens", "stop_sequence", "pause_turn",
-                                         "refusal", "model_context_window_exceeded"])
+@pytest.mark.parametrize(
+    "stop_reason",
+    [
+        "end_turn",
+        "tool_use",
+        "max_tokens",
+        "stop_sequence",
+        "pause_turn",
+        "refusal",
+        "model_context_window_exceeded",
+    ],
+)
 def test_stop_reasons_pass_through(api: FakeMessagesAPI, stop_reason: str) -> None:
     api.script(text_reply("x", stop_reason=stop_reason))
     assert _provider(api).complete(_request()).stop_reason == stop_reason
@@ -241,9 +303,15 @@ def test_the_default_responder_echoes_and_a_responder_answers_anything(api: Fake
 
 
 def test_429_with_retry_after_zero_then_success(api: FakeMessagesAPI) -> None:
-    api.script(error_reply(429, "rate_limit_error", "Number of requests has exceeded your rate limit",
-                           headers={"retry-after": "0"}),
-               text_reply("after the limit"))
+    api.script(
+        error_reply(
+            429,
+            "rate_limit_error",
+            "Number of requests has exceeded your rate limit",
+            headers={"retry-after": "0"},
+        ),
+        text_reply("after the limit"),
+    )
     response = _provider(api, max_retries=2).complete(_request())
     assert response.text() == "after the limit"
     assert response.attempts == 2
@@ -251,8 +319,10 @@ def test_429_with_retry_after_zero_then_success(api: FakeMessagesAPI) -> None:
     assert [r.headers.get("x-stainless-retry-count") for r in api.requests] == ["0", "1"]
 
 
-@pytest.mark.parametrize(("status", "error_type"), [(500, "api_error"), (529, "overloaded_error"),
-                                                    (503, "api_error"), (408, "timeout_error")])
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [(500, "api_error"), (529, "overloaded_error"), (503, "api_error"), (408, "timeout_error")],
+)
 def test_a_transient_status_then_success(api: FakeMessagesAPI, status: int, error_type: str) -> None:
     api.script(error_reply(status, error_type, "try again", headers=FAST), text_reply("fine now"))
     response = _provider(api).complete(_request())
@@ -261,12 +331,15 @@ def test_a_transient_status_then_success(api: FakeMessagesAPI, status: int, erro
     assert len(api.requests) == 2
 
 
-@pytest.mark.parametrize(("status", "error_type"), [(500, "api_error"), (529, "overloaded_error"),
-                                                    (429, "rate_limit_error")])
+@pytest.mark.parametrize(
+    ("status", "error_type"), [(500, "api_error"), (529, "overloaded_error"), (429, "rate_limit_error")]
+)
 def test_retries_exhausted_is_model_unavailable(api: FakeMessagesAPI, status: int, error_type: str) -> None:
     max_retries = 3
-    api.script(*[error_reply(status, error_type, "still failing", headers=FAST)] * (max_retries + 1),
-               text_reply("too late"))
+    api.script(
+        *[error_reply(status, error_type, "still failing", headers=FAST)] * (max_retries + 1),
+        text_reply("too late"),
+    )
     with pytest.raises(ModelError) as caught:
         _provider(api, max_retries=max_retries).complete(_request())
     assert caught.value.reason == "ModelUnavailable"
@@ -297,11 +370,13 @@ def test_an_overloaded_error_event_inside_the_stream_is_retried(api: FakeMessage
 
 
 def test_attempts_add_the_sdk_retries_and_the_stream_retries(api: FakeMessagesAPI) -> None:
-    api.script(error_reply(529, "overloaded_error", "Overloaded", headers=FAST),  # SDK retry
-               cut_stream_reply("cut"),  # provider's stream retry
-               error_reply(500, "api_error", "oops", headers=FAST),  # SDK retry
-               error_reply(429, "rate_limit_error", "slow", headers=FAST),  # SDK retry
-               text_reply("finally"))
+    api.script(
+        error_reply(529, "overloaded_error", "Overloaded", headers=FAST),  # SDK retry
+        cut_stream_reply("cut"),  # provider's stream retry
+        error_reply(500, "api_error", "oops", headers=FAST),  # SDK retry
+        error_reply(429, "rate_limit_error", "slow", headers=FAST),  # SDK retry
+        text_reply("finally"),
+    )
     response = _provider(api).complete(_request())
     assert response.text() == "finally"
     assert response.attempts == 5 == len(api.requests)
@@ -330,8 +405,9 @@ def test_an_unreachable_api_is_model_unavailable() -> None:
     with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    provider = AnthropicProvider(api_key=KEY, base_url=f"http://127.0.0.1:{port}", max_retries=0,
-                                 timeout_seconds=5.0)
+    provider = AnthropicProvider(
+        api_key=KEY, base_url=f"http://127.0.0.1:{port}", max_retries=0, timeout_seconds=5.0
+    )
     with pytest.raises(ModelError) as caught:
         provider.complete(_request())
     assert caught.value.reason == "ModelUnavailable"
@@ -366,12 +442,18 @@ def test_a_forbidden_key_fails_once(api: FakeMessagesAPI) -> None:
     assert len(api.requests) == 1
 
 
-@pytest.mark.parametrize(("status", "error_type"), [
-    (400, "invalid_request_error"), (404, "not_found_error"), (413, "request_too_large"),
-    (422, "invalid_request_error"),
-])
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        (400, "invalid_request_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+        (422, "invalid_request_error"),
+    ],
+)
 def test_a_refused_request_is_model_request_invalid(
-        api: FakeMessagesAPI, status: int, error_type: str) -> None:
+    api: FakeMessagesAPI, status: int, error_type: str
+) -> None:
     api.script(error_reply(status, error_type, "model: claude-nope is not a model"))
     with pytest.raises(ModelError) as caught:
         _provider(api).complete(_request())
@@ -404,8 +486,12 @@ def test_the_key_never_appears_in_errors_or_repr(api: FakeMessagesAPI) -> None:
         "x-api-key: sk-ant-api03-someone-elses-key-xyz",
         "Authorization: Bearer abcdefghijklmnopqrstuvwxyz123456",
     ]
-    for status, error_type in [(400, "invalid_request_error"), (401, "authentication_error"),
-                               (500, "api_error"), (418, "teapot_error")]:
+    for status, error_type in [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (500, "api_error"),
+        (418, "teapot_error"),
+    ]:
         for echo in echoes:
             api.script(*[error_reply(status, error_type, echo, headers=FAST)] * 5)
             with pytest.raises(ModelError) as caught:
@@ -421,7 +507,8 @@ def test_the_key_never_appears_in_errors_or_repr(api: FakeMessagesAPI) -> None:
 
 
 def test_the_key_is_stripped_and_explicit_keys_win_over_the_environment(
-        api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-the-environment")
     monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "token-from-the-environment")
     AnthropicProvider(api_key=f"  {KEY}\n", base_url=api.base_url).complete(_request())
@@ -431,7 +518,8 @@ def test_the_key_is_stripped_and_explicit_keys_win_over_the_environment(
 
 
 def test_base_url_from_the_environment_when_not_given(
-        api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
     assert AnthropicProvider(api_key=KEY).complete(_request()).text() == "Echo: hello"
     assert len(api.requests) == 1
@@ -454,9 +542,16 @@ def test_model_for_family() -> None:
         provider.model_for_family("gpt")
 
 
-@pytest.mark.parametrize("kwargs", [{"api_key": ""}, {"api_key": "  \n"}, {"api_key": KEY, "max_retries": -1},
-                                    {"api_key": KEY, "stream_retries": -1},
-                                    {"api_key": KEY, "timeout_seconds": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"api_key": ""},
+        {"api_key": "  \n"},
+        {"api_key": KEY, "max_retries": -1},
+        {"api_key": KEY, "stream_retries": -1},
+        {"api_key": KEY, "timeout_seconds": 0},
+    ],
+)
 def test_bad_settings_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         AnthropicProvider(**kwargs)
@@ -509,8 +604,9 @@ def test_the_fake_also_answers_without_streaming_and_counts_tokens(api: FakeMess
 
     client = anthropic.Anthropic(api_key=KEY, base_url=api.base_url, max_retries=0)
     api.script(tool_use_reply("pwd"))
-    message = client.messages.create(model=MODEL, max_tokens=10,
-                                     messages=[{"role": "user", "content": "where"}])
+    message = client.messages.create(
+        model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "where"}]
+    )
     assert message.stop_reason == "tool_use"
     assert message.content[0].input == {"command": "pwd"}
     assert message.content[0].id.startswith("toolu_fake_")

@@ -56,7 +56,9 @@ def store(tmp_path: Path) -> TokenStore:
     return TokenStore(Storage(str(tmp_path / "storage")))
 
 
-def _request(gateway: _Gateway, method: str, path: str, token: str | None = None, **kwargs: Any) -> httpx.Response:
+def _request(
+    gateway: _Gateway, method: str, path: str, token: str | None = None, **kwargs: Any
+) -> httpx.Response:
     async def send() -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         transport = httpx.ASGITransport(app=create_app(gateway))
@@ -66,7 +68,9 @@ def _request(gateway: _Gateway, method: str, path: str, token: str | None = None
     return asyncio.run(send())
 
 
-def test_only_the_hash_of_a_token_is_stored_and_it_survives_a_reload(tmp_path: Path, store: TokenStore) -> None:
+def test_only_the_hash_of_a_token_is_stored_and_it_survives_a_reload(
+    tmp_path: Path, store: TokenStore
+) -> None:
     created = store.create("team-a", _token("ci", "write"), created_by="*/local-admin")
     value = created["status"]["token"]
     assert value.startswith("nodus_") and len(value) > 40
@@ -76,7 +80,11 @@ def test_only_the_hash_of_a_token_is_stored_and_it_survives_a_reload(tmp_path: P
     reloaded = TokenStore(Storage(str(tmp_path / "storage")))
     reloaded.load()
     principal = reloaded.authenticate(token_digest(value))
-    assert principal is not None and (principal.project, principal.role, principal.name) == ("team-a", "write", "ci")
+    assert principal is not None and (principal.project, principal.role, principal.name) == (
+        "team-a",
+        "write",
+        "ci",
+    )
     assert "token" not in reloaded.get("team-a", "ci")["status"]
 
 
@@ -104,18 +112,22 @@ def test_the_operator_token_is_kept_while_it_works_and_replaced_when_it_does_not
     assert store.ensure_operator_token("nodus_forged") not in (second, "nodus_forged")
 
 
-@pytest.mark.parametrize(("method", "path", "role", "project", "operator"), [
-    ("GET", "/v1/projects/a/agentruns", "read", "a", False),
-    ("HEAD", "/v1/projects/a/agents/x", "read", "a", False),
-    ("POST", "/v1/projects/a/agentruns/r/cancel", "write", "a", False),
-    ("DELETE", "/v1/projects/a/secrets/s", "write", "a", False),
-    ("GET", "/v1/projects/a/tokens", "admin", "a", False),
-    ("POST", "/v1/projects/a/credits", "admin", "a", True),
-    ("GET", "/v1/projects/a/credits", "read", "a", False),
-    ("GET", "/v1/info", "read", None, False),
-])
-def test_what_a_request_needs_follows_from_its_path_and_method(method: str, path: str, role: str,
-                                                                project: str | None, operator: bool) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "role", "project", "operator"),
+    [
+        ("GET", "/v1/projects/a/agentruns", "read", "a", False),
+        ("HEAD", "/v1/projects/a/agents/x", "read", "a", False),
+        ("POST", "/v1/projects/a/agentruns/r/cancel", "write", "a", False),
+        ("DELETE", "/v1/projects/a/secrets/s", "write", "a", False),
+        ("GET", "/v1/projects/a/tokens", "admin", "a", False),
+        ("POST", "/v1/projects/a/credits", "admin", "a", True),
+        ("GET", "/v1/projects/a/credits", "read", "a", False),
+        ("GET", "/v1/info", "read", None, False),
+    ],
+)
+def test_what_a_request_needs_follows_from_its_path_and_method(
+    method: str, path: str, role: str, project: str | None, operator: bool
+) -> None:
     access = required_access(method, path)
     assert (access.role, access.project, access.operator) == (role, project, operator)
 
@@ -129,19 +141,24 @@ def test_no_token_or_a_wrong_one_is_401_and_health_needs_none(store: TokenStore)
     assert wrong.status_code == 401 and "nodus_not-a-token" not in wrong.text
     assert _request(gateway, "GET", "/v1/info", token="").status_code == 401
     assert _request(gateway, "GET", "/healthz").status_code == 200
-    assert not [call for call in gateway.calls if call[0] != "authenticate"]  # nothing reached the control plane
+    assert not [
+        call for call in gateway.calls if call[0] != "authenticate"
+    ]  # nothing reached the control plane
 
 
 def test_another_projects_resources_are_a_404_that_says_nothing(store: TokenStore) -> None:
     gateway = _Gateway(store)
     token = store.create("team-a", _token("a-admin", "admin"), created_by="x")["status"]["token"]
-    answers = [_request(gateway, method, path, token=token, **extra) for method, path, extra in [
-        ("GET", "/v1/projects/team-b/agentruns", {}),
-        ("GET", "/v1/projects/team-b/agentruns/exists", {}),
-        ("GET", "/v1/projects/nobody/agentruns/missing", {}),
-        ("POST", "/v1/projects/team-b/agentruns/r/cancel", {}),
-        ("DELETE", "/v1/projects/team-b/tokens/t", {}),
-    ]]
+    answers = [
+        _request(gateway, method, path, token=token, **extra)
+        for method, path, extra in [
+            ("GET", "/v1/projects/team-b/agentruns", {}),
+            ("GET", "/v1/projects/team-b/agentruns/exists", {}),
+            ("GET", "/v1/projects/nobody/agentruns/missing", {}),
+            ("POST", "/v1/projects/team-b/agentruns/r/cancel", {}),
+            ("DELETE", "/v1/projects/team-b/tokens/t", {}),
+        ]
+    ]
     assert {answer.status_code for answer in answers} == {404}
     assert {answer.json()["code"] for answer in answers} == {"NotFound"}
     assert answers[0].json()["message"] == "project 'team-b' not found"
@@ -161,17 +178,34 @@ def test_roles_limit_what_a_token_may_do_in_its_project(store: TokenStore) -> No
     credit = _request(gateway, "POST", "/v1/projects/p/credits", token=writer, json={"amountUSD": "5"})
     assert credit.status_code == 403
     admin = store.create("p", _token("boss", "admin"), created_by="x")["status"]["token"]
-    assert _request(gateway, "POST", "/v1/projects/p/credits", token=admin, json={"amountUSD": "5"}).status_code == 403
+    assert (
+        _request(gateway, "POST", "/v1/projects/p/credits", token=admin, json={"amountUSD": "5"}).status_code
+        == 403
+    )
     operator = store.ensure_operator_token(None)
-    assert _request(gateway, "POST", "/v1/projects/p/credits", token=operator, json={"amountUSD": "5"}).status_code == 200
+    assert (
+        _request(
+            gateway, "POST", "/v1/projects/p/credits", token=operator, json={"amountUSD": "5"}
+        ).status_code
+        == 200
+    )
 
 
 def test_a_token_created_through_the_api_works_and_stops_working_once_revoked(store: TokenStore) -> None:
     gateway = _Gateway(store)
     operator = store.ensure_operator_token(None)
-    created = _request(gateway, "POST", "/v1/projects/p/tokens", token=operator,
-                       json={"apiVersion": "nodus.dev/v1", "kind": "Token", "metadata": {"name": "ci"},
-                             "spec": {"role": "read"}})
+    created = _request(
+        gateway,
+        "POST",
+        "/v1/projects/p/tokens",
+        token=operator,
+        json={
+            "apiVersion": "nodus.dev/v1",
+            "kind": "Token",
+            "metadata": {"name": "ci"},
+            "spec": {"role": "read"},
+        },
+    )
     assert created.status_code == 201 and created.headers["cache-control"] == "no-store"
     value = created.json()["status"]["token"]
     assert created.json()["status"]["createdBy"] == "*/local-admin"
@@ -183,20 +217,31 @@ def test_a_token_created_through_the_api_works_and_stops_working_once_revoked(st
     async def revoke_then_use() -> tuple[int, int]:
         transport = httpx.ASGITransport(app=create_app(gateway))  # one app: one replica and its cache
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
-            assert (await http.get("/v1/whoami", headers={"Authorization": f"Bearer {value}"})).status_code == 200
-            revoked = await http.delete("/v1/projects/p/tokens/ci", headers={"Authorization": f"Bearer {operator}"})
+            assert (
+                await http.get("/v1/whoami", headers={"Authorization": f"Bearer {value}"})
+            ).status_code == 200
+            revoked = await http.delete(
+                "/v1/projects/p/tokens/ci", headers={"Authorization": f"Bearer {operator}"}
+            )
             after = await http.get("/v1/whoami", headers={"Authorization": f"Bearer {value}"})
             return revoked.status_code, after.status_code
 
     assert asyncio.run(revoke_then_use()) == (200, 401)
 
 
-def test_the_sdk_finds_the_stored_token_and_the_environment_overrides_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sdk_finds_the_stored_token_and_the_environment_overrides_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     credentials.remember("http://localhost:9999/", "nodus_stored", project="team-a")
     settings = load_settings(api_url="http://127.0.0.1:9999", environ={})
     assert (settings.token, settings.project) == ("nodus_stored", "team-a")
-    assert load_settings(api_url="http://127.0.0.1:9999", environ={"NODUS_TOKEN": "nodus_env"}).token == "nodus_env"
+    assert (
+        load_settings(api_url="http://127.0.0.1:9999", environ={"NODUS_TOKEN": "nodus_env"}).token
+        == "nodus_env"
+    )
     assert load_settings(api_url="http://127.0.0.1:9998", environ={}).token is None
     assert credentials.credentials_file().stat().st_mode & 0o777 == 0o600
-    assert credentials.forget("http://127.0.0.1:9999") and load_settings(api_url="http://127.0.0.1:9999",
-                                                                         environ={}).token is None
+    assert (
+        credentials.forget("http://127.0.0.1:9999")
+        and load_settings(api_url="http://127.0.0.1:9999", environ={}).token is None
+    )

@@ -43,8 +43,11 @@ class GroupAPI:
         self.store: dict[tuple[str, str], dict[str, Any]] = {}
 
     def client(self, project: str | None = None) -> Client:
-        return Client(settings=Settings(api_url="http://nodus.test"), project=project,
-                      transport=httpx.MockTransport(self.handle))
+        return Client(
+            settings=Settings(api_url="http://nodus.test"),
+            project=project,
+            transport=httpx.MockTransport(self.handle),
+        )
 
     def writes(self) -> list[tuple[str, str, Any]]:
         return [(method, path, body) for method, path, _, body in self.requests if method != "GET"]
@@ -57,8 +60,11 @@ class GroupAPI:
         created = datetime.now(UTC) - timedelta(minutes=5)
         resource["metadata"].setdefault("creationTimestamp", created.isoformat())
         if "status" not in resource:
-            resource["status"] = ({"phase": "Running", "counts": {"total": 0}} if collection == "agentgroups"
-                                  else {"phase": "Pending"})
+            resource["status"] = (
+                {"phase": "Running", "counts": {"total": 0}}
+                if collection == "agentgroups"
+                else {"phase": "Pending"}
+            )
         self.store[(collection, resource["metadata"]["name"])] = resource
         return resource
 
@@ -80,8 +86,9 @@ class GroupAPI:
             for param in ("agent", "group"):
                 if param in request.url.params:
                     items = [r for r in items if r["spec"].get(param) == request.url.params[param]]
-            return httpx.Response(200, json={"apiVersion": "nodus.dev/v1", "kind": f"{kind}List",
-                                             "items": items})
+            return httpx.Response(
+                200, json={"apiVersion": "nodus.dev/v1", "kind": f"{kind}List", "items": items}
+            )
         if name is None and request.method == "POST":
             if (collection, body["metadata"]["name"]) in self.store:
                 return self._error(409, "AlreadyExists", f"{kind.lower()} exists")
@@ -133,18 +140,43 @@ def one_error_line(result: Any) -> str:
 def group(name: str = "parallel-agents", **status: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
-        "spec": {"agent": "parallel-agents-worker", "limits": {"maxActive": 2, "maxPending": 10000},
-                 "maxCostUSD": "0.60", "sealed": False, "state": "Running"},
-        "status": {"phase": "Running", "reason": None, "message": None,
-                   "counts": {"queued": 0, "active": 0, "waiting": 0, "succeeded": 0, "failed": 0,
-                              "cancelled": 0, "total": 0},
-                   "blockedReasons": {"DependencyWait": 0, "MaxActiveReached": 0, "MaxCostReached": 0},
-                   "cost": {"totalUSD": "0", "limitUSD": "0.60", "reservedUSD": "0"}, **status},
+        "spec": {
+            "agent": "parallel-agents-worker",
+            "limits": {"maxActive": 2, "maxPending": 10000},
+            "maxCostUSD": "0.60",
+            "sealed": False,
+            "state": "Running",
+        },
+        "status": {
+            "phase": "Running",
+            "reason": None,
+            "message": None,
+            "counts": {
+                "queued": 0,
+                "active": 0,
+                "waiting": 0,
+                "succeeded": 0,
+                "failed": 0,
+                "cancelled": 0,
+                "total": 0,
+            },
+            "blockedReasons": {"DependencyWait": 0, "MaxActiveReached": 0, "MaxCostReached": 0},
+            "cost": {"totalUSD": "0", "limitUSD": "0.60", "reservedUSD": "0"},
+            **status,
+        },
     }
 
 
 BUSY = {
-    "counts": {"queued": 3, "active": 2, "waiting": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "total": 6},
+    "counts": {
+        "queued": 3,
+        "active": 2,
+        "waiting": 0,
+        "succeeded": 1,
+        "failed": 0,
+        "cancelled": 0,
+        "total": 6,
+    },
     "blockedReasons": {"DependencyWait": 1, "MaxActiveReached": 0, "MaxCostReached": 2},
     "cost": {"totalUSD": "0.012", "limitUSD": "0.60", "reservedUSD": "0.20"},
 }
@@ -174,25 +206,55 @@ def test_unknown_kind_lists_groups_among_the_known_kinds(api: GroupAPI) -> None:
 
 def test_get_ag_table(api: GroupAPI) -> None:
     api.put("agentgroups", group(**BUSY))
-    api.put("agentgroups", group("uncapped", phase="Succeeded",
-                                 counts={"succeeded": 2, "total": 2}, cost={"totalUSD": "0.004"}))
+    api.put(
+        "agentgroups",
+        group("uncapped", phase="Succeeded", counts={"succeeded": 2, "total": 2}, cost={"totalUSD": "0.004"}),
+    )
     del api.store[("agentgroups", "uncapped")]["spec"]["maxCostUSD"]
     result = invoke("get", "ag")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE"]
-    assert lines[1].split() == ["parallel-agents", "parallel-agents-worker", "Running", "1/6", "2", "3",
-                                "$0.012", "/", "$0.60", "5m"]
+    assert lines[1].split() == [
+        "parallel-agents",
+        "parallel-agents-worker",
+        "Running",
+        "1/6",
+        "2",
+        "3",
+        "$0.012",
+        "/",
+        "$0.60",
+        "5m",
+    ]
     assert "$0.012 / $0.60" in lines[1]
-    assert lines[2].split() == ["uncapped", "parallel-agents-worker", "Succeeded", "2/2", "0", "0",
-                                "$0.004", "5m"]
+    assert lines[2].split() == [
+        "uncapped",
+        "parallel-agents-worker",
+        "Succeeded",
+        "2/2",
+        "0",
+        "0",
+        "$0.004",
+        "5m",
+    ]
 
 
 def test_get_ag_table_before_the_server_wrote_a_status(api: GroupAPI) -> None:
     api.put("agentgroups", {**group(), "status": {}})
     line = invoke("get", "ag/parallel-agents").stdout.splitlines()[1]
-    assert line.split() == ["parallel-agents", "parallel-agents-worker", "Running", "0/0", "0", "0",
-                            "$0", "/", "$0.60", "5m"]
+    assert line.split() == [
+        "parallel-agents",
+        "parallel-agents-worker",
+        "Running",
+        "0/0",
+        "0",
+        "0",
+        "$0",
+        "/",
+        "$0.60",
+        "5m",
+    ]
 
 
 def test_get_ag_wide(api: GroupAPI) -> None:
@@ -200,8 +262,21 @@ def test_get_ag_wide(api: GroupAPI) -> None:
     api.put("agentgroups", group("done", phase="Failed", reason="RunsFailed", message="1 run failed"))
     api.store[("agentgroups", "done")]["spec"]["sealed"] = True
     lines = invoke("get", "ag", "-o", "wide").stdout.splitlines()
-    assert lines[0].split() == ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE",
-                                "MAX-ACTIVE", "SEALED", "REASON", "BLOCKED", "EVALUATION"]
+    assert lines[0].split() == [
+        "NAME",
+        "AGENT",
+        "PHASE",
+        "RUNS",
+        "ACTIVE",
+        "QUEUED",
+        "COST",
+        "AGE",
+        "MAX-ACTIVE",
+        "SEALED",
+        "REASON",
+        "BLOCKED",
+        "EVALUATION",
+    ]
     assert lines[1].split()[-5:] == ["2", "false", "-", "DependencyWait=1,MaxCostReached=2", "-"]
     assert lines[2].split()[-5:] == ["2", "true", "RunsFailed", "-", "-"]
 
@@ -209,8 +284,15 @@ def test_get_ag_wide(api: GroupAPI) -> None:
 def test_get_ag_wide_shows_an_evaluations_progress(api: GroupAPI) -> None:
     api.put("agentgroups", group("eval", phase="Running"))
     api.store[("agentgroups", "eval")]["status"]["evaluation"] = {
-        "scored": 10, "passed": 7, "unscored": 2, "pending": 1}
-    assert invoke("get", "ag", "-o", "wide").stdout.splitlines()[1].split()[-1] == "pass=7/10,unscored=2,pending=1"
+        "scored": 10,
+        "passed": 7,
+        "unscored": 2,
+        "pending": 1,
+    }
+    assert (
+        invoke("get", "ag", "-o", "wide").stdout.splitlines()[1].split()[-1]
+        == "pass=7/10,unscored=2,pending=1"
+    )
 
 
 def test_get_ag_yaml_name_and_jsonpath(api: GroupAPI) -> None:
@@ -233,12 +315,19 @@ def test_get_ag_empty_and_missing(api: GroupAPI) -> None:
 
 def test_get_runs_by_group_asks_the_server_and_still_filters(api: GroupAPI) -> None:
     for task, grp in (("a", "parallel-agents"), ("b", "parallel-agents"), ("x", "other")):
-        api.put("agentruns", {"metadata": {"name": f"{grp}-{task}"},
-                              "spec": {"agent": "parallel-agents-worker", "group": grp, "taskKey": task}})
+        api.put(
+            "agentruns",
+            {
+                "metadata": {"name": f"{grp}-{task}"},
+                "spec": {"agent": "parallel-agents-worker", "group": grp, "taskKey": task},
+            },
+        )
     result = invoke("get", "ar", "--field-selector", "spec.group=parallel-agents")
     assert result.exit_code == 0, result.output
     assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == [
-        "parallel-agents-a", "parallel-agents-b"]
+        "parallel-agents-a",
+        "parallel-agents-b",
+    ]
     method, path, params, _ = api.requests[-1]
     assert (method, path, params) == ("GET", "/v1/projects/default/agentruns", {"group": "parallel-agents"})
     # Both server filters together; a != selector is left to the client.
@@ -253,29 +342,66 @@ def test_get_runs_by_group_asks_the_server_and_still_filters(api: GroupAPI) -> N
 
 
 def test_create_agentgroup_sends_the_manifest(api: GroupAPI) -> None:
-    result = invoke("create", "agentgroup", "parallel-agents", "--agent", "parallel-agents-worker",
-                    "--max-active", "2", "--max-cost", "0.60", "--max-pending", "50")
+    result = invoke(
+        "create",
+        "agentgroup",
+        "parallel-agents",
+        "--agent",
+        "parallel-agents-worker",
+        "--max-active",
+        "2",
+        "--max-cost",
+        "0.60",
+        "--max-pending",
+        "50",
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout == "agentgroup/parallel-agents created\n"
-    assert api.writes() == [("POST", "/v1/projects/default/agentgroups", {
-        "apiVersion": "nodus.dev/v1", "kind": "AgentGroup", "metadata": {"name": "parallel-agents"},
-        "spec": {"agent": "parallel-agents-worker", "limits": {"maxActive": 2, "maxPending": 50},
-                 "maxCostUSD": "0.60"},
-    })]
+    assert api.writes() == [
+        (
+            "POST",
+            "/v1/projects/default/agentgroups",
+            {
+                "apiVersion": "nodus.dev/v1",
+                "kind": "AgentGroup",
+                "metadata": {"name": "parallel-agents"},
+                "spec": {
+                    "agent": "parallel-agents-worker",
+                    "limits": {"maxActive": 2, "maxPending": 50},
+                    "maxCostUSD": "0.60",
+                },
+            },
+        )
+    ]
 
 
 def test_create_agentgroup_defaults_are_left_to_the_server(api: GroupAPI) -> None:
     result = invoke("create", "agentgroup", "g", "--agent", "w", "-p", "team-a")
     assert result.exit_code == 0, result.output
-    assert api.writes() == [("POST", "/v1/projects/team-a/agentgroups", {
-        "apiVersion": "nodus.dev/v1", "kind": "AgentGroup", "metadata": {"name": "g"}, "spec": {"agent": "w"}})]
+    assert api.writes() == [
+        (
+            "POST",
+            "/v1/projects/team-a/agentgroups",
+            {
+                "apiVersion": "nodus.dev/v1",
+                "kind": "AgentGroup",
+                "metadata": {"name": "g"},
+                "spec": {"agent": "w"},
+            },
+        )
+    ]
 
 
 @pytest.mark.parametrize(
     "flags, field",
-    [(["--max-active", "0"], "spec.limits.maxActive"), (["--max-active", "1001"], "spec.limits.maxActive"),
-     (["--max-cost", "$0.60"], "spec.maxCostUSD"), (["--max-cost", "cheap"], "spec.maxCostUSD"),
-     (["--max-cost", "0"], "spec.maxCostUSD"), (["--max-pending", "0"], "spec.limits.maxPending")],
+    [
+        (["--max-active", "0"], "spec.limits.maxActive"),
+        (["--max-active", "1001"], "spec.limits.maxActive"),
+        (["--max-cost", "$0.60"], "spec.maxCostUSD"),
+        (["--max-cost", "cheap"], "spec.maxCostUSD"),
+        (["--max-cost", "0"], "spec.maxCostUSD"),
+        (["--max-pending", "0"], "spec.limits.maxPending"),
+    ],
 )
 def test_create_agentgroup_refuses_bad_limits_locally(api: GroupAPI, flags: list[str], field: str) -> None:
     result = invoke("create", "agentgroup", "parallel-agents", "--agent", "parallel-agents-worker", *flags)
@@ -293,25 +419,47 @@ def test_create_agentgroup_non_integer_max_active_is_a_usage_error(api: GroupAPI
 
 
 def test_create_agentrun_in_a_group(api: GroupAPI) -> None:
-    result = invoke("create", "agentrun", "parallel-agents-c", "--agent", "parallel-agents-worker",
-                    "--prompt", "Sum up.", "--group", "parallel-agents", "--task-key", "c",
-                    "--depends-on", "a", "--depends-on", "b")
+    result = invoke(
+        "create",
+        "agentrun",
+        "parallel-agents-c",
+        "--agent",
+        "parallel-agents-worker",
+        "--prompt",
+        "Sum up.",
+        "--group",
+        "parallel-agents",
+        "--task-key",
+        "c",
+        "--depends-on",
+        "a",
+        "--depends-on",
+        "b",
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout == "agentrun/parallel-agents-c created\n"
-    assert api.writes()[-1][2]["spec"] == {"agent": "parallel-agents-worker", "input": "Sum up.",
-                                           "group": "parallel-agents", "taskKey": "c", "dependsOn": ["a", "b"]}
+    assert api.writes()[-1][2]["spec"] == {
+        "agent": "parallel-agents-worker",
+        "input": "Sum up.",
+        "group": "parallel-agents",
+        "taskKey": "c",
+        "dependsOn": ["a", "b"],
+    }
 
 
 @pytest.mark.parametrize(
     "name, flags, field",
-    [("wrong-name", ["--group", "g", "--task-key", "a"], "metadata.name"),
-     ("g-a", ["--group", "g"], "spec.taskKey"),
-     ("g-a", ["--task-key", "a"], "spec.taskKey"),
-     ("g-a", ["--depends-on", "b"], "spec.dependsOn"),
-     ("g-a", ["--group", "g", "--task-key", "a", "--keep-alive"], "spec.keepAlive")],
+    [
+        ("wrong-name", ["--group", "g", "--task-key", "a"], "metadata.name"),
+        ("g-a", ["--group", "g"], "spec.taskKey"),
+        ("g-a", ["--task-key", "a"], "spec.taskKey"),
+        ("g-a", ["--depends-on", "b"], "spec.dependsOn"),
+        ("g-a", ["--group", "g", "--task-key", "a", "--keep-alive"], "spec.keepAlive"),
+    ],
 )
-def test_create_agentrun_membership_refused_locally(api: GroupAPI, name: str, flags: list[str],
-                                                    field: str) -> None:
+def test_create_agentrun_membership_refused_locally(
+    api: GroupAPI, name: str, flags: list[str], field: str
+) -> None:
     result = invoke("create", "agentrun", name, "--agent", "w", "--prompt", "x", *flags)
     assert result.exit_code == 1
     assert field in one_error_line(result)
@@ -372,11 +520,16 @@ def test_apply_group_and_member_runs_without_names(api: GroupAPI, tmp_path: Path
     result = invoke("apply", "-f", str(tmp_path / "runs.yaml"))
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
-        "agentrun/parallel-agents-a created", "agentrun/parallel-agents-b created",
-        "agentrun/parallel-agents-c created"]
+        "agentrun/parallel-agents-a created",
+        "agentrun/parallel-agents-b created",
+        "agentrun/parallel-agents-c created",
+    ]
     puts = api.writes()[1:]
     assert [path.rsplit("/", 1)[-1] for _, path, _ in puts] == [
-        "parallel-agents-a", "parallel-agents-b", "parallel-agents-c"]
+        "parallel-agents-a",
+        "parallel-agents-b",
+        "parallel-agents-c",
+    ]
     assert puts[1][2]["metadata"] == {"name": "parallel-agents-b"}
     assert puts[2][2]["metadata"] == {"labels": {"step": "final"}, "name": "parallel-agents-c"}
     assert puts[2][2]["spec"]["dependsOn"] == ["a", "b"]
@@ -408,8 +561,9 @@ def test_patch_seal_and_max_active(api: GroupAPI) -> None:
     result = invoke("patch", "ag/parallel-agents", "--patch", '{"spec":{"sealed":true}}')
     assert result.exit_code == 0, result.output
     assert result.stdout == "agentgroup/parallel-agents patched\n"
-    assert api.writes() == [("PATCH", "/v1/projects/default/agentgroups/parallel-agents",
-                             {"spec": {"sealed": True}})]
+    assert api.writes() == [
+        ("PATCH", "/v1/projects/default/agentgroups/parallel-agents", {"spec": {"sealed": True}})
+    ]
     invoke("patch", "agentgroup", "parallel-agents", "--patch", '{"spec":{"limits":{"maxActive":4}}}')
     assert api.writes()[-1][2] == {"spec": {"limits": {"maxActive": 4}}}
     stored = api.store[("agentgroups", "parallel-agents")]["spec"]
@@ -438,8 +592,13 @@ def test_cancel_refuses_other_kinds_before_sending(api: GroupAPI) -> None:
 
 def test_delete_group(api: GroupAPI) -> None:
     api.put("agentgroups", group())
-    api.put("agentruns", {"metadata": {"name": "parallel-agents-a"},
-                          "spec": {"agent": "parallel-agents-worker", "group": "parallel-agents", "taskKey": "a"}})
+    api.put(
+        "agentruns",
+        {
+            "metadata": {"name": "parallel-agents-a"},
+            "spec": {"agent": "parallel-agents-worker", "group": "parallel-agents", "taskKey": "a"},
+        },
+    )
     result = invoke("delete", "ag/parallel-agents")
     assert result.exit_code == 0, result.output
     assert result.stdout == "agentgroup/parallel-agents deleted\n"
@@ -477,22 +636,28 @@ def test_wait_group_fails_fast_on_another_terminal_phase(api: GroupAPI) -> None:
     result = invoke("wait", "ag/parallel-agents", FOR_SUCCEEDED, "--timeout=2s")
     assert result.exit_code == 1
     assert one_error_line(result) == (
-        "error: agentgroup/parallel-agents ended Failed (RunsFailed): 1 run failed; it will not become Succeeded")
+        "error: agentgroup/parallel-agents ended Failed (RunsFailed): 1 run failed; it will not become Succeeded"
+    )
     assert len(api.requests) == 1
 
 
-def test_wait_group_cancelling_will_not_succeed_but_may_be_cancelled(api: GroupAPI,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wait_group_cancelling_will_not_succeed_but_may_be_cancelled(
+    api: GroupAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     api.put("agentgroups", group(phase="Cancelling"))
     result = invoke("wait", "ag/parallel-agents", FOR_SUCCEEDED, "--timeout=2s")
     assert result.exit_code == 1
     assert one_error_line(result) == (
-        "error: agentgroup/parallel-agents is Cancelling; it will not become Succeeded")
+        "error: agentgroup/parallel-agents is Cancelling; it will not become Succeeded"
+    )
     monkeypatch.setattr(cli.time, "sleep", lambda _: None)
-    result = invoke("wait", "ag/parallel-agents", "--for=jsonpath={.status.phase}=Cancelled", "--timeout=0.05s")
+    result = invoke(
+        "wait", "ag/parallel-agents", "--for=jsonpath={.status.phase}=Cancelled", "--timeout=0.05s"
+    )
     assert result.exit_code == 1
     assert "timed out after 0.05s waiting for agentgroup/parallel-agents: {.status.phase} is Cancelling" in (
-        one_error_line(result))
+        one_error_line(result)
+    )
     # Waiting for another field is not cut short by the phase.
     api.store[("agentgroups", "parallel-agents")]["status"]["phase"] = "Cancelled"
     result = invoke("wait", "ag/parallel-agents", "--for=jsonpath={.status.phase}=Cancelled", "--timeout=2s")
@@ -507,14 +672,33 @@ def test_wait_group_delete(api: GroupAPI) -> None:
 
 
 def test_create_agentgroup_with_an_environment_sends_the_evaluation(api: GroupAPI) -> None:
-    result = invoke("create", "agentgroup", "eval-1", "--agent", "parallel-agents-worker", "--max-active", "2",
-                    "--max-cost", "0.20", "--environment", "nodus/arithmetic-v2@2.0.0", "--tasks", "10",
-                    "--seed", "42", "--timeout", "10m")
+    result = invoke(
+        "create",
+        "agentgroup",
+        "eval-1",
+        "--agent",
+        "parallel-agents-worker",
+        "--max-active",
+        "2",
+        "--max-cost",
+        "0.20",
+        "--environment",
+        "nodus/arithmetic-v2@2.0.0",
+        "--tasks",
+        "10",
+        "--seed",
+        "42",
+        "--timeout",
+        "10m",
+    )
     assert result.exit_code == 0, result.output
-    (_, _, body), = api.writes()
-    assert body["spec"] == {"agent": "parallel-agents-worker", "limits": {"maxActive": 2}, "maxCostUSD": "0.20",
-                            "evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 10, "seed": 42,
-                                           "timeout": "10m"}}
+    ((_, _, body),) = api.writes()
+    assert body["spec"] == {
+        "agent": "parallel-agents-worker",
+        "limits": {"maxActive": 2},
+        "maxCostUSD": "0.20",
+        "evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 10, "seed": 42, "timeout": "10m"},
+    }
 
 
 def test_evaluation_flags_without_an_environment_are_refused_before_sending(api: GroupAPI) -> None:
@@ -525,28 +709,66 @@ def test_evaluation_flags_without_an_environment_are_refused_before_sending(api:
 
 
 def test_evaluation_results_prints_one_line_per_case(api: GroupAPI, monkeypatch: pytest.MonkeyPatch) -> None:
-    items = [{"taskId": "test-000", "repetition": 1, "run": "e-test-000-r1", "state": "Scored", "verdict": "pass",
-              "reward": 1.0, "evidence": "matches", "reason": None},
-             {"taskId": "test-000", "repetition": 2, "run": "e-test-000-r2", "state": "RunFailed", "verdict": None,
-              "reward": None, "evidence": "", "reason": "DeadlineExceeded"}]
-    monkeypatch.setattr(Client, "group_results", lambda self, name, project=None: {"evaluation": {}, "items": items})
+    items = [
+        {
+            "taskId": "test-000",
+            "repetition": 1,
+            "run": "e-test-000-r1",
+            "state": "Scored",
+            "verdict": "pass",
+            "reward": 1.0,
+            "evidence": "matches",
+            "reason": None,
+        },
+        {
+            "taskId": "test-000",
+            "repetition": 2,
+            "run": "e-test-000-r2",
+            "state": "RunFailed",
+            "verdict": None,
+            "reward": None,
+            "evidence": "",
+            "reason": "DeadlineExceeded",
+        },
+    ]
+    monkeypatch.setattr(
+        Client, "group_results", lambda self, name, project=None: {"evaluation": {}, "items": items}
+    )
     lines = invoke("evaluation", "results", "e").stdout.splitlines()
-    assert [line.split() for line in lines] == [["CASE", "RUN", "STATE", "VERDICT", "REWARD"],
-                                                ["test-000#1", "e-test-000-r1", "Scored", "pass", "1"],
-                                                ["test-000#2", "e-test-000-r2", "RunFailed", "-", "-"]]
+    assert [line.split() for line in lines] == [
+        ["CASE", "RUN", "STATE", "VERDICT", "REWARD"],
+        ["test-000#1", "e-test-000-r1", "Scored", "pass", "1"],
+        ["test-000#2", "e-test-000-r2", "RunFailed", "-", "-"],
+    ]
     wide = invoke("evaluation", "results", "e", "-o", "wide").stdout.splitlines()
     assert wide[2].split()[-2:] == ["DeadlineExceeded", "-"] and wide[1].split()[-1] == "matches"
     assert "kind: EvaluationResultList" in invoke("evaluation", "results", "e", "-o", "yaml").stdout
 
 
-def test_get_environments_lists_versions_and_filters_by_name(api: GroupAPI, monkeypatch: pytest.MonkeyPatch) -> None:
-    installed = [{"ref": f"nodus/{name}@{version}", "owner": "nodus", "name": name, "version": version,
-                  "splits": ["train", "test"], "maxTasks": 1000, "description": "d", "image": None}
-                 for name, version in (("arithmetic-v2", "2.0.0"), ("python-fix", "1.0.0"), ("python-fix", "1.1.0"))]
+def test_get_environments_lists_versions_and_filters_by_name(
+    api: GroupAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = [
+        {
+            "ref": f"nodus/{name}@{version}",
+            "owner": "nodus",
+            "name": name,
+            "version": version,
+            "splits": ["train", "test"],
+            "maxTasks": 1000,
+            "description": "d",
+            "image": None,
+        }
+        for name, version in (("arithmetic-v2", "2.0.0"), ("python-fix", "1.0.0"), ("python-fix", "1.1.0"))
+    ]
     monkeypatch.setattr(Client, "environments", lambda self, project=None: installed)
     rows = [line.split()[:3] for line in invoke("get", "environments").stdout.splitlines()]
-    assert rows == [["NAME", "VERSION", "SPLITS"], ["nodus/arithmetic-v2", "2.0.0", "train,test"],
-                    ["nodus/python-fix", "1.0.0", "train,test"], ["nodus/python-fix", "1.1.0", "train,test"]]
+    assert rows == [
+        ["NAME", "VERSION", "SPLITS"],
+        ["nodus/arithmetic-v2", "2.0.0", "train,test"],
+        ["nodus/python-fix", "1.0.0", "train,test"],
+        ["nodus/python-fix", "1.1.0", "train,test"],
+    ]
     versions = [line.split()[1] for line in invoke("get", "env", "nodus/python-fix").stdout.splitlines()[1:]]
     assert versions == ["1.0.0", "1.1.0"]
     missing = invoke("get", "environments", "acme/none@1.0.0")

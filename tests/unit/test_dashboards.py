@@ -40,23 +40,25 @@ ENGINE_METRICS: dict[str, tuple[str, frozenset[str]]] = {
 
 # The names Prometheus sees (checked against Ray's own exporter in
 # test_rays_exporter_produces_exactly_these_names).
-EXPORTED_NAMES = frozenset({
-    "ray_nodus_runs",
-    "ray_nodus_group_runs",
-    "ray_nodus_model_calls_total",
-    "ray_nodus_model_tokens_total",
-    "ray_nodus_model_cost_usd_total",
-    "ray_nodus_model_call_seconds_bucket",
-    "ray_nodus_model_call_seconds_sum",
-    "ray_nodus_model_call_seconds_count",
-    "ray_nodus_command_seconds_bucket",
-    "ray_nodus_command_seconds_sum",
-    "ray_nodus_command_seconds_count",
-    "ray_nodus_journal_write_seconds_bucket",
-    "ray_nodus_journal_write_seconds_sum",
-    "ray_nodus_journal_write_seconds_count",
-    "ray_nodus_admission_decisions_total",
-})
+EXPORTED_NAMES = frozenset(
+    {
+        "ray_nodus_runs",
+        "ray_nodus_group_runs",
+        "ray_nodus_model_calls_total",
+        "ray_nodus_model_tokens_total",
+        "ray_nodus_model_cost_usd_total",
+        "ray_nodus_model_call_seconds_bucket",
+        "ray_nodus_model_call_seconds_sum",
+        "ray_nodus_model_call_seconds_count",
+        "ray_nodus_command_seconds_bucket",
+        "ray_nodus_command_seconds_sum",
+        "ray_nodus_command_seconds_count",
+        "ray_nodus_journal_write_seconds_bucket",
+        "ray_nodus_journal_write_seconds_sum",
+        "ray_nodus_journal_write_seconds_count",
+        "ray_nodus_admission_decisions_total",
+    }
+)
 
 # Labels Ray's metrics agent and Prometheus add to every series (bounded: one per node/session).
 RAY_LABELS = frozenset({"SessionName", "NodeAddress", "instance"})
@@ -78,11 +80,36 @@ def _labels_of(exported: str) -> frozenset[str]:
 
 # -- a small PromQL reader: enough for this dashboard's expressions ----------------------------
 
-_PROMQL_WORDS = frozenset({
-    "sum", "avg", "min", "max", "count", "rate", "irate", "increase", "delta", "histogram_quantile",
-    "clamp_min", "clamp_max", "vector", "topk", "bottomk", "abs", "by", "without", "on", "ignoring",
-    "group_left", "group_right", "and", "or", "unless", "offset",
-})
+_PROMQL_WORDS = frozenset(
+    {
+        "sum",
+        "avg",
+        "min",
+        "max",
+        "count",
+        "rate",
+        "irate",
+        "increase",
+        "delta",
+        "histogram_quantile",
+        "clamp_min",
+        "clamp_max",
+        "vector",
+        "topk",
+        "bottomk",
+        "abs",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "offset",
+    }
+)
 _IDENT = r"[A-Za-z_:][A-Za-z0-9_:]*"
 
 
@@ -90,8 +117,12 @@ def _read(expr: str) -> tuple[list[tuple[str, set[str]]], set[str]]:
     """The metric names in ``expr``, each with the labels its matcher names, and the grouping labels."""
     text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings ("$project") out of the way
     text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors ([$__rate_interval])
-    grouping = {label.strip() for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", text)
-                for label in group.split(",") if label.strip()}
+    grouping = {
+        label.strip()
+        for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", text)
+        for label in group.split(",")
+        if label.strip()
+    }
     text = re.sub(r"\b(?:by|without)\s*\([^)]*\)", "", text)
     selectors = []
     for match in re.finditer(rf"({_IDENT})\s*(\{{[^}}]*\}})?", text):
@@ -203,7 +234,7 @@ def test_project_filter_is_applied_wherever_a_metric_has_a_project_tag(dashboard
 
 
 def test_the_checker_catches_a_misspelt_metric_a_made_up_label_and_a_missing_rate(dashboard) -> None:
-    good = 'sum by (model) (rate(ray_nodus_model_calls_total[$__rate_interval]))'
+    good = "sum by (model) (rate(ray_nodus_model_calls_total[$__rate_interval]))"
     assert expression_problems(good) == []
     assert expression_problems(good.replace("model_calls_total", "model_call_total"))
     assert expression_problems(good.replace("ray_nodus_model_calls_total", "nodus_model_calls"))
@@ -211,15 +242,19 @@ def test_the_checker_catches_a_misspelt_metric_a_made_up_label_and_a_missing_rat
     assert expression_problems('sum(ray_nodus_model_calls_total{run="r1"})')
     assert expression_problems("sum by (phase) (ray_nodus_runs_total)")
     assert expression_problems(
-        "histogram_quantile(0.5, sum by (le) (rate(ray_nodus_command_seconds_sum[5m])))")
+        "histogram_quantile(0.5, sum by (le) (rate(ray_nodus_command_seconds_sum[5m])))"
+    )
     broken = copy.deepcopy(dashboard)
     broken["panels"][1]["targets"][0]["expr"] = broken["panels"][1]["targets"][0]["expr"].replace(
-        "ray_nodus_runs", "ray_nodus_run")
+        "ray_nodus_runs", "ray_nodus_run"
+    )
     assert [p for expr in _expressions(broken) for p in expression_problems(expr)]
 
 
 def test_the_exported_names_follow_rays_rule_for_each_kind() -> None:
-    derived = {exported for name, (kind, _tags) in ENGINE_METRICS.items() for exported in _exported(name, kind)}
+    derived = {
+        exported for name, (kind, _tags) in ENGINE_METRICS.items() for exported in _exported(name, kind)
+    }
     assert derived == EXPORTED_NAMES
 
 
@@ -243,11 +278,17 @@ print(generate_latest(REGISTRY).decode())
 def test_rays_exporter_produces_exactly_these_names() -> None:
     """Ray's own metrics-agent recorder and Prometheus exporter, in a scratch process (no cluster)."""
     metrics = {name: (kind, sorted(tags)) for name, (kind, tags) in ENGINE_METRICS.items()}
-    done = subprocess.run([sys.executable, "-c", _EXPORTER_PROBE.format(metrics=metrics)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _EXPORTER_PROBE.format(metrics=metrics)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    samples = {line.split("{")[0].split(" ")[0] for line in done.stdout.splitlines()
-               if line.startswith("ray_nodus_")}
+    samples = {
+        line.split("{")[0].split(" ")[0] for line in done.stdout.splitlines() if line.startswith("ray_nodus_")
+    }
     assert samples == EXPORTED_NAMES
 
 
@@ -260,8 +301,14 @@ def cluster() -> dict[str, Any]:
 
 
 def test_cluster_yaml_has_what_the_launcher_requires(cluster) -> None:
-    for key in ("cluster_name", "provider", "available_node_types", "head_node_type",
-                "head_start_ray_commands", "worker_start_ray_commands"):
+    for key in (
+        "cluster_name",
+        "provider",
+        "available_node_types",
+        "head_node_type",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    ):
         assert cluster.get(key), key
     assert cluster["provider"]["type"] == "aws" and cluster["provider"]["region"]
     assert cluster["head_node_type"] in cluster["available_node_types"]
@@ -308,7 +355,8 @@ def test_cluster_yaml_and_docs_hold_no_credentials_and_no_invented_flags_or_vari
     for flag in re.findall(r"nodus up((?: --[a-z-]+(?:[ =][^\s`;]+)?)*)", text):
         for option in re.findall(r"--[a-z-]+", flag):
             assert option in help_text, f"`nodus up {option}` is not an option of nodus up"
-    sources = "\n".join(path.read_text() for folder in ("sdk", "nodus_ray", "serve")
-                        for path in (ROOT / folder).rglob("*.py"))
+    sources = "\n".join(
+        path.read_text() for folder in ("sdk", "nodus_ray", "serve") for path in (ROOT / folder).rglob("*.py")
+    )
     known = set(re.findall(r"NODUS_[A-Z_]+", sources))
     assert set(re.findall(r"NODUS_[A-Z_]+", text)) <= known

@@ -154,10 +154,29 @@ def test_names_do_not_match_address_entries_or_the_reverse() -> None:
 @pytest.mark.parametrize(
     "address",
     [
-        "127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
-        "100.64.0.1", "0.0.0.0", "224.0.0.1", "239.255.255.250", "240.0.0.1", "255.255.255.255",
-        "::1", "::", "fe80::1", "fd00::1", "fec0::1", "ff02::1", "::ffff:127.0.0.1",
-        "::ffff:169.254.169.254", "64:ff9b::7f00:1", "2002:7f00:1::1", "::7f00:1",
+        "127.0.0.1",
+        "127.8.9.10",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "224.0.0.1",
+        "239.255.255.250",
+        "240.0.0.1",
+        "255.255.255.255",
+        "::1",
+        "::",
+        "fe80::1",
+        "fd00::1",
+        "fec0::1",
+        "ff02::1",
+        "::ffff:127.0.0.1",
+        "::ffff:169.254.169.254",
+        "64:ff9b::7f00:1",
+        "2002:7f00:1::1",
+        "::7f00:1",
     ],
 )
 def test_private_and_special_addresses_are_not_public(address: str) -> None:
@@ -193,7 +212,9 @@ def test_private_network_setting_is_parsed_leniently_but_never_silently_wrong() 
     assert parse_private_networks("") == ()
     assert parse_private_networks(" , ") == ()
     assert parse_private_networks("10.1.2.3/8,10.0.0.5") == (
-        ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("10.0.0.5/32"))
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("10.0.0.5/32"),
+    )
     with pytest.raises(ValueError, match="NODUS_EGRESS_PRIVATE_NETWORKS: 'internal'"):
         parse_private_networks("10.0.0.0/8,internal")
     with pytest.raises(ValueError, match="allowed host"):
@@ -201,11 +222,18 @@ def test_private_network_setting_is_parsed_leniently_but_never_silently_wrong() 
 
 
 def test_record_dict_has_the_camel_case_keys_and_nothing_else() -> None:
-    record = EgressRecord("example.com", 443, "refused", "HostNotAllowed", 0, 0, 0.01,
-                          "2024-01-01T00:00:00Z", "CONNECT")
+    record = EgressRecord(
+        "example.com", 443, "refused", "HostNotAllowed", 0, 0, 0.01, "2024-01-01T00:00:00Z", "CONNECT"
+    )
     assert record.to_dict() == {
-        "host": "example.com", "port": 443, "outcome": "refused", "reason": "HostNotAllowed",
-        "bytesUp": 0, "bytesDown": 0, "durationSeconds": 0.01, "startedAt": "2024-01-01T00:00:00Z",
+        "host": "example.com",
+        "port": 443,
+        "outcome": "refused",
+        "reason": "HostNotAllowed",
+        "bytesUp": 0,
+        "bytesDown": 0,
+        "durationSeconds": 0.01,
+        "startedAt": "2024-01-01T00:00:00Z",
         "method": "CONNECT",
     }
 
@@ -220,6 +248,16 @@ def test_sandbox_wiring() -> None:
     assert args[4:7] == ["--ro-bind", "/run/nodus/egress-1.sock", SANDBOX_SOCKET]
     assert args[7] == "--ro-bind" and Path(args[8]).is_file() and args[9] == SANDBOX_FORWARDER
     assert wrap_argv(["/bin/bash", "-c", "echo hi"]) == [
-        "/usr/bin/python3", "-I", "-S", SANDBOX_FORWARDER, "--listen", "127.0.0.1:3128", "--socket", SANDBOX_SOCKET,
-        "--", "/bin/bash", "-c", "echo hi",
+        "/usr/bin/python3",
+        "-I",
+        "-S",
+        SANDBOX_FORWARDER,
+        "--listen",
+        "127.0.0.1:3128",
+        "--socket",
+        SANDBOX_SOCKET,
+        "--",
+        "/bin/bash",
+        "-c",
+        "echo hi",
     ]

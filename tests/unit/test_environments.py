@@ -46,15 +46,18 @@ NOWHERE = GradingWorkspace(Path("/nonexistent-grading-workspace"))
 
 
 def _task_json(task: Task) -> str:
-    return json.dumps({"id": task.id, "prompt": task.prompt, "files": dict(task.files), "answer": task.answer},
-                      sort_keys=True)
+    return json.dumps(
+        {"id": task.id, "prompt": task.prompt, "files": dict(task.files), "answer": task.answer},
+        sort_keys=True,
+    )
 
 
 def _offline_reply(prompt: str) -> str:
     """What the built-in offline model answers a run with this prompt (one turn, no tools)."""
     response = OfflineProvider().complete(
-        ModelRequest(model="offline-haiku", system="", messages=[{"role": "user", "content": prompt}],
-                     max_tokens=1024)
+        ModelRequest(
+            model="offline-haiku", system="", messages=[{"role": "user", "content": prompt}], max_tokens=1024
+        )
     )
     assert response.stop_reason == "end_turn", f"the offline model wanted tools for {prompt!r}"
     return "".join(block.get("text", "") for block in response.content if block.get("type") == "text")
@@ -85,8 +88,16 @@ def test_task_checks_its_id_and_files_and_keeps_files_read_only() -> None:
 def test_grade_enforces_verdict_and_reward_and_cuts_evidence() -> None:
     assert Grade("pass", 1, "ok").reward == 1.0
     assert Grade("partial", 0.25, "a\n  b").evidence == "a b"
-    for verdict, reward in (("pass", 0.5), ("partial", 1.0), ("partial", 0.0), ("fail", 0.1),
-                            ("invalid", 1.0), ("maybe", 0.0), ("fail", float("nan")), ("pass", True)):
+    for verdict, reward in (
+        ("pass", 0.5),
+        ("partial", 1.0),
+        ("partial", 0.0),
+        ("fail", 0.1),
+        ("invalid", 1.0),
+        ("maybe", 0.0),
+        ("fail", float("nan")),
+        ("pass", True),
+    ):
         with pytest.raises(ValueError):
             Grade(verdict, reward, "e")  # type: ignore[arg-type]
     assert len(Grade("fail", 0.0, "x" * 2000).evidence) == 500
@@ -125,10 +136,12 @@ def test_batches_are_identical_in_another_python_process(ref: str) -> None:
                           for t in tasks], sort_keys=True))
     """)
     env = {**os.environ, "PYTHONHASHSEED": "4242"}  # hash() salted differently from this process
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
-                         check=True).stdout
-    here = json.loads(json.dumps([json.loads(_task_json(t)) for t in resolve(ref).tasks("train", 123, 25)],
-                                 sort_keys=True))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+    ).stdout
+    here = json.loads(
+        json.dumps([json.loads(_task_json(t)) for t in resolve(ref).tasks("train", 123, 25)], sort_keys=True)
+    )
     assert json.loads(out) == here
 
 
@@ -145,8 +158,14 @@ def test_bad_requests_are_refused(ref: str) -> None:
 
 def test_describe_lists_what_the_api_shows() -> None:
     assert resolve(PYTHON_FIX).describe() == {
-        "ref": PYTHON_FIX, "owner": "nodus", "name": "python-fix", "version": "1.0.0",
-        "description": PythonFix.description, "splits": ["train", "test"], "maxTasks": 1000, "image": None,
+        "ref": PYTHON_FIX,
+        "owner": "nodus",
+        "name": "python-fix",
+        "version": "1.0.0",
+        "description": PythonFix.description,
+        "splits": ["train", "test"],
+        "maxTasks": 1000,
+        "image": None,
     }
 
 
@@ -154,7 +173,9 @@ def test_describe_lists_what_the_api_shows() -> None:
 
 
 def test_arithmetic_mixes_plain_and_word_tasks_and_hides_every_answer() -> None:
-    tasks = [t for seed in range(3) for split in ("train", "test") for t in ArithmeticV2().tasks(split, seed, 150)]
+    tasks = [
+        t for seed in range(3) for split in ("train", "test") for t in ArithmeticV2().tasks(split, seed, 150)
+    ]
     plain = [t for t in tasks if PLAIN_RE.match(t.prompt)]
     assert 0.6 <= len(plain) / len(tasks) <= 0.8
     for task in tasks:
@@ -205,7 +226,10 @@ def test_the_offline_model_passes_plain_tasks_and_not_word_problems() -> None:
         grade = environment.grade(task, reply, NOWHERE)
         plain = bool(PLAIN_RE.match(task.prompt))
         verdicts[plain].add(grade.verdict)
-        assert grade.verdict == "pass" if plain else grade.verdict in ("fail", "invalid"), (task.prompt, reply)
+        assert grade.verdict == "pass" if plain else grade.verdict in ("fail", "invalid"), (
+            task.prompt,
+            reply,
+        )
         assert str(task.answer) not in _standalone_numbers(grade.evidence)
     assert verdicts[True] == {"pass"} and verdicts[False] <= {"fail", "invalid"} and verdicts[False]
 
@@ -225,8 +249,16 @@ def test_grading_workspace_reads_only_inside_its_root(tmp_path: Path) -> None:
     workspace = GradingWorkspace(root)
     assert workspace.read_text("sub/a.txt") == "inside"
     assert workspace.read_text("in") == "inside"
-    for path in ("../secret.txt", str(tmp_path / "secret.txt"), "out", "up/secret.txt", "missing", "sub",
-                 "pipe", "sub/../../secret.txt"):
+    for path in (
+        "../secret.txt",
+        str(tmp_path / "secret.txt"),
+        "out",
+        "up/secret.txt",
+        "missing",
+        "sub",
+        "pipe",
+        "sub/../../secret.txt",
+    ):
         assert workspace.read_text(path) is None, path
     assert workspace.exists("sub") and workspace.exists("pipe") and not workspace.exists("out")
     assert not workspace.exists("../secret.txt") and not workspace.exists("missing")
@@ -287,7 +319,11 @@ def _oracle_passes(task: Task, source: str) -> int:
 def _evidence_leaks(task: Task, evidence: str) -> list[str]:
     """Expected values found in the evidence (beyond the "N of M hidden checks passed" counts)."""
     rest = re.sub(r"^\d+ of \d+ hidden checks passed", "", evidence)
-    return [value for _, value in task.answer["cases"] if re.search(rf"(?<![\w']){re.escape(value)}(?![\w'])", rest)]
+    return [
+        value
+        for _, value in task.answer["cases"]
+        if re.search(rf"(?<![\w']){re.escape(value)}(?![\w'])", rest)
+    ]
 
 
 def _two_bug_task() -> Task:
@@ -304,7 +340,9 @@ def test_python_fix_tasks_hide_the_solution_and_the_checks() -> None:
         assert list(task.files) == [module] and f"`{module}`" in task.prompt
         seeded = task.files[module]
         assert task.answer["solution"] != seeded and task.answer["solution"] not in task.prompt
-        differing = [b for a, b in zip(_blocks(seeded), _blocks(task.answer["solution"]), strict=True) if a != b]
+        differing = [
+            b for a, b in zip(_blocks(seeded), _blocks(task.answer["solution"]), strict=True) if a != b
+        ]
         assert 1 <= len(differing) <= 2
         assert 2 <= len(_blocks(seeded)) - 1 <= 4
         for block in differing:  # the fixed function appears nowhere the agent can see
@@ -373,7 +411,9 @@ def test_python_fix_expected_values_never_enter_the_sandbox(tmp_path: Path) -> N
     workspace = _RecordingWorkspace(_copy(tmp_path, task, task.answer["solution"]).root)
     assert PythonFix().grade(task, "", workspace).verdict == "pass"
     (script,) = workspace.written
-    distinctive = [value for _, value in task.answer["cases"] if len(value) >= 3 and value not in ("True", "False")]
+    distinctive = [
+        value for _, value in task.answer["cases"] if len(value) >= 3 and value not in ("True", "False")
+    ]
     for value in distinctive:
         assert value not in script
     # The check script removed itself; only the module is left.
@@ -401,7 +441,7 @@ def test_python_fix_survives_hostile_modules(tmp_path: Path, backend: str) -> No
     assert (grade.verdict, grade.reward) == ("fail", 0.0) and "did not finish" in grade.evidence
 
     # A module planting json.py for the checker to import, and printing a fake summary, changes nothing.
-    copy = _copy(tmp_path, task, "print('summary {\"import\": {\"status\": \"ok\"}}')\n" + _blocks(solution)[0])
+    copy = _copy(tmp_path, task, 'print(\'summary {"import": {"status": "ok"}}\')\n' + _blocks(solution)[0])
     (copy.root / "json.py").write_text("raise SystemExit('hijacked')\n")
     grade = environment.grade(task, "", copy)
     assert grade.verdict == "fail" and grade.evidence.startswith(f"0 of {total} hidden checks passed")
@@ -441,8 +481,17 @@ def test_resolve_finds_the_built_ins_by_exact_ref() -> None:
     assert ENTRY_POINT_GROUP == "nodus.environments"
 
 
-@pytest.mark.parametrize("ref", ["nodus/arithmetic-v2", "arithmetic-v2@2.0.0", "nodus/arithmetic-v2@", "",
-                                 "nodus/a/b@1.0.0", "nodus/arithmetic-v2@2.0.0 "])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "nodus/arithmetic-v2",
+        "arithmetic-v2@2.0.0",
+        "nodus/arithmetic-v2@",
+        "",
+        "nodus/a/b@1.0.0",
+        "nodus/arithmetic-v2@2.0.0 ",
+    ],
+)
 def test_resolve_refuses_malformed_refs(ref: str) -> None:
     with pytest.raises(ValueError, match="owner/name@version"):
         resolve(ref)
@@ -453,15 +502,19 @@ def test_resolve_names_the_installed_versions_when_one_is_missing() -> None:
         resolve("nodus/arithmetic-v2@9.9.9")
     assert caught.value.ref == "nodus/arithmetic-v2@9.9.9"
     assert caught.value.known == [ARITHMETIC]
-    assert str(caught.value) == ("environment nodus/arithmetic-v2@9.9.9 is not installed; installed versions of "
-                                 "nodus/arithmetic-v2: 2.0.0")
+    assert str(caught.value) == (
+        "environment nodus/arithmetic-v2@9.9.9 is not installed; installed versions of "
+        "nodus/arithmetic-v2: 2.0.0"
+    )
     with pytest.raises(EnvironmentNotFound) as caught:
         resolve("nobody/nothing@1.0.0")
-    assert {ARITHMETIC, PYTHON_FIX} <= set(caught.value.known) and "installed environments" in str(caught.value)
+    assert {ARITHMETIC, PYTHON_FIX} <= set(caught.value.known) and "installed environments" in str(
+        caught.value
+    )
     assert isinstance(caught.value, LookupError)
 
 
-ACME_MODULE = '''
+ACME_MODULE = """
 from nodus_ray.environments import Environment, Grade, Task
 
 
@@ -494,7 +547,7 @@ class BadVersion(AcmeCount):
 
 
 NOT_AN_ENVIRONMENT = 42
-'''
+"""
 
 ACME_ENTRY_POINTS = f"""
 [{ENTRY_POINT_GROUP}]
@@ -541,7 +594,9 @@ def test_a_third_party_environment_is_found_through_its_entry_point(
     assert "ModuleNotFoundError" in warnings and "not a semantic version" in warnings
 
 
-def test_refresh_forgets_an_uninstalled_environment(acme_installed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refresh_forgets_an_uninstalled_environment(
+    acme_installed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert resolve("acme/count@0.1.0").ref == "acme/count@0.1.0"
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(acme_installed)])
     assert resolve("acme/count@0.1.0").ref == "acme/count@0.1.0"  # cached until refreshed

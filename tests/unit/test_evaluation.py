@@ -27,8 +27,14 @@ from nodus_ray.store.storage import Storage
 
 
 def _group(evaluation: dict[str, Any], **spec: Any) -> Any:
-    return parse_resource({"apiVersion": "nodus.dev/v1", "kind": "AgentGroup", "metadata": {"name": "e"},
-                           "spec": {"agent": "a", "evaluation": evaluation, **spec}})
+    return parse_resource(
+        {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentGroup",
+            "metadata": {"name": "e"},
+            "spec": {"agent": "a", "evaluation": evaluation, **spec},
+        }
+    )
 
 
 def _refusal(evaluation: dict[str, Any]) -> Invalid:
@@ -42,17 +48,42 @@ def test_the_spec_fills_the_documented_defaults() -> None:
     assert (spec.split, spec.repetitions, spec.timeout, spec.seed) == ("test", 1, "30m", 42)
 
 
-@pytest.mark.parametrize(("evaluation", "field", "words"), [
-    ({"environment": "nodus/arithmetic-v2", "tasks": 1}, "spec.evaluation.environment", "names no version"),
-    ({"environment": "arithmetic", "tasks": 1}, "spec.evaluation.environment", "owner/name@version"),
-    ({"environment": "nodus/a@1.0.0", "tasks": 51, "repetitions": 2}, "spec.evaluation", "at most 100 cases"),
-    ({"environment": "nodus/a@1.0.0", "tasks": 101}, "spec.evaluation.tasks", "100"),
-    ({"environment": "nodus/a@1.0.0", "tasks": 1, "timeout": "59s"}, "spec.evaluation.timeout", "1m to 24h"),
-    ({"environment": "nodus/a@1.0.0", "tasks": 1, "timeout": "24h1m"}, "spec.evaluation.timeout", "1m to 24h"),
-    ({"environment": "nodus/a@1.0.0"}, "spec.evaluation.tasks", "required"),
-    ({"environment": "nodus/a@1.0.0", "tasks": 1, "hidden": True}, "spec.evaluation.hidden", "unknown field"),
-])
-def test_bad_evaluations_are_refused_naming_the_field(evaluation: dict[str, Any], field: str, words: str) -> None:
+@pytest.mark.parametrize(
+    ("evaluation", "field", "words"),
+    [
+        (
+            {"environment": "nodus/arithmetic-v2", "tasks": 1},
+            "spec.evaluation.environment",
+            "names no version",
+        ),
+        ({"environment": "arithmetic", "tasks": 1}, "spec.evaluation.environment", "owner/name@version"),
+        (
+            {"environment": "nodus/a@1.0.0", "tasks": 51, "repetitions": 2},
+            "spec.evaluation",
+            "at most 100 cases",
+        ),
+        ({"environment": "nodus/a@1.0.0", "tasks": 101}, "spec.evaluation.tasks", "100"),
+        (
+            {"environment": "nodus/a@1.0.0", "tasks": 1, "timeout": "59s"},
+            "spec.evaluation.timeout",
+            "1m to 24h",
+        ),
+        (
+            {"environment": "nodus/a@1.0.0", "tasks": 1, "timeout": "24h1m"},
+            "spec.evaluation.timeout",
+            "1m to 24h",
+        ),
+        ({"environment": "nodus/a@1.0.0"}, "spec.evaluation.tasks", "required"),
+        (
+            {"environment": "nodus/a@1.0.0", "tasks": 1, "hidden": True},
+            "spec.evaluation.hidden",
+            "unknown field",
+        ),
+    ],
+)
+def test_bad_evaluations_are_refused_naming_the_field(
+    evaluation: dict[str, Any], field: str, words: str
+) -> None:
     refusal = _refusal(evaluation)
     assert refusal.details["field"] == field
     assert words in refusal.message
@@ -60,13 +91,18 @@ def test_bad_evaluations_are_refused_naming_the_field(evaluation: dict[str, Any]
 
 def test_the_timeout_bounds_are_inclusive() -> None:
     for timeout in ("1m", "24h", "60s"):
-        assert _group({"environment": "nodus/a@1.0.0", "tasks": 1, "timeout": timeout}).spec.evaluation.timeout == timeout
+        assert (
+            _group({"environment": "nodus/a@1.0.0", "tasks": 1, "timeout": timeout}).spec.evaluation.timeout
+            == timeout
+        )
 
 
 def test_cases_are_named_after_tasks_and_repetitions() -> None:
     single = plan_cases("eval", ["test-000", "test-001"], 1)
     assert [(c.key, c.run, c.repetition) for c in single] == [
-        ("test-000", "eval-test-000", 1), ("test-001", "eval-test-001", 1)]
+        ("test-000", "eval-test-000", 1),
+        ("test-001", "eval-test-001", 1),
+    ]
     repeated = plan_cases("eval", ["test-000", "test-001"], 2)
     assert [c.key for c in repeated] == ["test-000-r1", "test-000-r2", "test-001-r1", "test-001-r2"]
     assert [c.task_index for c in repeated] == [0, 0, 1, 1]
@@ -102,8 +138,9 @@ def test_nothing_scored_has_no_rates_and_fails_the_group() -> None:
 
 def test_one_scored_case_is_enough_for_a_result() -> None:
     cases = plan_cases("g", ["a", "b"], 1)
-    summary = summarize([final_record(cases[0], "Scored", verdict="fail", reward=0.0),
-                         final_record(cases[1], "GraderFailed")])
+    summary = summarize(
+        [final_record(cases[0], "Scored", verdict="fail", reward=0.0), final_record(cases[1], "GraderFailed")]
+    )
     phase, reason, message = final_phase(summary, cancelled=False)
     assert (phase, reason) == ("Succeeded", "Evaluated")
     assert "1 of 2 cases scored" in message and "pass rate 0.00%" in message
@@ -118,9 +155,15 @@ def test_only_final_states_make_final_records() -> None:
 
 def test_results_parquet_has_one_row_per_case_and_no_task_payload() -> None:
     cases = plan_cases("g", ["a", "b"], 1)
-    records = [final_record(cases[0], "Scored", verdict="pass", reward=1.0, evidence="ok"), live_record(cases[1], "Pending")]
-    table = pq.read_table(io.BytesIO(results_parquet(
-        "g", {"environment": "nodus/x@1.0.0", "split": "test", "seed": 7}, records)))
+    records = [
+        final_record(cases[0], "Scored", verdict="pass", reward=1.0, evidence="ok"),
+        live_record(cases[1], "Pending"),
+    ]
+    table = pq.read_table(
+        io.BytesIO(
+            results_parquet("g", {"environment": "nodus/x@1.0.0", "split": "test", "seed": 7}, records)
+        )
+    )
     assert table.num_rows == 2
     assert table.column("state").to_pylist() == ["Scored", "Pending"]
     assert table.column("seed").to_pylist() == [7, 7]
@@ -133,7 +176,9 @@ def test_a_seeded_run_starts_from_its_seed_and_only_once(tmp_path: Path) -> None
     workspace = tmp_path / "sandboxes" / "r"
     snapshots = WorkspaceSnapshots(storage, "runs/r", workspace, seeded=True)
     assert snapshots.ensure(()) == "restored"
-    assert (workspace / "calc.py").read_text() == "x = 1\n" and (workspace / "data/in.txt").read_text() == "3\n"
+    assert (workspace / "calc.py").read_text() == "x = 1\n" and (
+        workspace / "data/in.txt"
+    ).read_text() == "3\n"
     (workspace / "calc.py").write_text("changed\n")  # the agent's work survives a new actor on this node
     assert WorkspaceSnapshots(storage, "runs/r", workspace, seeded=True).ensure(()) == "local"
     assert (workspace / "calc.py").read_text() == "changed\n"

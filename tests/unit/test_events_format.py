@@ -14,12 +14,29 @@ def test_a_cursor_is_the_next_seq_and_the_version_sent_and_a_foreign_id_starts_o
 
 
 def test_log_lines() -> None:
-    step = RunEvent("3.1", "step", {"seq": 2, "step": "turn-1/command-1-1", "state": "Started", "attempt": 2,
-                                    "summary": "$ ls", "at": "2026-11-29T21:43:38.455578Z"})
+    step = RunEvent(
+        "3.1",
+        "step",
+        {
+            "seq": 2,
+            "step": "turn-1/command-1-1",
+            "state": "Started",
+            "attempt": 2,
+            "summary": "$ ls",
+            "at": "2026-11-29T21:43:38.455578Z",
+        },
+    )
     assert log_line(step) == "21:43:38 turn-1/command-1-1 Started (attempt 2)  $ ls"
-    assert log_line(RunEvent("", "phase", {"phase": "Waiting", "reason": "NeedsResolution",
-                                           "message": "resolve turn-1/command-1-1"})) == \
-        "phase Waiting (NeedsResolution): resolve turn-1/command-1-1"
+    assert (
+        log_line(
+            RunEvent(
+                "",
+                "phase",
+                {"phase": "Waiting", "reason": "NeedsResolution", "message": "resolve turn-1/command-1-1"},
+            )
+        )
+        == "phase Waiting (NeedsResolution): resolve turn-1/command-1-1"
+    )
     assert log_line(RunEvent("", "answer", {"offset": 0, "text": "42"})) == "answer:\n42"
     assert log_line(RunEvent("", "answer", {"offset": 8192, "text": "more"})) == "more"
     assert log_line(RunEvent("", "end", {"phase": "Succeeded"})) is None

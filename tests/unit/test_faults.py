@@ -18,20 +18,27 @@ def _reach(point: str, context: str, directory: Path | None) -> subprocess.Compl
     if directory is not None:
         environment["NODUS_FAULTS"] = str(directory)
     code = f"from nodus_ray import faults; faults.crash_point({point!r}, {context!r}); print('went on')"
-    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_an_armed_point_kills_the_first_process_with_a_matching_context_only(tmp_path: Path) -> None:
     faults.arm(tmp_path, "step-effect-done", "agentruns/r1/")
-    assert _reach("step-effect-done", "projects/p/agentruns/r2/journal/turn-1/model-1", tmp_path).stdout == "went on\n"
+    assert (
+        _reach("step-effect-done", "projects/p/agentruns/r2/journal/turn-1/model-1", tmp_path).stdout
+        == "went on\n"
+    )
     assert _reach("api-answering", "projects/p/agentruns/r1/journal/x", tmp_path).stdout == "went on\n"
     died = _reach("step-effect-done", "projects/p/agentruns/r1/journal/turn-1/model-1", tmp_path)
     assert died.returncode == -signal.SIGKILL and died.stdout == ""
     fired = list(tmp_path.glob(".step-effect-done.fired.*"))
     assert len(fired) == 1 and not (tmp_path / "step-effect-done").exists()
     # Fired once: the next process to get there goes on.
-    assert _reach("step-effect-done", "projects/p/agentruns/r1/journal/turn-1/model-1", tmp_path).stdout == "went on\n"
+    assert (
+        _reach("step-effect-done", "projects/p/agentruns/r1/journal/turn-1/model-1", tmp_path).stdout
+        == "went on\n"
+    )
 
 
 def test_without_nodus_faults_nothing_fires_and_unknown_points_are_refused(tmp_path: Path) -> None:

@@ -26,8 +26,13 @@ def _grader(storage: Storage, tmp_path: Path) -> Grader:
 
 
 def _case(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    return {"runPrefix": PREFIX, "localWorkspace": str(tmp_path / "sandboxes" / "r"), "run": "r", "commands": 0,
-            **extra}
+    return {
+        "runPrefix": PREFIX,
+        "localWorkspace": str(tmp_path / "sandboxes" / "r"),
+        "run": "r",
+        "commands": 0,
+        **extra,
+    }
 
 
 def _snapshot(storage: Storage, tmp_path: Path, seq: int, text: str) -> None:
@@ -81,8 +86,15 @@ def test_a_fifo_the_agent_left_is_not_copied(storage: Storage, tmp_path: Path) -
 
 def test_grading_an_answer_scores_it_and_cleans_up(storage: Storage, tmp_path: Path) -> None:
     task = resolve("nodus/arithmetic-v2@2.0.0").tasks("test", 42, 1)[0]
-    case = _case(tmp_path, environment="nodus/arithmetic-v2@2.0.0", split="test", seed=42, tasks=1, taskIndex=0,
-                 answer=f"It is {task.answer}.")
+    case = _case(
+        tmp_path,
+        environment="nodus/arithmetic-v2@2.0.0",
+        split="test",
+        seed=42,
+        tasks=1,
+        taskIndex=0,
+        answer=f"It is {task.answer}.",
+    )
     outcome = _grader(storage, tmp_path)._grade(case)
     assert (outcome["outcome"], outcome["verdict"], outcome["reward"]) == ("scored", "pass", 1.0)
     assert not (tmp_path / "grading" / "p" / "g" / "r").exists()
@@ -97,7 +109,12 @@ def test_a_crashing_grader_is_a_failure_that_names_only_the_error_type(
         raise ValueError("expected 42 but got 41")  # a message that quotes the hidden answer
 
     monkeypatch.setattr(type(environment), "grade", crash)
-    case = _case(tmp_path, environment=environment.ref, split="test", seed=1, tasks=1, taskIndex=0, answer="41")
+    case = _case(
+        tmp_path, environment=environment.ref, split="test", seed=1, tasks=1, taskIndex=0, answer="41"
+    )
     outcome = _grader(storage, tmp_path)._grade(case)
-    assert outcome == {"outcome": "failed", "evidence": "the grader failed (ValueError)",
-                       "seconds": outcome["seconds"]}
+    assert outcome == {
+        "outcome": "failed",
+        "evidence": "the grader failed (ValueError)",
+        "seconds": outcome["seconds"],
+    }

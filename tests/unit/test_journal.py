@@ -28,7 +28,10 @@ def test_records_survive_a_reload_in_order(storage_uri: str) -> None:
     journal.append("a", "route", "Started", {"x": 1})
     journal.append("a", "route", "Completed", {"result": {"family": "haiku"}}, cost_usd="0.01")
     reloaded = journal_at(tmp_path)
-    assert [(r.seq, r.step_id, r.state) for r in reloaded.records] == [(0, "a", "Started"), (1, "a", "Completed")]
+    assert [(r.seq, r.step_id, r.state) for r in reloaded.records] == [
+        (0, "a", "Started"),
+        (1, "a", "Completed"),
+    ]
     assert reloaded.records[1].payload == {"result": {"family": "haiku"}}
     assert reloaded.records[1].cost_usd == "0.01"
     # The writer continues after the last record instead of overwriting it.

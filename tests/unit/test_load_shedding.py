@@ -32,8 +32,11 @@ class _HeldControlPlane:
 async def _burst(limit: int, requests: int) -> tuple[list[httpx.Response], _HeldControlPlane]:
     cp = _HeldControlPlane()
     app = create_app(cp, max_inflight=limit)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api",
-                                 headers={"Authorization": "Bearer nodus_test"}) as http:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://api",
+        headers={"Authorization": "Bearer nodus_test"},
+    ) as http:
         pending = [asyncio.ensure_future(http.get("/v1/projects/default/agents")) for _ in range(requests)]
         while cp.calls < limit:  # the first `limit` are in flight, held by the control plane
             await asyncio.sleep(0.01)
@@ -65,9 +68,11 @@ def test_the_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_sdk_waits_retry_after_and_sends_any_request_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    answers = [httpx.Response(429, headers={"Retry-After": "2"}, json={"code": "TooManyRequests"}),
-               httpx.Response(429, headers={"Retry-After": "junk"}, json={"code": "TooManyRequests"}),
-               httpx.Response(201, json={"metadata": {"name": "r"}})]
+    answers = [
+        httpx.Response(429, headers={"Retry-After": "2"}, json={"code": "TooManyRequests"}),
+        httpx.Response(429, headers={"Retry-After": "junk"}, json={"code": "TooManyRequests"}),
+        httpx.Response(201, json={"metadata": {"name": "r"}}),
+    ]
     sent: list[str] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -77,8 +82,10 @@ def test_the_sdk_waits_retry_after_and_sends_any_request_again(monkeypatch: pyte
     slept: list[float] = []
     monkeypatch.setattr("nodus.client.time.sleep", slept.append)
     client = Client(api_url="http://nodus.test", project="default", transport=httpx.MockTransport(handle))
-    created = client.create("agentruns", {"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": "r"},
-                                          "spec": {"agent": "a"}})
+    created = client.create(
+        "agentruns",
+        {"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": "r"}, "spec": {"agent": "a"}},
+    )
     assert created == {"metadata": {"name": "r"}}
     assert sent == ["POST", "POST", "POST"] and slept == [2.0, 1.0]
 
@@ -87,9 +94,17 @@ def test_the_sdk_gives_up_after_its_budget(monkeypatch: pytest.MonkeyPatch) -> N
     clock = [0.0]
     monkeypatch.setattr("nodus.client.time.monotonic", lambda: clock[0])
     monkeypatch.setattr("nodus.client.time.sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
-    client = Client(api_url="http://nodus.test", project="default", transport=httpx.MockTransport(
-        lambda _: httpx.Response(429, headers={"Retry-After": "10"}, json={"code": "TooManyRequests",
-                                                                           "message": "busy", "details": {}})))
+    client = Client(
+        api_url="http://nodus.test",
+        project="default",
+        transport=httpx.MockTransport(
+            lambda _: httpx.Response(
+                429,
+                headers={"Retry-After": "10"},
+                json={"code": "TooManyRequests", "message": "busy", "details": {}},
+            )
+        ),
+    )
     with pytest.raises(TooManyRequests):
         client.get("agents", "a")
     assert 110 <= clock[0] <= 120

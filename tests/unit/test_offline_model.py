@@ -522,12 +522,32 @@ def test_an_exit_header_with_a_limit_note_is_still_read() -> None:
 
     messages = [
         {"role": "user", "content": "Use the shell to run `yes | head -c 100000000`"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_off_1", "name": "bash",
-                                           "input": {"command": "yes | head -c 100000000"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_off_1",
-                                      "content": "exit code 0 (output limit exceeded)\ny\ny"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_off_1",
+                    "name": "bash",
+                    "input": {"command": "yes | head -c 100000000"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_off_1",
+                    "content": "exit code 0 (output limit exceeded)\ny\ny",
+                }
+            ],
+        },
     ]
-    answer = OfflineProvider().complete(ModelRequest(model="offline-haiku", system="", messages=messages,
-                                                     max_tokens=1024)).text()
+    answer = (
+        OfflineProvider()
+        .complete(ModelRequest(model="offline-haiku", system="", messages=messages, max_tokens=1024))
+        .text()
+    )
     assert "exited with code 0" in answer
     assert "no exit code" not in answer

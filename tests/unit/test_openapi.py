@@ -20,8 +20,10 @@ def _document() -> dict[str, Any]:
 
 def test_every_write_that_reads_a_body_documents_it() -> None:
     paths = _document()["paths"]
-    bodiless = {("post", "/v1/projects/{project}/agentruns/{name}/cancel"),
-                ("post", "/v1/projects/{project}/agentgroups/{name}/cancel")}
+    bodiless = {
+        ("post", "/v1/projects/{project}/agentruns/{name}/cancel"),
+        ("post", "/v1/projects/{project}/agentgroups/{name}/cancel"),
+    }
     for path, operations in paths.items():
         for method, operation in operations.items():
             if method in ("post", "put", "patch") and (method, path) not in bodiless:
@@ -35,7 +37,8 @@ def test_every_operation_documents_the_error_shape_and_its_successes() -> None:
             responses = operation["responses"]
             for status in ("400", "404", "409", "413", "422", "503"):
                 assert responses[status]["content"]["application/json"]["schema"] == {
-                    "$ref": "#/components/schemas/ErrorBody"}, f"{method} {path} {status}"
+                    "$ref": "#/components/schemas/ErrorBody"
+                }, f"{method} {path} {status}"
     creates = document["paths"]["/v1/projects/{project}/agents/{name}"]["put"]["responses"]
     assert {"200", "201"} <= set(creates)
     messages = document["paths"]["/v1/projects/{project}/agentruns/{name}/messages"]["post"]["responses"]

@@ -13,8 +13,10 @@ KEY = "sk-ant-api03-0123456789abcdef"
 def test_every_occurrence_is_masked_with_the_secrets_name() -> None:
     redact = Redactor({"db/PASSWORD": "hunter2-long", "anthropic/ANTHROPIC_API_KEY": KEY})
     text = f"key={KEY}\npassword: hunter2-long and again {KEY}"
-    assert redact(text) == ("key=[REDACTED:anthropic/ANTHROPIC_API_KEY]\npassword: [REDACTED:db/PASSWORD] "
-                            "and again [REDACTED:anthropic/ANTHROPIC_API_KEY]")
+    assert redact(text) == (
+        "key=[REDACTED:anthropic/ANTHROPIC_API_KEY]\npassword: [REDACTED:db/PASSWORD] "
+        "and again [REDACTED:anthropic/ANTHROPIC_API_KEY]"
+    )
     assert "hunter2" not in repr(redact)
 
 
@@ -35,7 +37,8 @@ def test_values_too_short_to_mask_safely_are_left_and_nothing_else_changes() -> 
     redact = Redactor({"s/PIN": "123"})
     assert not redact and redact("1234 123") == "1234 123"
     assert Redactor({"s/A": "abcd"}).tree({"content": [{"text": "xabcdx", "n": 1}]}) == {
-        "content": [{"text": "x[REDACTED:s/A]x", "n": 1}]}
+        "content": [{"text": "x[REDACTED:s/A]x", "n": 1}]
+    }
 
 
 @given(st.text(), st.text(min_size=4, max_size=40).filter(lambda v: v.strip() == v and "\n" not in v))

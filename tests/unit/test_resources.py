@@ -13,8 +13,12 @@ def agent_doc(**spec: object) -> dict[str, object]:
 
 
 def run_doc(**spec: object) -> dict[str, object]:
-    return {"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": "r"},
-            "spec": {"agent": "hello-agent", **spec}}
+    return {
+        "apiVersion": "nodus.dev/v1",
+        "kind": "AgentRun",
+        "metadata": {"name": "r"},
+        "spec": {"agent": "hello-agent", **spec},
+    }
 
 
 def test_agent_defaults_come_from_the_documents() -> None:

@@ -66,7 +66,6 @@ def test_storage_uris_are_shown_without_credentials() -> None:
     assert shown.startswith("s3://***@bucket/prefix") and "region=us-east-1" in shown
 
 
-
 def test_storage_refuses_keys_that_escape_the_root(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         Storage(str(tmp_path)).write_bytes("../outside", b"x")

@@ -10,15 +10,26 @@ from nodus_ray.runtime.run_actor import RunActor, RunConfig
 
 
 def _actor(tmp_path: Path) -> RunActor:
-    return RunActor(RunConfig(project="p", name="r", agent="a", agent_revision=1, agent_spec={},
-                              run_spec={"agent": "a", "input": "x"}, storage_uri=str(tmp_path / "s"),
-                              workspace=str(tmp_path / "w"), deadline_at=None))
+    return RunActor(
+        RunConfig(
+            project="p",
+            name="r",
+            agent="a",
+            agent_revision=1,
+            agent_spec={},
+            run_spec={"agent": "a", "input": "x"},
+            storage_uri=str(tmp_path / "s"),
+            workspace=str(tmp_path / "w"),
+            deadline_at=None,
+        )
+    )
 
 
 def test_long_answers_are_previewed_and_flagged(tmp_path: Path) -> None:
     answer = "é" * ANSWER_PREVIEW_BYTES  # 2 bytes each: twice the preview
-    outcome = _actor(tmp_path)._outcome("Succeeded", "Completed", None,
-                                        SimpleNamespace(turns=[], cost_usd=0), answer=answer)
+    outcome = _actor(tmp_path)._outcome(
+        "Succeeded", "Completed", None, SimpleNamespace(turns=[], cost_usd=0), answer=answer
+    )
     preview = outcome["answer"]["preview"]
     assert len(preview.encode()) <= ANSWER_PREVIEW_BYTES
     assert len(preview.encode()) >= ANSWER_PREVIEW_BYTES - 1
@@ -28,8 +39,9 @@ def test_long_answers_are_previewed_and_flagged(tmp_path: Path) -> None:
 
 
 def test_short_answers_are_whole(tmp_path: Path) -> None:
-    outcome = _actor(tmp_path)._outcome("Succeeded", "Completed", None,
-                                        SimpleNamespace(turns=[], cost_usd=0), answer="4")
+    outcome = _actor(tmp_path)._outcome(
+        "Succeeded", "Completed", None, SimpleNamespace(turns=[], cost_usd=0), answer="4"
+    )
     assert outcome["answer"] == {"preview": "4", "bytes": 1, "truncated": False}
 
 

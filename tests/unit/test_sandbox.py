@@ -54,12 +54,23 @@ def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
 def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Sandbox]]:
     made: list[Sandbox] = []
 
-    def make(limits: SandboxLimits | None = None, *, name: str = "ws", workspace: Path | None = None,
-             allow_network: bool = False, uid: int | None = None,
-             hidden_paths: tuple[Path, ...] = ()) -> Sandbox:
+    def make(
+        limits: SandboxLimits | None = None,
+        *,
+        name: str = "ws",
+        workspace: Path | None = None,
+        allow_network: bool = False,
+        uid: int | None = None,
+        hidden_paths: tuple[Path, ...] = (),
+    ) -> Sandbox:
         limits = limits or SandboxLimits(timeout_seconds=30)
-        box = create_sandbox(workspace or tmp_path / name, limits, allow_network=allow_network, uid=uid,
-                             hidden_paths=hidden_paths)
+        box = create_sandbox(
+            workspace or tmp_path / name,
+            limits,
+            allow_network=allow_network,
+            uid=uid,
+            hidden_paths=hidden_paths,
+        )
         made.append(box)
         return box
 
@@ -79,6 +90,7 @@ def host_dir() -> Iterator[Path]:
 
 # -- results ---------------------------------------------------------------------------------
 
+
 def test_command_result_round_trips_and_tells_the_model_how_it_ended() -> None:
     done = CommandResult(3, "boom\n", False, False, False, 0.2, None)
     assert CommandResult.from_dict(done.to_dict()) == done
@@ -95,26 +107,44 @@ def test_command_result_round_trips_and_tells_the_model_how_it_ended() -> None:
     assert flooded.for_model().startswith("killed: output limit exceeded")
     filled = CommandResult(None, "", False, False, False, 0.3, "disk")
     assert filled.for_model().startswith("killed: disk limit exceeded\n")
-    assert CommandResult(0, "", False, False, False, 0.1, "disk").for_model().startswith(
-        "exit code 0 (disk limit exceeded)")
+    assert (
+        CommandResult(0, "", False, False, False, 0.1, "disk")
+        .for_model()
+        .startswith("exit code 0 (disk limit exceeded)")
+    )
 
 
 def test_bwrap_argv_without_root_uses_a_user_namespace() -> None:
     argv = sandbox_module._bwrap_argv(
-        "/usr/bin/bwrap", None, Path("/srv/ws"), ["/bin/true"], SandboxLimits(),
-        allow_network=False, host_uid=None,
+        "/usr/bin/bwrap",
+        None,
+        Path("/srv/ws"),
+        ["/bin/true"],
+        SandboxLimits(),
+        allow_network=False,
+        host_uid=None,
     )
     assert argv[:7] == ["/usr/bin/bwrap", "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000"]
     assert "--share-net" not in argv and "--cap-add" not in argv
-    assert argv[argv.index("--bind") + 1: argv.index("--bind") + 3] == ["/srv/ws", "/tmp/workspace"]
+    assert argv[argv.index("--bind") + 1 : argv.index("--bind") + 3] == ["/srv/ws", "/tmp/workspace"]
     assert argv[-2:] == ["--", "/bin/true"]
     assert "--seccomp" not in argv
     networked = sandbox_module._bwrap_argv(
-        "/usr/bin/bwrap", None, Path("/srv/ws"), ["/bin/true"], SandboxLimits(),
-        allow_network=True, host_uid=None, seccomp_fd=7,
+        "/usr/bin/bwrap",
+        None,
+        Path("/srv/ws"),
+        ["/bin/true"],
+        SandboxLimits(),
+        allow_network=True,
+        host_uid=None,
+        seccomp_fd=7,
     )
     assert "--share-net" in networked
-    assert networked[networked.index("--seccomp"): networked.index("--seccomp") + 3] == ["--seccomp", "7", "--"]
+    assert networked[networked.index("--seccomp") : networked.index("--seccomp") + 3] == [
+        "--seccomp",
+        "7",
+        "--",
+    ]
 
 
 def test_hidden_run_keeps_resolv_conf_for_networked_commands(host_dir: Path) -> None:
@@ -127,7 +157,11 @@ def test_hidden_run_keeps_resolv_conf_for_networked_commands(host_dir: Path) -> 
     args = sandbox_module._hide_args([run], keep=[str(link)])
     assert args == ["--tmpfs", str(run), "--ro-bind", stub, stub, "--remount-ro", str(run)]
     assert sandbox_module._hide_args([run], keep=[str(host_dir / "elsewhere")]) == [
-        "--tmpfs", str(run), "--remount-ro", str(run)]
+        "--tmpfs",
+        str(run),
+        "--remount-ro",
+        str(run),
+    ]
 
 
 def test_sandbox_uid_is_stable_per_workspace_and_in_range() -> None:
@@ -190,21 +224,28 @@ def test_bwrap_argv_hides_paths_after_tmp_and_before_the_workspace(host_dir: Pat
     link.symlink_to(storage)
     hidden = [storage / "nested", link, secret_file, host_dir / "missing", Path("/tmp/whatever")]
     argv = sandbox_module._bwrap_argv(
-        "/usr/bin/bwrap", None, storage / "ws", ["/bin/true"], SandboxLimits(),
-        allow_network=False, host_uid=None, hidden=hidden,
+        "/usr/bin/bwrap",
+        None,
+        storage / "ws",
+        ["/bin/true"],
+        SandboxLimits(),
+        allow_network=False,
+        host_uid=None,
+        hidden=hidden,
     )
     # The symlink is covered at its target; what is below a hidden dir, missing or in /tmp is not.
     tmpfs_targets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--tmpfs"]
     assert tmpfs_targets == ["/tmp", "/dev/shm", str(storage)]
-    assert argv[argv.index(str(storage)) + 1: argv.index(str(storage)) + 3] == ["--remount-ro", str(storage)]
+    assert argv[argv.index(str(storage)) + 1 : argv.index(str(storage)) + 3] == ["--remount-ro", str(storage)]
     file_bind = argv.index(str(secret_file))
-    assert argv[file_bind - 2: file_bind] == ["--ro-bind", "/dev/null"]
+    assert argv[file_bind - 2 : file_bind] == ["--ro-bind", "/dev/null"]
     assert argv.index("/dev/shm") < argv.index(str(storage)) < argv.index(sandbox_module.SANDBOX_WORKSPACE)
     assert argv.index(str(secret_file)) < argv.index(sandbox_module.SANDBOX_WORKSPACE)
 
 
-def test_default_hidden_paths_cover_credentials_and_ray(host_dir: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_hidden_paths_cover_credentials_and_ray(
+    host_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = host_dir / "home"
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("RAY_TMPDIR", str(host_dir / "raytmp"))
@@ -218,6 +259,7 @@ def test_default_hidden_paths_cover_credentials_and_ray(host_dir: Path,
 
 
 # -- bubblewrap ------------------------------------------------------------------------------
+
 
 @needs_bwrap
 def test_runs_in_workspace_with_exit_code_and_both_streams(make_sandbox: Callable[..., Sandbox]) -> None:
@@ -270,8 +312,9 @@ def test_explicit_uid_is_used_and_owns_a_private_workspace(make_sandbox: Callabl
 
 @needs_bwrap
 @needs_root
-def test_an_existing_workspace_is_handed_to_a_new_explicit_uid(make_sandbox: Callable[..., Sandbox],
-                                                               tmp_path: Path) -> None:
+def test_an_existing_workspace_is_handed_to_a_new_explicit_uid(
+    make_sandbox: Callable[..., Sandbox], tmp_path: Path
+) -> None:
     first = make_sandbox()  # hashed uid
     assert first.run("mkdir -p d && echo one > d/f && chmod 600 d/f && ln -s /etc/shadow link").exit_code == 0
     uid = unused_uid()
@@ -324,8 +367,9 @@ def test_hidden_sandbox_root_hides_other_runs_and_workspaces_under_it_still_work
 
 
 @needs_bwrap
-def test_hidden_paths_are_empty_and_read_only_inside(make_sandbox: Callable[..., Sandbox],
-                                                     host_dir: Path) -> None:
+def test_hidden_paths_are_empty_and_read_only_inside(
+    make_sandbox: Callable[..., Sandbox], host_dir: Path
+) -> None:
     storage = host_dir / "storage"
     (storage / "runs").mkdir(parents=True)
     (storage / "secret.txt").write_text("storage-secret\n")
@@ -358,8 +402,9 @@ def test_root_home_is_not_listable(make_sandbox: Callable[..., Sandbox]) -> None
 
 
 @needs_bwrap
-def test_ray_temp_dir_outside_tmp_is_hidden_by_default(make_sandbox: Callable[..., Sandbox], host_dir: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_temp_dir_outside_tmp_is_hidden_by_default(
+    make_sandbox: Callable[..., Sandbox], host_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sockets = host_dir / "raytmp" / "ray" / "session_2026-01-01" / "sockets"
     sockets.mkdir(parents=True)
     (sockets / "raylet").write_text("")
@@ -448,8 +493,9 @@ def test_cannot_write_outside_the_workspace(make_sandbox: Callable[..., Sandbox]
 
 
 @needs_bwrap
-def test_host_environment_is_not_visible(make_sandbox: Callable[..., Sandbox],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_host_environment_is_not_visible(
+    make_sandbox: Callable[..., Sandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-secret")
     result = make_sandbox().run("env; tr '\\0' '\\n' < /proc/self/environ; tr '\\0' '\\n' < /proc/1/environ")
     assert "sk-test-secret" not in result.output
@@ -590,6 +636,7 @@ def test_delete_removes_the_workspace(tmp_path: Path) -> None:
 
 # -- process fallback ------------------------------------------------------------------------
 
+
 @pytest.fixture
 def process_box(tmp_path: Path) -> Iterator[ProcessSandbox]:
     box = ProcessSandbox(tmp_path / "ws", SandboxLimits(timeout_seconds=30), note="testing the fallback")
@@ -677,7 +724,9 @@ def test_process_sandbox_timeout_and_leftovers(process_box: ProcessSandbox) -> N
 def test_process_sandbox_has_the_disk_cap_too(tmp_path: Path) -> None:
     box = ProcessSandbox(tmp_path / "ws", SandboxLimits(timeout_seconds=30, disk_bytes=4 << 20))
     try:
-        result = box.run("for i in $(seq 100); do head -c 1M /dev/zero >> fill; sleep 0.01; done; echo FINISHED")
+        result = box.run(
+            "for i in $(seq 100); do head -c 1M /dev/zero >> fill; sleep 0.01; done; echo FINISHED"
+        )
         assert result.exit_code is None and result.limit == "disk" and "FINISHED" not in result.output
         assert result.for_model().startswith("killed: disk limit exceeded\n")
         assert box.run("rm fill && echo ok").output == "ok\n"

@@ -68,8 +68,10 @@ class FakeAPI:
         self.requests.append((request.method, request.url.path, body))
         parts = request.url.path.strip("/").split("/")
         if parts == ["v1", "info"]:
-            return httpx.Response(200, json={"version": "0.1.0", "storage": "mem", "modelBackend": "offline",
-                                             "sandbox": "process"})
+            return httpx.Response(
+                200,
+                json={"version": "0.1.0", "storage": "mem", "modelBackend": "offline", "sandbox": "process"},
+            )
         assert parts[:2] == ["v1", "projects"], parts
         collection = parts[3]
         name = parts[4] if len(parts) > 4 else None
@@ -111,12 +113,28 @@ class FakeAPI:
             answer = {"name": name, "phase": "Succeeded", "answer": "Python 3.11.7\n", "bytes": 14}
             return httpx.Response(200, json=answer)
         if sub == "steps":
-            return httpx.Response(200, json={"items": [
-                {"id": "sandbox", "kind": "sandbox", "state": "Completed", "attempts": 1,
-                 "summary": "created"},
-                {"id": "turn-1/command-1", "kind": "command", "state": "Completed", "attempts": 1,
-                 "summary": "python3 --version -> exit 0", "costUSD": "0"},
-            ]})
+            return httpx.Response(
+                200,
+                json={
+                    "items": [
+                        {
+                            "id": "sandbox",
+                            "kind": "sandbox",
+                            "state": "Completed",
+                            "attempts": 1,
+                            "summary": "created",
+                        },
+                        {
+                            "id": "turn-1/command-1",
+                            "kind": "command",
+                            "state": "Completed",
+                            "attempts": 1,
+                            "summary": "python3 --version -> exit 0",
+                            "costUSD": "0",
+                        },
+                    ]
+                },
+            )
         if sub == "cancel":
             existing["status"]["phase"] = "Cancelled"
             return httpx.Response(200, json=existing)
@@ -134,7 +152,8 @@ class FakeAPI:
                 "phase": self.run_phase,
                 "reason": self.reason,
                 "message": "it broke" if self.reason else None,
-                "turns": [{"index": 1, "model": "claude-haiku-4-5"}], "cost": {"totalUSD": "0.0012"},
+                "turns": [{"index": 1, "model": "claude-haiku-4-5"}],
+                "cost": {"totalUSD": "0.0012"},
             }
         self.store[(collection, name)] = resource
         self.sent_specs[(collection, name)] = body.get("spec")
@@ -170,9 +189,22 @@ def one_error_line(result: Any) -> str:
 
 @pytest.mark.parametrize(
     "argument, value",
-    [("source", "."), ("entrypoint", "main:run"), ("setup", "pip install x"), ("secrets", ["s"]),
-     ("env", {"A": "1"}), ("network", "none"), ("models", ["m"]), ("min_workers", 1), ("max_workers", 2),
-     ("scaledown_window", "5m"), ("max_cost", "1"), ("cpu", 1), ("memory", "1Gi"), ("app", "x")],
+    [
+        ("source", "."),
+        ("entrypoint", "main:run"),
+        ("setup", "pip install x"),
+        ("secrets", ["s"]),
+        ("env", {"A": "1"}),
+        ("network", "none"),
+        ("models", ["m"]),
+        ("min_workers", 1),
+        ("max_workers", 2),
+        ("scaledown_window", "5m"),
+        ("max_cost", "1"),
+        ("cpu", 1),
+        ("memory", "1Gi"),
+        ("app", "x"),
+    ],
 )
 def test_agent_unsupported_arguments_raise_at_construction(api: FakeAPI, argument: str, value: Any) -> None:
     with pytest.raises(errors.Unsupported) as caught:
@@ -184,8 +216,11 @@ def test_agent_unsupported_arguments_raise_at_construction(api: FakeAPI, argumen
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"group": "g"}, "group"), ({"session_key": "s"}, "session_key"),
-     ({"hold_worker": "always"}, "hold_worker")],
+    [
+        ({"group": "g"}, "group"),
+        ({"session_key": "s"}, "session_key"),
+        ({"hold_worker": "always"}, "hold_worker"),
+    ],
 )
 def test_submit_unsupported_arguments_send_nothing(api: FakeAPI, kwargs: dict[str, Any], field: str) -> None:
     agent = nodus.ClaudeAgent("helper", system="x", client=api.client())
@@ -197,13 +232,11 @@ def test_submit_unsupported_arguments_send_nothing(api: FakeAPI, kwargs: dict[st
 
 def test_later_features_raise_unsupported(api: FakeAPI) -> None:
     agent = nodus.ClaudeAgent("helper", client=api.client())
-    for call in (lambda: agent.step(lambda: 1), lambda: agent.entrypoint(print),
-                 lambda: agent.local("x")):
+    for call in (lambda: agent.step(lambda: 1), lambda: agent.entrypoint(print), lambda: agent.local("x")):
         with pytest.raises(errors.Unsupported):
             call()
     run = nodus.AgentRun("helper-1", client=api.client())
-    for call in (run.retry, run.suspend, run.resume, run.children,
-                 lambda: run.outputs):
+    for call in (run.retry, run.suspend, run.resume, run.children, lambda: run.outputs):
         with pytest.raises(errors.Unsupported):
             call()
     with pytest.raises(errors.Unsupported) as caught:
@@ -232,12 +265,21 @@ def test_invalid_definitions_are_refused_locally(api: FakeAPI) -> None:
 
 def test_claude_agent_spec_and_cost_formatting() -> None:
     agent = nodus.ClaudeAgent(
-        "helper", system="Be careful.", families=["haiku", "sonnet"], model="claude-x", max_tokens=512,
-        per_run_max_cost=Decimal("0.50"), api_key_secret="anthropic-key",
+        "helper",
+        system="Be careful.",
+        families=["haiku", "sonnet"],
+        model="claude-x",
+        max_tokens=512,
+        per_run_max_cost=Decimal("0.50"),
+        api_key_secret="anthropic-key",
     )
     spec = agent._manifest["spec"]
-    assert spec["model"] == {"access": "BYOK", "families": ["haiku", "sonnet"], "name": "claude-x",
-                             "apiKeySecret": "anthropic-key"}
+    assert spec["model"] == {
+        "access": "BYOK",
+        "families": ["haiku", "sonnet"],
+        "name": "claude-x",
+        "apiKeySecret": "anthropic-key",
+    }
     assert spec["perRunMaxCostUSD"] == "0.50" and spec["maxTokens"] == 512
     for value, text in ((0.1, "0.1"), (2, "2"), ("0.25", "0.25")):
         assert nodus.ClaudeAgent("a", per_run_max_cost=value)._manifest["spec"]["perRunMaxCostUSD"] == text
@@ -284,8 +326,12 @@ def test_wait_raises_agent_run_failed_with_details() -> None:
     run = nodus.ClaudeAgent("helper", client=api.client()).submit("x")
     with pytest.raises(errors.AgentRunFailed) as caught:
         run.wait(timeout=5)
-    assert caught.value.details == {"name": run.name, "phase": "Failed", "reason": "MaxCostReached",
-                                    "message": "it broke"}
+    assert caught.value.details == {
+        "name": run.name,
+        "phase": "Failed",
+        "reason": "MaxCostReached",
+        "message": "it broke",
+    }
     with pytest.raises(errors.AgentRunFailed):
         run.result()
 
@@ -325,11 +371,21 @@ def test_from_name_does_not_redeploy(api: FakeAPI) -> None:
 
 
 def test_view_access() -> None:
-    view = nodus.View({"status": {"phase": "Running", "counts": {"succeeded": 2}, "totalUSD": "0.1",
-                                  "turns": [{"model": "m"}]}, "taskId": "t1", "verdict": None})
+    view = nodus.View(
+        {
+            "status": {
+                "phase": "Running",
+                "counts": {"succeeded": 2},
+                "totalUSD": "0.1",
+                "turns": [{"model": "m"}],
+            },
+            "taskId": "t1",
+            "verdict": None,
+        }
+    )
     assert view.status.phase == "Running"
     assert view.status.counts.succeeded == 2
-    assert view.status.total_usd == "0.1"          # snake_case reads camelCase
+    assert view.status.total_usd == "0.1"  # snake_case reads camelCase
     assert view.task_id == "t1"
     assert view.status.turns[0].model == "m"
     assert view.get("verdict") is None and view.get("missing", 3) == 3
@@ -350,8 +406,14 @@ def test_view_access() -> None:
 
 
 def test_jsonpath_subset() -> None:
-    data = {"status": {"phase": "Succeeded", "turns": [{"model": "a"}, {"model": "b"}], "ok": True,
-                       "x-y": {"n": 3}}}
+    data = {
+        "status": {
+            "phase": "Succeeded",
+            "turns": [{"model": "a"}, {"model": "b"}],
+            "ok": True,
+            "x-y": {"n": 3},
+        }
+    }
     assert jsonpath.parse("{.status.turns[0].model}") == ("status", "turns", 0, "model")
     assert jsonpath.lookup(data, "{.status.phase}") == "Succeeded"
     assert jsonpath.lookup(data, ".status.turns[-1].model") == "b"
@@ -366,8 +428,10 @@ def test_jsonpath_subset() -> None:
             jsonpath.parse(bad)
 
 
-@pytest.mark.parametrize("text, seconds", [("30s", 30), ("2m", 120), ("1h30m", 5400), ("90", 90),
-                                           ("1.5s", 1.5), ("500ms", 0.5), ("0s", 0)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("30s", 30), ("2m", 120), ("1h30m", 5400), ("90", 90), ("1.5s", 1.5), ("500ms", 0.5), ("0s", 0)],
+)
 def test_parse_timeout(text: str, seconds: float) -> None:
     assert parse_timeout(text) == seconds
 
@@ -403,8 +467,10 @@ def test_client_sends_token_and_rebuilds_errors() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(422, json={"code": "Invalid", "message": "bad family",
-                                         "details": {"field": "spec.model.families[0]"}})
+        return httpx.Response(
+            422,
+            json={"code": "Invalid", "message": "bad family", "details": {"field": "spec.model.families[0]"}},
+        )
 
     client = Client("http://nodus.test", token="s3cret", transport=httpx.MockTransport(handler))
     with pytest.raises(errors.Invalid) as caught:
@@ -470,7 +536,9 @@ def test_cli_apply_created_unchanged_configured(cli_api: FakeAPI, tmp_path: Path
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == ["agent/hello-agent created", "agentrun/hello-agent-run created"]
     assert invoke("apply", "-f", str(path)).stdout.splitlines() == [
-        "agent/hello-agent unchanged", "agentrun/hello-agent-run unchanged"]
+        "agent/hello-agent unchanged",
+        "agentrun/hello-agent-run unchanged",
+    ]
     changed = AGENT_YAML.replace('"0.50"', '"0.75"')
     result = invoke("apply", "-f", "-", input=changed)
     assert result.stdout.strip() == "agent/hello-agent configured"
@@ -499,8 +567,11 @@ def test_cli_malformed_yaml_names_file_and_line(cli_api: FakeAPI, tmp_path: Path
 
 
 def test_load_manifests_expands_lists_and_skips_empty_documents(tmp_path: Path) -> None:
-    listed = {"apiVersion": "nodus.dev/v1", "kind": "AgentList", "items": [
-        {"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "a"}, "spec": {}}]}
+    listed = {
+        "apiVersion": "nodus.dev/v1",
+        "kind": "AgentList",
+        "items": [{"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "a"}, "spec": {}}],
+    }
     path = tmp_path / "list.yaml"
     path.write_text("---\n" + json.dumps(listed) + "\n---\n" + RUN_YAML)
     manifests = load_manifests([str(path)])
@@ -516,7 +587,13 @@ def test_cli_get_tables_and_outputs(cli_api: FakeAPI) -> None:
     runs = invoke("get", "ar").stdout.splitlines()
     assert runs[0].split() == ["NAME", "AGENT", "PHASE", "REASON", "MODEL", "COST", "AGE"]
     assert runs[1].split() == [
-        "hello-agent-run", "hello-agent", "Succeeded", "claude-haiku-4-5", "$0.0012", "5m"]
+        "hello-agent-run",
+        "hello-agent",
+        "Succeeded",
+        "claude-haiku-4-5",
+        "$0.0012",
+        "5m",
+    ]
     assert invoke("get", "agentrun/hello-agent-run", "-o", "name").stdout == "agentrun/hello-agent-run\n"
     phase = invoke("get", "agentrun", "hello-agent-run", "-o", "jsonpath={.status.phase}")
     assert phase.stdout == "Succeeded\n"
@@ -537,19 +614,34 @@ def test_cli_unknown_kind_is_a_usage_error(cli_api: FakeAPI) -> None:
 
 
 def test_cli_create_steps_answer_cancel_delete(cli_api: FakeAPI) -> None:
-    result = invoke("create", "agent", "helper", "--system", "Be brief.", "--family", "haiku",
-                    "--max-cost", "0.50")
+    result = invoke(
+        "create", "agent", "helper", "--system", "Be brief.", "--family", "haiku", "--max-cost", "0.50"
+    )
     assert result.stdout == "agent/helper created\n"
     assert cli_api.requests[-1][2]["spec"] == {
         "system": "Be brief.",
         "model": {"access": "Nodus", "families": ["haiku"]},
         "perRunMaxCostUSD": "0.50",
     }
-    result = invoke("create", "agentrun", "triage", "--agent", "helper", "--prompt", "Summarize",
-                    "--deadline", "2h", "--keep-alive")
+    result = invoke(
+        "create",
+        "agentrun",
+        "triage",
+        "--agent",
+        "helper",
+        "--prompt",
+        "Summarize",
+        "--deadline",
+        "2h",
+        "--keep-alive",
+    )
     assert result.stdout == "agentrun/triage created\n"
-    assert cli_api.requests[-1][2]["spec"] == {"agent": "helper", "input": "Summarize", "deadline": "2h",
-                                               "keepAlive": True}
+    assert cli_api.requests[-1][2]["spec"] == {
+        "agent": "helper",
+        "input": "Summarize",
+        "deadline": "2h",
+        "keepAlive": True,
+    }
     assert invoke("agentrun", "answer", "triage").stdout == "Python 3.11.7\n"
     steps = invoke("agentrun", "steps", "triage").stdout.splitlines()
     assert steps[0].split() == ["ID", "KIND", "STATE", "ATTEMPTS", "SUMMARY"]
@@ -566,15 +658,32 @@ def test_cli_create_steps_answer_cancel_delete(cli_api: FakeAPI) -> None:
 
 
 def test_cli_create_agent_with_variables_secrets_and_allowed_hosts(cli_api: FakeAPI) -> None:
-    result = invoke("create", "agent", "fetcher", "--env", "MODE=fast", "--env", "DB_PASSWORD=secret:db/PASSWORD",
-                    "--allow-host", "pypi.org", "--allow-host", "*.example.com:443")
+    result = invoke(
+        "create",
+        "agent",
+        "fetcher",
+        "--env",
+        "MODE=fast",
+        "--env",
+        "DB_PASSWORD=secret:db/PASSWORD",
+        "--allow-host",
+        "pypi.org",
+        "--allow-host",
+        "*.example.com:443",
+    )
     assert result.stdout == "agent/fetcher created\n", result.output
     spec = cli_api.requests[-1][2]["spec"]
-    assert spec["env"] == [{"name": "MODE", "value": "fast"},
-                           {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "PASSWORD"}}}]
+    assert spec["env"] == [
+        {"name": "MODE", "value": "fast"},
+        {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "PASSWORD"}}},
+    ]
     assert spec["network"] == {"allowedHosts": ["pypi.org", "*.example.com:443"]}
-    for flags, words in [(["--env", "NOEQUALS"], "NAME=VALUE"), (["--env", "X=secret:db"], "SECRET/KEY"),
-                         (["--env", "PATH=/x"], "set by the sandbox"), (["--allow-host", "http://x.org/"], "not a URL")]:
+    for flags, words in [
+        (["--env", "NOEQUALS"], "NAME=VALUE"),
+        (["--env", "X=secret:db"], "SECRET/KEY"),
+        (["--env", "PATH=/x"], "set by the sandbox"),
+        (["--allow-host", "http://x.org/"], "not a URL"),
+    ]:
         refused = invoke("create", "agent", "bad", *flags)
         assert refused.exit_code != 0 and words in one_error_line(refused), refused.output
 
@@ -589,8 +698,12 @@ def test_cli_apply_refuses_a_token_file_and_sends_nothing(cli_api: FakeAPI, tmp_
 
 
 def test_claude_agent_takes_env_with_secret_keys_and_allowed_hosts(api: FakeAPI) -> None:
-    agent = nodus.ClaudeAgent("fetcher", env={"MODE": "fast", "TOKEN": nodus.SecretKey("gh", "TOKEN")},
-                              allowed_hosts=["api.github.com"], client=api.client())
+    agent = nodus.ClaudeAgent(
+        "fetcher",
+        env={"MODE": "fast", "TOKEN": nodus.SecretKey("gh", "TOKEN")},
+        allowed_hosts=["api.github.com"],
+        client=api.client(),
+    )
     spec = agent._manifest["spec"]
     assert spec["env"][1] == {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "gh", "key": "TOKEN"}}}
     assert spec["network"] == {"allowedHosts": ["api.github.com"]}
@@ -600,8 +713,9 @@ def test_claude_agent_takes_env_with_secret_keys_and_allowed_hosts(api: FakeAPI)
 
 def test_cli_refusal_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(422, json={"code": "Unsupported", "message": "not served yet",
-                                         "details": {"field": "spec.image"}})
+        return httpx.Response(
+            422, json={"code": "Unsupported", "message": "not served yet", "details": {"field": "spec.image"}}
+        )
 
     client = Client("http://t", transport=httpx.MockTransport(handler))
     monkeypatch.setattr(cli, "_client", lambda project=None: client)
@@ -636,8 +750,12 @@ def test_cli_up_and_down_use_the_cluster_module(monkeypatch: pytest.MonkeyPatch)
     def up(**kwargs: Any) -> Any:
         seen.update(kwargs)
         return types.SimpleNamespace(
-            api_url="http://127.0.0.1:8000", storage="/tmp/s", model_backend="offline", sandbox="bubblewrap",
-            ray_address="10.0.0.1:6379", dashboard_url=None,
+            api_url="http://127.0.0.1:8000",
+            storage="/tmp/s",
+            model_backend="offline",
+            sandbox="bubblewrap",
+            ray_address="10.0.0.1:6379",
+            dashboard_url=None,
         )
 
     fake.up = up  # type: ignore[attr-defined]
@@ -674,8 +792,13 @@ def test_unreachable_server_is_one_line(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "NODUS_API_URL": f"http://127.0.0.1:{port}", "NODUS_TOKEN": "tok-123"}
-    done = subprocess.run([PYTHON, "-c", "from nodus.cli.main import run; run()", "get", "agents"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(
+        [PYTHON, "-c", "from nodus.cli.main import run; run()", "get", "agents"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert done.stdout == ""
     assert done.stderr == (

@@ -52,7 +52,9 @@ class FakeGroupsAPI:
         self.delete_fails = False
 
     def client(self) -> Client:
-        return Client(api_url="http://nodus.test", project="default", transport=httpx.MockTransport(self.handle))
+        return Client(
+            api_url="http://nodus.test", project="default", transport=httpx.MockTransport(self.handle)
+        )
 
     # -- what was sent ----------------------------------------------------------------------
 
@@ -60,8 +62,11 @@ class FakeGroupsAPI:
         return [(method, path) for method, path, _, _, _ in self.requests if method != "GET"]
 
     def batch_posts(self) -> list[list[dict[str, Any]]]:
-        return [body["items"] for method, path, _, body, _ in self.requests
-                if method == "POST" and path.endswith("/agentruns")]
+        return [
+            body["items"]
+            for method, path, _, body, _ in self.requests
+            if method == "POST" and path.endswith("/agentruns")
+        ]
 
     # -- the model --------------------------------------------------------------------------
 
@@ -93,9 +98,13 @@ class FakeGroupsAPI:
         members = self._members(name)
         phases = [run["status"]["phase"] for run in members]
         counts = {
-            "queued": phases.count("Pending"), "active": phases.count("Running"),
-            "waiting": phases.count("Waiting"), "succeeded": phases.count("Succeeded"),
-            "failed": phases.count("Failed"), "cancelled": phases.count("Cancelled"), "total": len(phases),
+            "queued": phases.count("Pending"),
+            "active": phases.count("Running"),
+            "waiting": phases.count("Waiting"),
+            "succeeded": phases.count("Succeeded"),
+            "failed": phases.count("Failed"),
+            "cancelled": phases.count("Cancelled"),
+            "total": len(phases),
         }
         if group["status"]["phase"] in GROUP_TERMINAL_PHASES:
             phase = group["status"]["phase"]
@@ -182,8 +191,9 @@ class FakeGroupsAPI:
         if sub == "answer":
             if run["status"]["phase"] != "Succeeded":
                 return _error(409, "AnswerNotReady", f"agentrun {name} has no answer yet")
-            return httpx.Response(200, json={"name": name, "phase": "Succeeded",
-                                             "answer": f"answer: {run['spec']['input']}"})
+            return httpx.Response(
+                200, json={"name": name, "phase": "Succeeded", "answer": f"answer: {run['spec']['input']}"}
+            )
         assert sub is None and request.method == "GET"
         return httpx.Response(200, json=run)
 
@@ -244,10 +254,16 @@ def test_create_deploys_the_agent_and_sends_the_limits(api: FakeGroupsAPI) -> No
     agent = nodus.ClaudeAgent("helper", system="Be brief.", client=api.client())
     group = nodus.AgentGroup.create("batch", agent, max_active=2, max_pending=50, max_cost=0.6)
     assert group.name == "batch" and group.agent == "helper"
-    assert api.writes() == [("PUT", "/v1/projects/default/agents/helper"),
-                            ("POST", "/v1/projects/default/agentgroups")]
+    assert api.writes() == [
+        ("PUT", "/v1/projects/default/agents/helper"),
+        ("POST", "/v1/projects/default/agentgroups"),
+    ]
     sent = api.requests[1][3]
-    assert sent["spec"] == {"agent": "helper", "limits": {"maxActive": 2, "maxPending": 50}, "maxCostUSD": "0.6"}
+    assert sent["spec"] == {
+        "agent": "helper",
+        "limits": {"maxActive": 2, "maxPending": 50},
+        "maxCostUSD": "0.6",
+    }
     assert "AgentGroup(name='batch', project='default'" in repr(group)
     again = nodus.AgentGroup.from_name("batch", client=api.client())
     assert again.name == "batch" and again.status().status.phase == "Running"
@@ -265,21 +281,39 @@ def test_create_unsupported_settings_send_nothing(api: FakeGroupsAPI) -> None:
 
 def test_create_an_evaluation_sends_it_as_written(api: FakeGroupsAPI) -> None:
     api.agents["helper"] = {"metadata": {"name": "helper"}}
-    evaluation = {"environment": "nodus/arithmetic-v2@2.0.0", "split": "test", "tasks": 2, "repetitions": 1,
-                  "seed": 42, "timeout": "10m"}
-    nodus.AgentGroup.create("parallel-agents-eval", "helper", max_active=2, max_cost="0.20", evaluation=evaluation,
-                            client=api.client())
+    evaluation = {
+        "environment": "nodus/arithmetic-v2@2.0.0",
+        "split": "test",
+        "tasks": 2,
+        "repetitions": 1,
+        "seed": 42,
+        "timeout": "10m",
+    }
+    nodus.AgentGroup.create(
+        "parallel-agents-eval",
+        "helper",
+        max_active=2,
+        max_cost="0.20",
+        evaluation=evaluation,
+        client=api.client(),
+    )
     sent = next(body for method, path, _, body, _ in api.requests if method == "POST")
     assert sent["spec"]["evaluation"] == evaluation
 
 
-@pytest.mark.parametrize("evaluation, field", [
-    ({"environment": "nodus/arithmetic-v2", "tasks": 2}, "spec.evaluation.environment"),
-    ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": True}, "evaluation.tasks"),
-    ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 60, "repetitions": 2}, "spec.evaluation"),
-    ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 2, "timeout": "2d"}, "spec.evaluation.timeout"),
-    ("nodus/arithmetic-v2@2.0.0", "evaluation"),
-])
+@pytest.mark.parametrize(
+    "evaluation, field",
+    [
+        ({"environment": "nodus/arithmetic-v2", "tasks": 2}, "spec.evaluation.environment"),
+        ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": True}, "evaluation.tasks"),
+        ({"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 60, "repetitions": 2}, "spec.evaluation"),
+        (
+            {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 2, "timeout": "2d"},
+            "spec.evaluation.timeout",
+        ),
+        ("nodus/arithmetic-v2@2.0.0", "evaluation"),
+    ],
+)
 def test_a_bad_evaluation_is_refused_before_anything_is_sent(
     api: FakeGroupsAPI, evaluation: Any, field: str
 ) -> None:
@@ -289,8 +323,9 @@ def test_a_bad_evaluation_is_refused_before_anything_is_sent(
     assert api.requests == []
 
 
-@pytest.mark.parametrize("kwargs", [{"max_active": 0}, {"max_active": True}, {"max_pending": 1.5},
-                                    {"max_cost": "lots"}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_active": 0}, {"max_active": True}, {"max_pending": 1.5}, {"max_cost": "lots"}]
+)
 def test_create_invalid_limits_send_nothing(api: FakeGroupsAPI, kwargs: dict[str, Any]) -> None:
     agent = nodus.ClaudeAgent("helper", client=api.client())
     with pytest.raises(errors.Invalid):
@@ -305,18 +340,41 @@ def test_results_reads_the_cases_with_snake_case_names() -> None:
 
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request.url.path)
-        return httpx.Response(200, json={"kind": "EvaluationResultList", "evaluation": {"passRate": 0.5}, "items": [
-            {"taskId": "test-000", "repetition": 1, "run": "e-test-000", "state": "Scored", "verdict": "pass",
-             "reward": 1.0, "evidence": "ok"},
-            {"taskId": "test-001", "repetition": 1, "run": "e-test-001", "state": "RunFailed", "verdict": None,
-             "reward": None, "evidence": ""},
-        ]})
+        return httpx.Response(
+            200,
+            json={
+                "kind": "EvaluationResultList",
+                "evaluation": {"passRate": 0.5},
+                "items": [
+                    {
+                        "taskId": "test-000",
+                        "repetition": 1,
+                        "run": "e-test-000",
+                        "state": "Scored",
+                        "verdict": "pass",
+                        "reward": 1.0,
+                        "evidence": "ok",
+                    },
+                    {
+                        "taskId": "test-001",
+                        "repetition": 1,
+                        "run": "e-test-001",
+                        "state": "RunFailed",
+                        "verdict": None,
+                        "reward": None,
+                        "evidence": "",
+                    },
+                ],
+            },
+        )
 
     client = Client(api_url="http://nodus.test", project="default", transport=httpx.MockTransport(handle))
     results = nodus.AgentGroup("e", client=client).results()
     assert seen == ["/v1/projects/default/agentgroups/e/results"]
     assert [(r.task_id, r.state, r.get("verdict")) for r in results] == [
-        ("test-000", "Scored", "pass"), ("test-001", "RunFailed", None)]
+        ("test-000", "Scored", "pass"),
+        ("test-001", "RunFailed", None),
+    ]
 
 
 # -- submit_many -------------------------------------------------------------------------------
@@ -324,12 +382,14 @@ def test_results_reads_the_cases_with_snake_case_names() -> None:
 
 def test_submit_many_sends_dependencies_first_and_returns_the_callers_order(api: FakeGroupsAPI) -> None:
     group = make_group(api)
-    runs = group.submit_many([
-        {"key": "c", "input": "both", "depends_on": ["a", "b"]},
-        {"key": "a", "input": "first"},
-        {"key": "b", "input": {"n": 2}, "depends_on": ["a"]},
-        {"key": "d"},
-    ])
+    runs = group.submit_many(
+        [
+            {"key": "c", "input": "both", "depends_on": ["a", "b"]},
+            {"key": "a", "input": "first"},
+            {"key": "b", "input": {"n": 2}, "depends_on": ["a"]},
+            {"key": "d"},
+        ]
+    )
     assert [run.name for run in runs] == ["g-c", "g-a", "g-b", "g-d"]
     (batch,) = api.batch_posts()
     assert [item["spec"]["taskKey"] for item in batch] == ["a", "b", "c", "d"]
@@ -348,8 +408,10 @@ def test_submit_many_without_dependencies_keeps_the_callers_order(api: FakeGroup
 def test_submit_many_batches_by_100_with_stable_idempotency_keys(api: FakeGroupsAPI) -> None:
     group = make_group(api)
     # A chain against the caller's order: k000 waits on k001, ..., k248 on k249.
-    tasks = [{"key": f"k{i:03d}", "input": str(i), **({"depends_on": [f"k{i + 1:03d}"]} if i < 249 else {})}
-             for i in range(250)]
+    tasks = [
+        {"key": f"k{i:03d}", "input": str(i), **({"depends_on": [f"k{i + 1:03d}"]} if i < 249 else {})}
+        for i in range(250)
+    ]
     runs = group.submit_many(tasks)
     assert [run.name for run in runs] == [f"g-k{i:03d}" for i in range(250)]
     batches = api.batch_posts()
@@ -386,25 +448,45 @@ def test_submit_many_may_depend_on_an_earlier_call(api: FakeGroupsAPI) -> None:
         group.submit_many([{"key": "c", "depends_on": ["nope"]}])
 
 
-@pytest.mark.parametrize("tasks, message", [
-    ([{"key": "a", "depends_on": ["b"]}, {"key": "b", "depends_on": ["a"]}], "dependency cycle: a -> b -> a"),
-    ([{"key": "x"}, {"key": "a", "depends_on": ["c"]}, {"key": "b", "depends_on": ["a"]},
-      {"key": "c", "depends_on": ["b", "x"]}], "dependency cycle: a -> c -> b -> a"),
-    ([{"key": "a", "depends_on": ["a"]}], "dependency cycle: a -> a"),
-    ([{"key": "d", "depends_on": ["a"]}, {"key": "a", "depends_on": ["b"]}, {"key": "b", "depends_on": ["a"]}],
-     "dependency cycle: a -> b -> a"),
-    ([{"key": "a"}, {"key": "b"}, {"key": "a"}], "task key 'a' is repeated"),
-    ([{"key": "a", "prompt": "x"}], "unknown field 'prompt'"),
-    ([{"input": "x"}], "has no key"),
-    ([{"key": "Bad_Key"}], "not a DNS label"),
-    ([{"key": "a", "depends_on": "b"}], "must be a list of task keys"),
-    ([{"key": "a", "depends_on": ["B!"]}], "not a DNS label"),
-    (["a"], "must be a dict"),
-    ([{"key": "k" * 62}], "longer than 63 characters"),
-])
+@pytest.mark.parametrize(
+    "tasks, message",
+    [
+        (
+            [{"key": "a", "depends_on": ["b"]}, {"key": "b", "depends_on": ["a"]}],
+            "dependency cycle: a -> b -> a",
+        ),
+        (
+            [
+                {"key": "x"},
+                {"key": "a", "depends_on": ["c"]},
+                {"key": "b", "depends_on": ["a"]},
+                {"key": "c", "depends_on": ["b", "x"]},
+            ],
+            "dependency cycle: a -> c -> b -> a",
+        ),
+        ([{"key": "a", "depends_on": ["a"]}], "dependency cycle: a -> a"),
+        (
+            [
+                {"key": "d", "depends_on": ["a"]},
+                {"key": "a", "depends_on": ["b"]},
+                {"key": "b", "depends_on": ["a"]},
+            ],
+            "dependency cycle: a -> b -> a",
+        ),
+        ([{"key": "a"}, {"key": "b"}, {"key": "a"}], "task key 'a' is repeated"),
+        ([{"key": "a", "prompt": "x"}], "unknown field 'prompt'"),
+        ([{"input": "x"}], "has no key"),
+        ([{"key": "Bad_Key"}], "not a DNS label"),
+        ([{"key": "a", "depends_on": "b"}], "must be a list of task keys"),
+        ([{"key": "a", "depends_on": ["B!"]}], "not a DNS label"),
+        (["a"], "must be a dict"),
+        ([{"key": "k" * 62}], "longer than 63 characters"),
+    ],
+)
 def test_submit_many_refusals_send_nothing(api: FakeGroupsAPI, tasks: list[Any], message: str) -> None:
-    group = nodus.AgentGroup({"metadata": {"name": "g", "uid": "u1"}, "spec": {"agent": "helper"}},
-                             client=api.client())
+    group = nodus.AgentGroup(
+        {"metadata": {"name": "g", "uid": "u1"}, "spec": {"agent": "helper"}}, client=api.client()
+    )
     with pytest.raises(errors.Invalid, match=re.escape(message)) as caught:
         group.submit_many(tasks)
     assert not isinstance(caught.value, errors.Unsupported)
@@ -488,22 +570,33 @@ def map_agent(api: FakeGroupsAPI) -> nodus.Agent:
 
 
 def only_group_name(api: FakeGroupsAPI) -> str:
-    names = {body["metadata"]["name"] for method, path, _, body, _ in api.requests
-             if method == "POST" and path.endswith("/agentgroups")}
+    names = {
+        body["metadata"]["name"]
+        for method, path, _, body, _ in api.requests
+        if method == "POST" and path.endswith("/agentgroups")
+    }
     assert len(names) == 1
     return names.pop()
 
 
 def test_map_yields_answers_in_input_order_and_deletes_the_group(api: FakeGroupsAPI) -> None:
-    api.plan.update({"t0": (3, "Succeeded", None, None), "t1": (2, "Succeeded", None, None),
-                     "t2": (1, "Succeeded", None, None)})
+    api.plan.update(
+        {
+            "t0": (3, "Succeeded", None, None),
+            "t1": (2, "Succeeded", None, None),
+            "t2": (1, "Succeeded", None, None),
+        }
+    )
     answers = list(map_agent(api).map(["q0", "q1", "q2"], max_active=2))
     assert answers == ["answer: q0", "answer: q1", "answer: q2"]
     name = only_group_name(api)
     assert re.fullmatch(r"helper-map-[0-9a-f]{8}", name)
     assert api.deleted == [name] and api.groups == {} and api.runs == {}
-    posted = next(body for method, path, _, body, _ in api.requests
-                  if method == "POST" and path.endswith("/agentgroups"))
+    posted = next(
+        body
+        for method, path, _, body, _ in api.requests
+        if method == "POST" and path.endswith("/agentgroups")
+    )
     assert posted["spec"]["limits"] == {"maxActive": 2}
     writes = api.writes()
     assert writes[0] == ("PUT", "/v1/projects/default/agents/helper")  # deployed first
@@ -515,8 +608,13 @@ def test_map_yields_answers_in_input_order_and_deletes_the_group(api: FakeGroups
 
 
 def test_map_out_of_order_yields_as_runs_finish(api: FakeGroupsAPI) -> None:
-    api.plan.update({"t0": (3, "Succeeded", None, None), "t1": (1, "Succeeded", None, None),
-                     "t2": (2, "Succeeded", None, None)})
+    api.plan.update(
+        {
+            "t0": (3, "Succeeded", None, None),
+            "t1": (1, "Succeeded", None, None),
+            "t2": (2, "Succeeded", None, None),
+        }
+    )
     answers = list(map_agent(api).map(["q0", "q1", "q2"], order_outputs=False))
     assert answers == ["answer: q1", "answer: q2", "answer: q0"]
     assert len(api.deleted) == 1
@@ -537,8 +635,12 @@ def test_map_raises_for_a_failed_run_and_still_deletes(api: FakeGroupsAPI) -> No
             seen.append(answer)
     assert seen == ["answer: q0"]
     name = only_group_name(api)
-    assert caught.value.details == {"name": f"{name}-t1", "phase": "Failed", "reason": "ModelError",
-                                    "message": "boom"}
+    assert caught.value.details == {
+        "name": f"{name}-t1",
+        "phase": "Failed",
+        "reason": "ModelError",
+        "message": "boom",
+    }
     assert str(caught.value) == f"agentrun/{name}-t1 ended Failed (ModelError): boom"
     assert api.deleted == [name]
 

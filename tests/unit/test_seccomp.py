@@ -26,7 +26,7 @@ CLONE_NEWUSER = 0x10000000
 def run_filter(program: bytes, nr: int, arch: int = X86_64, args: tuple[int, ...] = ()) -> int:
     """Evaluate a classic-BPF seccomp program on one ``struct seccomp_data``, as the kernel does."""
     data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
-    insns = [struct.unpack("HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    insns = [struct.unpack("HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     acc, pc = 0, 0
     for _ in range(len(insns) + 1):  # no backward jumps: each instruction runs at most once
         code, jt, jf, k = insns[pc]
@@ -131,10 +131,13 @@ def _header_numbers(path: str, pattern: str) -> dict[str, int]:
     return {m[0]: int(m[1]) for m in re.findall(pattern, text)}
 
 
-@pytest.mark.parametrize(("arch", "header", "pattern"), [
-    ("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", r"#define __NR_(\w+)\s+(\d+)"),
-    ("aarch64", "/usr/include/asm-generic/unistd.h", r"#define __NR(?:3264)?_(\w+)\s+(\d+)"),
-])
+@pytest.mark.parametrize(
+    ("arch", "header", "pattern"),
+    [
+        ("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", r"#define __NR_(\w+)\s+(\d+)"),
+        ("aarch64", "/usr/include/asm-generic/unistd.h", r"#define __NR(?:3264)?_(\w+)\s+(\d+)"),
+    ],
+)
 def test_numbers_match_the_installed_kernel_headers(arch: str, header: str, pattern: str) -> None:
     if not os.path.exists(header):
         pytest.skip(f"{header} not installed")

@@ -21,8 +21,9 @@ VALUE = "sk-ant-unit-test-value-0123456789"
 
 
 def _secret(name: str, **values: str) -> object:
-    return parse_resource({"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": name},
-                           "stringData": values})
+    return parse_resource(
+        {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": name}, "stringData": values}
+    )
 
 
 def test_the_key_file_is_created_private_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,8 +56,14 @@ def test_the_store_never_writes_or_shows_a_value(tmp_path: Path) -> None:
     on_disk = b"".join(p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file())
     assert VALUE.encode() not in on_disk
     assert store.values("p", "anthropic-key") == {"ANTHROPIC_API_KEY": VALUE}
-    assert store.apply("p", _secret("anthropic-key", ANTHROPIC_API_KEY=VALUE), create_only=False)[1] == "unchanged"
-    assert store.apply("p", _secret("anthropic-key", ANTHROPIC_API_KEY="other"), create_only=False)[1] == "configured"
+    assert (
+        store.apply("p", _secret("anthropic-key", ANTHROPIC_API_KEY=VALUE), create_only=False)[1]
+        == "unchanged"
+    )
+    assert (
+        store.apply("p", _secret("anthropic-key", ANTHROPIC_API_KEY="other"), create_only=False)[1]
+        == "configured"
+    )
     reloaded = SecretStore(storage, store._box)  # noqa: SLF001 - the same operator key after a restart
     reloaded.load()
     assert reloaded.values("p", "anthropic-key") == {"ANTHROPIC_API_KEY": "other"}
@@ -95,8 +102,9 @@ def test_adding_credits_makes_a_refused_hold_fit(tmp_path: Path) -> None:
     assert ledger.view("p")["reservedUSD"] == "1.5"
 
 
-def test_the_operators_key_reaches_the_key_file_the_control_plane_reads(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_operators_key_reaches_the_key_file_the_control_plane_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from nodus_ray.store.secret_box import install_configured_key
 
     key = bytes(range(32))

@@ -15,7 +15,9 @@ def _snapshots(tmp_path: Path, node: str, **options: object) -> WorkspaceSnapsho
     return WorkspaceSnapshots(storage, "projects/p/agentruns/r", tmp_path / node / "r", **options)  # type: ignore[arg-type]
 
 
-def test_a_run_moved_to_a_node_without_its_workspace_gets_the_snapshot_of_its_last_command(tmp_path: Path) -> None:
+def test_a_run_moved_to_a_node_without_its_workspace_gets_the_snapshot_of_its_last_command(
+    tmp_path: Path,
+) -> None:
     first = _snapshots(tmp_path, "node-a")
     first.workspace.mkdir(parents=True)
     (first.workspace / "notes").mkdir()
@@ -24,7 +26,9 @@ def test_a_run_moved_to_a_node_without_its_workspace_gets_the_snapshot_of_its_la
     (first.workspace / "notes" / "a.txt").write_text("one\ntwo\n")
     first.after_command(12)
     assert first.stored_seq() == 12
-    assert first.storage.list_dir("projects/p/agentruns/r/workspace") == ["000000000012.tar.gz"], "older ones go"
+    assert first.storage.list_dir("projects/p/agentruns/r/workspace") == ["000000000012.tar.gz"], (
+        "older ones go"
+    )
 
     moved = _snapshots(tmp_path, "node-b")
     assert moved.ensure(accepted_states([(7, True), (12, True)])) == "restored"

@@ -17,8 +17,9 @@ from ..batch import BatchProgress, batch_group_name, log_progress, run_batch
 
 __all__ = ["batch_app"]
 
-batch_app = typer.Typer(help="Run a file of tasks as one AgentGroup and write one row per task.",
-                        no_args_is_help=True)
+batch_app = typer.Typer(
+    help="Run a file of tasks as one AgentGroup and write one row per task.", no_args_is_help=True
+)
 
 
 class _Bar:
@@ -29,9 +30,14 @@ class _Bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._group = group
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                                  console=Console(stderr=True))
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
         self._task: Any = None
 
     def __call__(self, progress: BatchProgress) -> None:
@@ -51,12 +57,20 @@ class _Bar:
 
 @batch_app.command("run")
 def batch_run(
-    tasks: Annotated[Path, typer.Argument(help="Tasks: .jsonl, .csv or .parquet with key, input, depends_on.")],
+    tasks: Annotated[
+        Path, typer.Argument(help="Tasks: .jsonl, .csv or .parquet with key, input, depends_on.")
+    ],
     agent: Annotated[str, typer.Option("--agent", help="The Agent every task runs on.")],
     out: Annotated[Path, typer.Option("--out", help="Where the rows go: .parquet, .jsonl or .csv.")],
-    max_active: Annotated[int | None, typer.Option("--max-active", help="Tasks that run at once (default 10).")] = None,
-    max_cost: Annotated[str | None, typer.Option("--max-cost", help="Cost cap of the whole batch in USD.")] = None,
-    group: Annotated[str | None, typer.Option("--group", help="The group's name (default: from --out).")] = None,
+    max_active: Annotated[
+        int | None, typer.Option("--max-active", help="Tasks that run at once (default 10).")
+    ] = None,
+    max_cost: Annotated[
+        str | None, typer.Option("--max-cost", help="Cost cap of the whole batch in USD.")
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option("--group", help="The group's name (default: from --out).")
+    ] = None,
     project: Annotated[str | None, typer.Option("--project", "-p", help="Project of the batch.")] = None,
 ) -> None:
     """Run every task of a file as one AgentGroup; the same command again resumes it."""
@@ -65,17 +79,31 @@ def batch_run(
     name = group or batch_group_name(out)
     show: Any = _Bar(name) if sys.stderr.isatty() else log_progress(name)
     try:
-        result = run_batch(tasks, agent=agent, out=out, max_active=max_active, max_cost=max_cost, group=name,
-                           client=_client(project), on_progress=show)
+        result = run_batch(
+            tasks,
+            agent=agent,
+            out=out,
+            max_active=max_active,
+            max_cost=max_cost,
+            group=name,
+            client=_client(project),
+            on_progress=show,
+        )
     except KeyboardInterrupt:
-        raise CliError(f"interrupted; the batch goes on in agentgroup/{name}: run the same command to "
-                       "resume it and write the rest") from None
+        raise CliError(
+            f"interrupted; the batch goes on in agentgroup/{name}: run the same command to "
+            "resume it and write the rest"
+        ) from None
     finally:
         if isinstance(show, _Bar):
             show.stop()
     failed = result.failed
-    typer.echo(f"{len(result.rows) - len(failed)} of {len(result.rows)} tasks succeeded "
-               f"(agentgroup/{name}); rows in {out}")
+    typer.echo(
+        f"{len(result.rows) - len(failed)} of {len(result.rows)} tasks succeeded "
+        f"(agentgroup/{name}); rows in {out}"
+    )
     if failed:
-        raise CliError(f"{len(failed)} of {len(result.rows)} tasks did not succeed; see the phase and "
-                       f"reason columns of {out}")
+        raise CliError(
+            f"{len(failed)} of {len(result.rows)} tasks did not succeed; see the phase and "
+            f"reason columns of {out}"
+        )

@@ -48,8 +48,7 @@ def parse(expression: str) -> tuple[str | int, ...]:
         match = _TOKEN.match(text, position)
         if match is None:
             raise JsonPathError(
-                f"unsupported JSONPath {expression!r} at {text[position:]!r}; "
-                "use the subset {.a.b[0].c}"
+                f"unsupported JSONPath {expression!r} at {text[position:]!r}; use the subset {{.a.b[0].c}}"
             )
         if match.group("key") is not None:
             parts.append(match.group("key"))

@@ -60,8 +60,10 @@ _ABORTS: tuple[type[BaseException], ...] = tuple(
 _NO_ARGS_HELP: Any = getattr(_click_exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 
 _SETTINGS = "nodus.settings"
-_KIND_HELP = ("agent (agents), agentrun (agentruns, ar), agentgroup (agentgroups, ag), secret (secrets), "
-              "environment (environments, env)")
+_KIND_HELP = (
+    "agent (agents), agentrun (agentruns, ar), agentgroup (agentgroups, ag), secret (secrets), "
+    "environment (environments, env)"
+)
 
 
 class CliError(ClickException):
@@ -149,12 +151,14 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 create_app = typer.Typer(help="Create a resource from flags instead of a file.", no_args_is_help=True)
-agentrun_app = typer.Typer(help="Read a run's answer and steps; send a keep-alive run a message.",
-                           no_args_is_help=True)
+agentrun_app = typer.Typer(
+    help="Read a run's answer and steps; send a keep-alive run a message.", no_args_is_help=True
+)
 app.add_typer(create_app, name="create")
 app.add_typer(agentrun_app, name="agentrun")
-credits_app = typer.Typer(help="The project's credits: what runs on the server's key may spend.",
-                          invoke_without_command=True)
+credits_app = typer.Typer(
+    help="The project's credits: what runs on the server's key may spend.", invoke_without_command=True
+)
 app.add_typer(credits_app, name="credits")
 app.add_typer(batch_app, name="batch")
 
@@ -267,7 +271,9 @@ def up(
         value = getattr(started, attribute, None)
         typer.echo(f"{label:<10}{value if value not in (None, '') else '-'}")
     if getattr(started, "credentials_file", None):
-        typer.echo(f"{'Token':<10}an operator token (local-admin) for this user, kept in {started.credentials_file}")
+        typer.echo(
+            f"{'Token':<10}an operator token (local-admin) for this user, kept in {started.credentials_file}"
+        )
 
 
 @app.command()
@@ -286,8 +292,9 @@ def version(
         return
     info = _client().info()
     details = ", ".join(
-        f"{label} {info[key]}" for label, key in (("storage", "storage"), ("models", "modelBackend"),
-                                                   ("sandbox", "sandbox")) if info.get(key)
+        f"{label} {info[key]}"
+        for label, key in (("storage", "storage"), ("models", "modelBackend"), ("sandbox", "sandbox"))
+        if info.get(key)
     )
     typer.echo(f"Server Version: {info.get('version', 'unknown')}" + (f" ({details})" if details else ""))
 
@@ -325,8 +332,10 @@ def apply(
     manifests = load_manifests(filenames)
     for manifest in manifests:
         if manifest.kind == "Token":  # before anything is sent: all or nothing, like every refusal here
-            raise UsageError(f"{manifest.ref}: a Token is not applied from a file; create it with "
-                             "`nodus create token NAME --role ROLE` (its value is shown once)")
+            raise UsageError(
+                f"{manifest.ref}: a Token is not applied from a file; create it with "
+                "`nodus create token NAME --role ROLE` (its value is shown once)"
+            )
     client = _client(project)
     for manifest in manifests:
         target_project = _manifest_project(manifest, project)
@@ -360,10 +369,12 @@ def create_agentrun(
     prompt: Annotated[str, typer.Option("--prompt", help="The run's input text.")],
     deadline: Annotated[str | None, typer.Option(help="Lifetime bound, e.g. 30m or 2h.")] = None,
     keep_alive: Annotated[
-        bool, typer.Option("--keep-alive", help="Wait for messages after each turn (see `nodus agentrun send`).")
+        bool,
+        typer.Option("--keep-alive", help="Wait for messages after each turn (see `nodus agentrun send`)."),
     ] = False,
     group: Annotated[
-        str | None, typer.Option("--group", help="Run as a task of this AgentGroup (NAME is <group>-<task-key>).")
+        str | None,
+        typer.Option("--group", help="Run as a task of this AgentGroup (NAME is <group>-<task-key>)."),
     ] = None,
     task_key: Annotated[
         str | None, typer.Option("--task-key", help="The task's key in the group, unique there.")
@@ -407,13 +418,18 @@ def create_agentgroup(
         typer.Option("--environment", help="Evaluate on this Environment, e.g. nodus/arithmetic-v2@2.0.0."),
     ] = None,
     tasks: Annotated[int | None, typer.Option("--tasks", help="Evaluation: tasks to generate.")] = None,
-    split: Annotated[str | None, typer.Option("--split", help="Evaluation: the split (default test).")] = None,
+    split: Annotated[
+        str | None, typer.Option("--split", help="Evaluation: the split (default test).")
+    ] = None,
     repetitions: Annotated[
         int | None, typer.Option("--repetitions", help="Evaluation: runs per task (default 1).")
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Evaluation: the batch's seed (default 0).")] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Evaluation: the batch's seed (default 0).")
+    ] = None,
     timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Evaluation: deadline from creation, 1m to 24h (default 30m).")
+        str | None,
+        typer.Option("--timeout", help="Evaluation: deadline from creation, 1m to 24h (default 30m)."),
     ] = None,
     project: ProjectOption = None,
 ) -> None:
@@ -423,15 +439,27 @@ def create_agentgroup(
     runs and grades it, and needs no runs and no seal (see `nodus evaluation results`).
     """
     spec: dict[str, Any] = {"agent": agent}
-    limits = {key: value for key, value in (("maxActive", max_active), ("maxPending", max_pending))
-              if value is not None}
+    limits = {
+        key: value
+        for key, value in (("maxActive", max_active), ("maxPending", max_pending))
+        if value is not None
+    }
     if limits:
         spec["limits"] = limits
     if max_cost is not None:
         spec["maxCostUSD"] = max_cost
-    evaluation = {key: value for key, value in (("environment", environment), ("tasks", tasks), ("split", split),
-                                                 ("repetitions", repetitions), ("seed", seed), ("timeout", timeout))
-                  if value is not None}
+    evaluation = {
+        key: value
+        for key, value in (
+            ("environment", environment),
+            ("tasks", tasks),
+            ("split", split),
+            ("repetitions", repetitions),
+            ("seed", seed),
+            ("timeout", timeout),
+        )
+        if value is not None
+    }
     if evaluation and environment is None:
         flags = ", ".join(f"--{key}" for key in evaluation)
         raise UsageError(f"{flags} describe an evaluation: add --environment OWNER/NAME@VERSION")
@@ -444,7 +472,8 @@ def create_agentgroup(
 def create_secret(
     name: Annotated[str, typer.Argument(help="Name of the secret.")],
     from_literal: Annotated[
-        list[str], typer.Option("--from-literal", help="KEY=VALUE (repeatable), e.g. ANTHROPIC_API_KEY=sk-...")
+        list[str],
+        typer.Option("--from-literal", help="KEY=VALUE (repeatable), e.g. ANTHROPIC_API_KEY=sk-..."),
     ],
     project: ProjectOption = None,
 ) -> None:
@@ -466,7 +495,8 @@ def create_token(
     name: Annotated[str, typer.Argument(help="Name of the token, e.g. ci-reader.")],
     role: Annotated[str, typer.Option("--role", help="read, write or admin.")] = "read",
     expires_in: Annotated[
-        str | None, typer.Option("--expires-in", help="Accepted for this long, e.g. 720h (default: until revoked).")
+        str | None,
+        typer.Option("--expires-in", help="Accepted for this long, e.g. 720h (default: until revoked)."),
     ] = None,
     project: ProjectOption = None,
 ) -> None:
@@ -513,7 +543,9 @@ def create_agent(
     for item in env or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UsageError(f"--env takes NAME=VALUE or NAME=secret:SECRET/KEY, got {key[:40]!r} without '='")
+            raise UsageError(
+                f"--env takes NAME=VALUE or NAME=secret:SECRET/KEY, got {key[:40]!r} without '='"
+            )
         if value.startswith("secret:"):
             secret, slash, secret_key = value.removeprefix("secret:").partition("/")
             if not slash or not secret or not secret_key:
@@ -521,9 +553,16 @@ def create_agent(
             variables[key] = SecretKey(secret, secret_key)
         else:
             variables[key] = value
-    spec = claude_agent_spec(system=system, families=family, model=model or None, max_tokens=max_tokens,
-                             per_run_max_cost=max_cost, api_key_secret=api_key_secret or None, env=variables,
-                             allowed_hosts=allow_host)
+    spec = claude_agent_spec(
+        system=system,
+        families=family,
+        model=model or None,
+        max_tokens=max_tokens,
+        per_run_max_cost=max_cost,
+        api_key_secret=api_key_secret or None,
+        env=variables,
+        allowed_hosts=allow_host,
+    )
     _create("Agent", "agents", name, spec, project)
 
 
@@ -531,7 +570,7 @@ def create_agent(
 def patch(
     target: TargetsArgument,
     patch_text: Annotated[
-        str, typer.Option("--patch", help="A JSON merge patch, e.g. '{\"spec\":{\"state\":\"Stopped\"}}'.")
+        str, typer.Option("--patch", help='A JSON merge patch, e.g. \'{"spec":{"state":"Stopped"}}\'.')
     ],
     project: ProjectOption = None,
 ) -> None:
@@ -647,9 +686,13 @@ def _evaluation_text(status: dict[str, Any]) -> str:
 
 
 def _environment_row(environment: dict[str, Any], wide: bool) -> list[str]:
-    row = [f"{environment.get('owner', '')}/{environment.get('name', '')}", str(environment.get("version", "")),
-           ",".join(environment.get("splits") or []), str(environment.get("maxTasks", "")),
-           environment.get("description") or ""]
+    row = [
+        f"{environment.get('owner', '')}/{environment.get('name', '')}",
+        str(environment.get("version", "")),
+        ",".join(environment.get("splits") or []),
+        str(environment.get("maxTasks", "")),
+        environment.get("description") or "",
+    ]
     if wide:
         row.append(environment.get("image") or "-")
     return row
@@ -657,8 +700,13 @@ def _environment_row(environment: dict[str, Any], wide: bool) -> list[str]:
 
 def _token_row(token: dict[str, Any], wide: bool) -> list[str]:
     metadata, spec, status = token.get("metadata") or {}, token.get("spec") or {}, token.get("status") or {}
-    row = [metadata.get("name", ""), spec.get("role", ""), f"{status.get('prefix') or ''}...",
-           status.get("expiresAt") or "never", format_age(metadata.get("creationTimestamp"))]
+    row = [
+        metadata.get("name", ""),
+        spec.get("role", ""),
+        f"{status.get('prefix') or ''}...",
+        status.get("expiresAt") or "never",
+        format_age(metadata.get("creationTimestamp")),
+    ]
     if wide:
         row.append(status.get("createdBy") or "-")
     return row
@@ -666,8 +714,12 @@ def _token_row(token: dict[str, Any], wide: bool) -> list[str]:
 
 def _secret_row(secret: dict[str, Any], wide: bool) -> list[str]:
     metadata, status = secret.get("metadata") or {}, secret.get("status") or {}
-    return [metadata.get("name", ""), secret.get("type") or "Opaque", ",".join(status.get("keys") or []),
-            format_age(metadata.get("creationTimestamp"))]
+    return [
+        metadata.get("name", ""),
+        secret.get("type") or "Opaque",
+        ",".join(status.get("keys") or []),
+        format_age(metadata.get("creationTimestamp")),
+    ]
 
 
 _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], list[str]]]] = {
@@ -797,13 +849,21 @@ def _get_environments(client: Client, names: list[str], output: str | None) -> N
     items = client.environments()
     if names:
         wanted = set(names)
-        items = [item for item in items if item.get("ref") in wanted
-                 or f"{item.get('owner')}/{item.get('name')}" in wanted]
-        found = {item.get("ref") for item in items} | {f"{item.get('owner')}/{item.get('name')}" for item in items}
+        items = [
+            item
+            for item in items
+            if item.get("ref") in wanted or f"{item.get('owner')}/{item.get('name')}" in wanted
+        ]
+        found = {item.get("ref") for item in items} | {
+            f"{item.get('owner')}/{item.get('name')}" for item in items
+        }
         missing = sorted(wanted - found)
         if missing:
-            raise NotFound(f"environment {missing[0]!r} is not installed on the server (`nodus get environments` "
-                           "lists those that are)", details={"kind": "Environment", "name": missing[0]})
+            raise NotFound(
+                f"environment {missing[0]!r} is not installed on the server (`nodus get environments` "
+                "lists those that are)",
+                details={"kind": "Environment", "name": missing[0]},
+            )
     if not items and output not in ("yaml", "json"):
         typer.echo("No environments are installed on the server.", err=True)
         return
@@ -821,8 +881,13 @@ def _case_row(record: dict[str, Any], wide: bool, repeated: bool) -> list[str]:
     if repeated:
         case += f"#{record.get('repetition')}"
     reward = record.get("reward")
-    row = [case, str(record.get("run", "")), str(record.get("state", "")), record.get("verdict") or "-",
-           "-" if reward is None else f"{float(reward):g}"]
+    row = [
+        case,
+        str(record.get("run", "")),
+        str(record.get("state", "")),
+        record.get("verdict") or "-",
+        "-" if reward is None else f"{float(reward):g}",
+    ]
     if wide:
         row += [record.get("reason") or "-", record.get("evidence") or "-"]
     return row
@@ -840,11 +905,17 @@ def evaluation_results(
     answer = _client(project).group_results(name)
     items = list(answer.get("items") or [])
     if output in ("yaml", "json"):
-        value = {"apiVersion": API_VERSION, "kind": "EvaluationResultList",
-                 "evaluation": answer.get("evaluation"), "items": items}
+        value = {
+            "apiVersion": API_VERSION,
+            "kind": "EvaluationResultList",
+            "evaluation": answer.get("evaluation"),
+            "items": items,
+        }
         typer.echo(dump_yaml(value) if output == "yaml" else dump_json(value), nl=output == "json")
         return
-    headers = ["CASE", "RUN", "STATE", "VERDICT", "REWARD"] + (["REASON", "EVIDENCE"] if output == "wide" else [])
+    headers = ["CASE", "RUN", "STATE", "VERDICT", "REWARD"] + (
+        ["REASON", "EVIDENCE"] if output == "wide" else []
+    )
     repeated = any(int(item.get("repetition") or 1) > 1 for item in items)
     print_table(headers, [_case_row(item, output == "wide", repeated) for item in items])
 
@@ -936,8 +1007,11 @@ def _wait_one(
             last = f"{_path_text(path)} is {jsonpath.format_value(actual) or '<missing>'}"
             status = resource.get("status") or {}
             phase = status.get("phase")
-            if kind == "AgentRun" and path == ("status", "phase") and (phase in TERMINAL_PHASES
-                                                                        or at_cost_cap(status)):
+            if (
+                kind == "AgentRun"
+                and path == ("status", "phase")
+                and (phase in TERMINAL_PHASES or at_cost_cap(status))
+            ):
                 reason = f" ({status['reason']})" if status.get("reason") else ""
                 message = f": {status['message']}" if status.get("message") else ""
                 verb = "ended" if phase in TERMINAL_PHASES else "is parked"
@@ -1017,7 +1091,9 @@ def delete(
     if not target and not filenames:
         raise UsageError("name resources as KIND/NAME or KIND NAME, or pass -f FILE")
     if filenames:
-        items = [(m.kind, m.collection, m.name, _manifest_project(m, project)) for m in load_manifests(filenames)]
+        items = [
+            (m.kind, m.collection, m.name, _manifest_project(m, project)) for m in load_manifests(filenames)
+        ]
     else:
         items = [(k, c, n, project) for k, c, n in _targets(target or [], need_name=True) if n is not None]
     client = _client(project)
@@ -1036,7 +1112,9 @@ def delete(
 
 @app.command()
 def login(
-    token: Annotated[str, typer.Option("--token", help="An API token (nodus_...), e.g. from `nodus create token`.")],
+    token: Annotated[
+        str, typer.Option("--token", help="An API token (nodus_...), e.g. from `nodus create token`.")
+    ],
 ) -> None:
     """Check a token against the server and store it for that server (~/.nodus/credentials.json, 0600)."""
     settings = _settings()
@@ -1044,8 +1122,10 @@ def login(
     project = None if who.get("project") == "*" else who.get("project")
     file = credentials.remember(settings.api_url, token, project=project)
     scope = "every project" if project is None else f"project {project}"
-    typer.echo(f"logged in to {settings.api_url} as token {who.get('name')} ({scope}, role {who.get('role')}); "
-               f"stored in {file}")
+    typer.echo(
+        f"logged in to {settings.api_url} as token {who.get('name')} ({scope}, role {who.get('role')}); "
+        f"stored in {file}"
+    )
 
 
 @app.command()
@@ -1167,10 +1247,15 @@ def agentrun_resolve(
     exit_code: Annotated[
         int | None, typer.Option("--exit-code", help="Completed: the command's exit code.")
     ] = None,
-    output: Annotated[str | None, typer.Option("--output", help="Completed: what the command printed.")] = None,
-    evidence: Annotated[str | None, typer.Option("--evidence", help="Why you decided so (kept with the step).")] = None,
+    output: Annotated[
+        str | None, typer.Option("--output", help="Completed: what the command printed.")
+    ] = None,
+    evidence: Annotated[
+        str | None, typer.Option("--evidence", help="Why you decided so (kept with the step).")
+    ] = None,
     revision: Annotated[
-        int | None, typer.Option("--revision", help="The run's metadata.resourceVersion you decided on (default: now).")
+        int | None,
+        typer.Option("--revision", help="The run's metadata.resourceVersion you decided on (default: now)."),
     ] = None,
     project: ProjectOption = None,
 ) -> None:
