@@ -16,7 +16,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from nodus.cli import commands_runs
 from nodus.cli import main as cli
+from nodus.cli import root as cli_root
 from nodus.client import Client
 from nodus.config import Settings
 
@@ -121,7 +123,7 @@ class GroupAPI:
 @pytest.fixture()
 def api(monkeypatch: pytest.MonkeyPatch) -> GroupAPI:
     fake = GroupAPI()
-    monkeypatch.setattr(cli, "_client", lambda project=None: fake.client(project))
+    monkeypatch.setattr(cli_root, "client", lambda project=None: fake.client(project))
     return fake
 
 
@@ -624,7 +626,7 @@ def test_wait_group_succeeds(api: GroupAPI, monkeypatch: pytest.MonkeyPatch) -> 
         return real_get(self, collection, name, **kwargs)
 
     monkeypatch.setattr(Client, "get", get)
-    monkeypatch.setattr(cli.time, "sleep", lambda _: None)
+    monkeypatch.setattr(commands_runs.time, "sleep", lambda _: None)
     result = invoke("wait", "ag/parallel-agents", FOR_SUCCEEDED, "--timeout=12m")
     assert result.exit_code == 0, result.output
     assert result.stdout == "agentgroup/parallel-agents condition met\n"
@@ -650,7 +652,7 @@ def test_wait_group_cancelling_will_not_succeed_but_may_be_cancelled(
     assert one_error_line(result) == (
         "error: agentgroup/parallel-agents is Cancelling; it will not become Succeeded"
     )
-    monkeypatch.setattr(cli.time, "sleep", lambda _: None)
+    monkeypatch.setattr(commands_runs.time, "sleep", lambda _: None)
     result = invoke(
         "wait", "ag/parallel-agents", "--for=jsonpath={.status.phase}=Cancelled", "--timeout=0.05s"
     )

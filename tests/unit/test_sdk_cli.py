@@ -27,6 +27,7 @@ import nodus
 from nodus import errors
 from nodus.cli import jsonpath
 from nodus.cli import main as cli
+from nodus.cli import root as cli_root
 from nodus.cli.durations import format_age, parse_timeout
 from nodus.cli.manifests import load_manifests
 from nodus.client import Client
@@ -168,7 +169,7 @@ def api() -> FakeAPI:
 @pytest.fixture()
 def cli_api(api: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> FakeAPI:
     """Point every CLI command at the fake API."""
-    monkeypatch.setattr(cli, "_client", lambda project=None: api.client(project))
+    monkeypatch.setattr(cli_root, "client", lambda project=None: api.client(project))
     return api
 
 
@@ -718,7 +719,7 @@ def test_cli_refusal_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
         )
 
     client = Client("http://t", transport=httpx.MockTransport(handler))
-    monkeypatch.setattr(cli, "_client", lambda project=None: client)
+    monkeypatch.setattr(cli_root, "client", lambda project=None: client)
     result = invoke("get", "agent/x")
     assert result.exit_code == 1
     assert one_error_line(result) == "error: not served yet (field: spec.image)"

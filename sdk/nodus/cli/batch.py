@@ -14,6 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from ..batch import BatchProgress, batch_group_name, log_progress, run_batch
+from . import root
+from .root import CliError
 
 __all__ = ["batch_app"]
 
@@ -74,8 +76,6 @@ def batch_run(
     project: Annotated[str | None, typer.Option("--project", "-p", help="Project of the batch.")] = None,
 ) -> None:
     """Run every task of a file as one AgentGroup; the same command again resumes it."""
-    from .main import CliError, _client
-
     name = group or batch_group_name(out)
     show: Any = _Bar(name) if sys.stderr.isatty() else log_progress(name)
     try:
@@ -86,7 +86,7 @@ def batch_run(
             max_active=max_active,
             max_cost=max_cost,
             group=name,
-            client=_client(project),
+            client=root.client(project),
             on_progress=show,
         )
     except KeyboardInterrupt:

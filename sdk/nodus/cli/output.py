@@ -12,7 +12,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["dump_yaml", "dump_json", "print_table", "shorten"]
+__all__ = ["dump_yaml", "dump_json", "print_table", "shorten", "dollars"]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -36,6 +36,11 @@ def dump_yaml(value: Any, *, multi: bool = False) -> str:
 
 def dump_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def dollars(value: Any) -> str:
+    """``$0.012`` for an amount, ``-`` for none: the COST columns of every table."""
+    return f"${value}" if value not in (None, "") else "-"
 
 
 def shorten(text: str, limit: int) -> str:

@@ -1,0 +1,297 @@
+"""``nodus get``: kubectl's tables of every kind, or the documents as YAML, JSON or a JSONPath.
+
+One row function per kind (`_TABLES`); ``-o wide`` adds that kind's extra columns. Field
+selectors are checked here on every item, and passed to the server too where it can filter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from ..client import Client
+from ..errors import NotFound
+from ..resources import API_VERSION, SHORT_NAMES
+from . import jsonpath, root
+from .durations import format_age
+from .output import dollars, dump_json, dump_yaml, print_table
+from .root import OutputOption, ProjectOption, UsageError, parse_targets, ref
+
+__all__ = ["get"]
+
+
+def _agent_row(agent: dict[str, Any], wide: bool) -> list[str]:
+    spec, status, metadata = agent.get("spec") or {}, agent.get("status") or {}, agent.get("metadata") or {}
+    model = spec.get("model") or {}
+    families = ",".join(model.get("families") or []) or (model.get("name") or "all")
+    row = [
+        metadata.get("name", ""),
+        str(status.get("revision", "-")),
+        families,
+        dollars(spec.get("perRunMaxCostUSD")),
+        spec.get("state") or "Running",
+        format_age(metadata.get("creationTimestamp")),
+    ]
+    if wide:
+        row += [model.get("access") or "Nodus", model.get("name") or "-", spec.get("image") or "-"]
+    return row
+
+
+def _run_row(run: dict[str, Any], wide: bool) -> list[str]:
+    spec, status, metadata = run.get("spec") or {}, run.get("status") or {}, run.get("metadata") or {}
+    turns = status.get("turns") or []
+    row = [
+        metadata.get("name", ""),
+        spec.get("agent", ""),
+        status.get("phase") or "Pending",
+        status.get("reason") or "",
+        (turns[-1].get("model") if turns else None) or "-",
+        dollars((status.get("cost") or {}).get("totalUSD")),
+        format_age(metadata.get("creationTimestamp") or status.get("createdAt")),
+    ]
+    if wide:
+        row += [
+            str(status.get("agentRevision") or "-"),
+            str(len(turns)),
+            (status.get("sandbox") or {}).get("backend") or "-",
+            "true" if spec.get("keepAlive") else "false",
+        ]
+    return row
+
+
+def _group_cost(spec: dict[str, Any], status: dict[str, Any]) -> str:
+    """``$0.012 / $0.60``: spent so far over the group's cap; just the spend when uncapped."""
+    cost = status.get("cost") or {}
+    spent = dollars(cost.get("totalUSD") or "0")
+    limit = cost.get("limitUSD") or spec.get("maxCostUSD")
+    return f"{spent} / {dollars(limit)}" if limit not in (None, "") else spent
+
+
+def _blocked(status: dict[str, Any]) -> str:
+    """``DependencyWait=1,MaxCostReached=2``: why queued runs wait, only the reasons that count."""
+    reasons = status.get("blockedReasons") or {}
+    text = ",".join(f"{reason}={count}" for reason, count in reasons.items() if count)
+    return text or "-"
+
+
+def _group_row(group: dict[str, Any], wide: bool) -> list[str]:
+    spec, status, metadata = group.get("spec") or {}, group.get("status") or {}, group.get("metadata") or {}
+    counts = status.get("counts") or {}
+    row = [
+        metadata.get("name", ""),
+        spec.get("agent", ""),
+        status.get("phase") or "Running",
+        f"{counts.get('succeeded', 0)}/{counts.get('total', 0)}",
+        str(counts.get("active", 0)),
+        str(counts.get("queued", 0)),
+        _group_cost(spec, status),
+        format_age(metadata.get("creationTimestamp")),
+    ]
+    if wide:
+        row += [
+            str((spec.get("limits") or {}).get("maxActive") or 10),
+            "true" if spec.get("sealed") else "false",
+            status.get("reason") or "-",
+            _blocked(status),
+            _evaluation_text(status),
+        ]
+    return row
+
+
+def _evaluation_text(status: dict[str, Any]) -> str:
+    """``pass=7/10,unscored=2,pending=1``: an evaluation group's progress, in BLOCKED's style."""
+    evaluation = status.get("evaluation")
+    if not isinstance(evaluation, dict):
+        return "-"
+    text = f"pass={evaluation.get('passed', 0)}/{evaluation.get('scored', 0)}"
+    for key in ("unscored", "pending"):
+        if evaluation.get(key):
+            text += f",{key}={evaluation[key]}"
+    return text
+
+
+def _environment_row(environment: dict[str, Any], wide: bool) -> list[str]:
+    row = [
+        f"{environment.get('owner', '')}/{environment.get('name', '')}",
+        str(environment.get("version", "")),
+        ",".join(environment.get("splits") or []),
+        str(environment.get("maxTasks", "")),
+        environment.get("description") or "",
+    ]
+    if wide:
+        row.append(environment.get("image") or "-")
+    return row
+
+
+def _token_row(token: dict[str, Any], wide: bool) -> list[str]:
+    metadata, spec, status = token.get("metadata") or {}, token.get("spec") or {}, token.get("status") or {}
+    row = [
+        metadata.get("name", ""),
+        spec.get("role", ""),
+        f"{status.get('prefix') or ''}...",
+        status.get("expiresAt") or "never",
+        format_age(metadata.get("creationTimestamp")),
+    ]
+    if wide:
+        row.append(status.get("createdBy") or "-")
+    return row
+
+
+def _secret_row(secret: dict[str, Any], wide: bool) -> list[str]:
+    metadata, status = secret.get("metadata") or {}, secret.get("status") or {}
+    return [
+        metadata.get("name", ""),
+        secret.get("type") or "Opaque",
+        ",".join(status.get("keys") or []),
+        format_age(metadata.get("creationTimestamp")),
+    ]
+
+
+_TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], list[str]]]] = {
+    "Secret": (["NAME", "TYPE", "KEYS", "AGE"], [], _secret_row),
+    "Token": (["NAME", "ROLE", "PREFIX", "EXPIRES", "AGE"], ["CREATED-BY"], _token_row),
+    "Agent": (
+        ["NAME", "REVISION", "FAMILIES", "MAX-COST", "STATE", "AGE"],
+        ["ACCESS", "MODEL", "IMAGE"],
+        _agent_row,
+    ),
+    "AgentRun": (
+        ["NAME", "AGENT", "PHASE", "REASON", "MODEL", "COST", "AGE"],
+        ["REVISION", "TURNS", "SANDBOX", "KEEP-ALIVE"],
+        _run_row,
+    ),
+    "AgentGroup": (
+        ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE"],
+        ["MAX-ACTIVE", "SEALED", "REASON", "BLOCKED", "EVALUATION"],
+        _group_row,
+    ),
+    "Environment": (["NAME", "VERSION", "SPLITS", "MAX-TASKS", "DESCRIPTION"], ["IMAGE"], _environment_row),
+}
+
+# Field selectors on agentruns the server also filters by (``?agent=``, ``?group=``).
+_SERVER_FILTERS = {("spec", "agent"): "agent", ("spec", "group"): "group"}
+
+
+def _field_selector(text: str) -> list[tuple[str, bool, str]]:
+    """``spec.agent=x,status.phase!=Failed`` -> ``[(path, equal, value)]``."""
+    selectors = []
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        match = re.fullmatch(r"([^=!]+?)\s*(==|!=|=)\s*(.*)", part)
+        if match is None:
+            raise UsageError(f"--field-selector {part!r} is not PATH=VALUE or PATH!=VALUE")
+        path, operator, value = match.groups()
+        try:
+            jsonpath.parse(path)
+        except jsonpath.JsonPathError as exc:
+            raise UsageError(str(exc)) from None
+        selectors.append((path, operator != "!=", value))
+    return selectors
+
+
+def _selected(resource: dict[str, Any], selectors: list[tuple[str, bool, str]]) -> bool:
+    return all(
+        (jsonpath.format_value(jsonpath.lookup(resource, path)) == value) == equal
+        for path, equal, value in selectors
+    )
+
+
+def _print_resources(kind: str, items: list[dict[str, Any]], output: str | None, single: bool) -> None:
+    if output in ("yaml", "json"):
+        listed = {"apiVersion": API_VERSION, "kind": f"{kind}List", "items": items}
+        value: Any = items[0] if single else listed
+        typer.echo(dump_yaml(value) if output == "yaml" else dump_json(value), nl=output == "json")
+    elif output == "name":
+        for item in items:
+            typer.echo(ref(kind, (item.get("metadata") or {}).get("name", "")))
+    elif output is not None and output.startswith("jsonpath="):
+        expression = output.removeprefix("jsonpath=")
+        for item in items:
+            typer.echo(jsonpath.format_value(jsonpath.lookup(item, expression)))
+    else:
+        headers, wide_headers, row = _TABLES[kind]
+        wide = output == "wide"
+        print_table(headers + (wide_headers if wide else []), [row(item, wide) for item in items])
+
+
+def get(
+    target: Annotated[
+        list[str],
+        typer.Argument(help="KIND, KIND/NAME or KIND NAME.", metavar="KIND/NAME", show_default=False),
+    ],
+    output: OutputOption = None,
+    field_selector: Annotated[
+        str | None,
+        typer.Option("--field-selector", help="Keep items whose PATH=VALUE, e.g. spec.group=batch-1."),
+    ] = None,
+    project: ProjectOption = None,
+) -> None:
+    """List resources of a kind, or show named ones."""
+    known = output is None or output in ("yaml", "json", "wide", "name") or output.startswith("jsonpath=")
+    if not known:
+        raise UsageError(f"--output {output!r} is not one of yaml, json, wide, name, jsonpath={{...}}")
+    if output is not None and output.startswith("jsonpath="):
+        try:
+            jsonpath.parse(output.removeprefix("jsonpath="))
+        except jsonpath.JsonPathError as exc:
+            raise UsageError(str(exc)) from None
+    if target and SHORT_NAMES.get(target[0].strip().lower(), ("", ""))[1] == "environments":
+        # Environment names hold a '/' themselves (owner/name@version): `get env nodus/python-fix`.
+        _get_environments(root.client(project), list(target[1:]), output)
+        return
+    targets = parse_targets(target, need_name=False)
+    selectors = _field_selector(field_selector) if field_selector else []
+    client = root.client(project)
+    kind, collection, _ = targets[0]
+    if collection == "environments":
+        _get_environments(client, [name for _, _, name in targets if name], output)
+        return
+    if targets[0][2] is None:
+        params = {}
+        for path, equal, value in selectors:
+            server_filter = _SERVER_FILTERS.get(jsonpath.parse(path)) if collection == "agentruns" else None
+            if server_filter and equal:
+                params[server_filter] = value  # let the server filter too; the client-side check stays
+        listed = client.list(collection, params=params or None)
+        items = [item for item in listed if _selected(item, selectors)]
+        if not items and output not in ("yaml", "json"):
+            typer.echo(f"No {collection} found in project {project or root.settings().project}.", err=True)
+            return
+        _print_resources(kind, items, output, single=False)
+        return
+    if len({t[0] for t in targets}) > 1:
+        raise UsageError("name resources of one kind per `nodus get`")
+    items = [client.get(collection, name) for _, _, name in targets if name is not None]
+    selected = [item for item in items if _selected(item, selectors)]
+    if not selected:  # every named resource exists, but the field selector left none
+        typer.echo(f"No {collection} matched --field-selector.", err=True)
+        return
+    _print_resources(kind, selected, output, single=len(targets) == 1)
+
+
+def _get_environments(client: Client, names: list[str], output: str | None) -> None:
+    """Environments are named ``owner/name@version``; a name without the version lists every version."""
+    items = client.environments()
+    if names:
+        wanted = set(names)
+        items = [
+            item
+            for item in items
+            if item.get("ref") in wanted or f"{item.get('owner')}/{item.get('name')}" in wanted
+        ]
+        found = {item.get("ref") for item in items} | {
+            f"{item.get('owner')}/{item.get('name')}" for item in items
+        }
+        missing = sorted(wanted - found)
+        if missing:
+            raise NotFound(
+                f"environment {missing[0]!r} is not installed on the server (`nodus get environments` "
+                "lists those that are)",
+                details={"kind": "Environment", "name": missing[0]},
+            )
+    if not items and output not in ("yaml", "json"):
+        typer.echo("No environments are installed on the server.", err=True)
+        return
+    _print_resources("Environment", items, output, single=False)
