@@ -1,0 +1,241 @@
+"""The lifecycles of an AgentRun and an AgentGroup: phases, reasons and the allowed transitions.
+
+One module owns them so that the engine, the control plane, Serve and the SDK spell a phase
+one way and agree on which phase may follow which. The enums are ``StrEnum``: a member *is*
+its string, so the wire (JSON, the stored resources, the API documents) keeps exactly the
+words of the product documents, and ``RunPhase.RUNNING == "Running"`` holds.
+
+A reason is an open set on the wire: a run refused before it starts carries the refusing
+error's code (``SecretNotFound``, ...), so ``status.reason`` stays a string. The enums list
+the reasons nodus itself writes.
+
+Every change of phase goes through :func:`check_run_transition` / :func:`check_group_transition`
+(or :func:`run_transition`, which also builds the status patch); an illegal change raises
+:class:`IllegalTransition` instead of silently reviving a finished run. The tables below are
+what the engine does today (control plane, supervision, run actor, group admission); a change
+to the lifecycle is a change to these tables first.
+
+This module is pure (no Ray, no I/O, no clock) and imports nothing from nodus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "RunPhase",
+    "GroupPhase",
+    "RunReason",
+    "GroupReason",
+    "BlockedReason",
+    "RUN_PHASES",
+    "GROUP_PHASES",
+    "RUN_TERMINAL_PHASES",
+    "GROUP_TERMINAL_PHASES",
+    "PARKED_REASONS",
+    "RUN_TRANSITIONS",
+    "GROUP_TRANSITIONS",
+    "IllegalTransition",
+    "check_run_transition",
+    "check_group_transition",
+    "run_transition",
+    "is_terminal",
+    "is_parked",
+]
+
+
+class RunPhase(StrEnum):
+    """``status.phase`` of an AgentRun."""
+
+    PENDING = "Pending"  # created; queued in its group, or waiting for its actor to start
+    RUNNING = "Running"
+    WAITING = "Waiting"  # parked: see PARKED_REASONS
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class GroupPhase(StrEnum):
+    """``status.phase`` of an AgentGroup."""
+
+    RUNNING = "Running"
+    CANCELLING = "Cancelling"  # cancelled; unfinished runs (or cases being graded) still stopping
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class RunReason(StrEnum):
+    """``status.reason`` values of an AgentRun that nodus writes, grouped by the phase they go with."""
+
+    # Pending: queued in a group
+    DEPENDENCY_WAIT = "DependencyWait"
+    GROUP_WAIT = "GroupWait"
+    # Waiting
+    AWAITING_MESSAGE = "AwaitingMessage"
+    NEEDS_RESOLUTION = "NeedsResolution"
+    MAX_COST_REACHED = "MaxCostReached"
+    INSUFFICIENT_CREDITS = "InsufficientCredits"
+    # Succeeded
+    COMPLETED = "Completed"
+    MAX_TOKENS_REACHED = "MaxTokensReached"
+    # Failed
+    MODEL_ERROR = "ModelError"
+    MODEL_UNAVAILABLE = "ModelUnavailable"
+    MODEL_REFUSED = "ModelRefused"
+    MODEL_AUTHENTICATION_FAILED = "ModelAuthenticationFailed"
+    MODEL_REQUEST_INVALID = "ModelRequestInvalid"
+    MAX_TOOL_CALLS_REACHED = "MaxToolCallsReached"
+    WORKSPACE_LOST = "WorkspaceLost"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    RUNNER_LOST = "RunnerLost"
+    INTERNAL_ERROR = "InternalError"
+    STEP_CANCELLED = "StepCancelled"
+    # Cancelled
+    CANCELLED = "Cancelled"  # on request, or because the run was deleted
+    DEPENDENCY_FAILED = "DependencyFailed"
+    DEPENDENCY_CANCELLED = "DependencyCancelled"
+    GROUP_CANCELLED = "GroupCancelled"
+
+
+class GroupReason(StrEnum):
+    """``status.reason`` values of an AgentGroup."""
+
+    RUNS_FAILED = "RunsFailed"
+    GROUP_CANCELLED = "GroupCancelled"  # an evaluation group that was cancelled
+    NO_CASES_SCORED = "NoCasesScored"  # an evaluation with nothing scored
+    EVALUATED = "Evaluated"  # an evaluation with at least one case scored
+
+
+class BlockedReason(StrEnum):
+    """Keys of a group's ``status.blockedReasons``: why its queued runs have not started."""
+
+    DEPENDENCY_WAIT = "DependencyWait"
+    MAX_ACTIVE_REACHED = "MaxActiveReached"
+    MAX_COST_REACHED = "MaxCostReached"
+
+
+RUN_PHASES: tuple[RunPhase, ...] = tuple(RunPhase)
+GROUP_PHASES: tuple[GroupPhase, ...] = tuple(GroupPhase)
+
+RUN_TERMINAL_PHASES: frozenset[RunPhase] = frozenset(
+    {RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED}
+)
+GROUP_TERMINAL_PHASES: frozenset[GroupPhase] = frozenset(
+    {GroupPhase.SUCCEEDED, GroupPhase.FAILED, GroupPhase.CANCELLED}
+)
+
+# Waiting runs that hold no actor: the supervision gives the actor back (``actorName`` None)
+# when a run parks for any of these, and nothing moves the run on but a person (a message,
+# credits, a resolution, a cancel) or its deadline. A run waiting for credits is one of them:
+# it continues in a new actor, which replays its journal, when credits are added.
+PARKED_REASONS: frozenset[RunReason] = frozenset(
+    {
+        RunReason.NEEDS_RESOLUTION,
+        RunReason.MAX_COST_REACHED,
+        RunReason.AWAITING_MESSAGE,
+        RunReason.INSUFFICIENT_CREDITS,
+    }
+)
+
+_P, _R, _W = RunPhase.PENDING, RunPhase.RUNNING, RunPhase.WAITING
+_S, _F, _C = RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED
+
+# from -> the phases it may become. A finished run never changes phase again. Who does each:
+# Pending -> Pending      a queued run's reason changes, or it is admitted (reason cleared)
+# Pending -> Running      its actor starts the program
+# Pending -> Failed       refused before it starts (a missing secret), its actor lost or not
+#                         startable, or its deadline passed while queued
+# Running -> Running      a replacement actor starts the program again (replay)
+# Running -> Waiting      the program parked (a message, a resolution, the cap, credits)
+# Running -> Succeeded / Failed    the program ended
+# Waiting -> Running      a message, credits or a resolution arrived
+# Waiting -> Failed       the deadline passed while parked, or a step was resolved Cancelled
+# * -> Cancelled          on request, on delete, or by its group (dependency, group cancel)
+RUN_TRANSITIONS: Mapping[RunPhase, frozenset[RunPhase]] = {
+    _P: frozenset({_P, _R, _F, _C}),
+    _R: frozenset({_R, _W, _S, _F, _C}),
+    _W: frozenset({_R, _F, _C}),
+    _S: frozenset(),
+    _F: frozenset(),
+    _C: frozenset(),
+}
+
+# Running -> Running: counts, cost, messages change; Running -> Cancelling when cancelled with
+# runs (or cases) unfinished; Cancelling -> Cancelled once they stopped; a sealed group ends.
+GROUP_TRANSITIONS: Mapping[GroupPhase, frozenset[GroupPhase]] = {
+    GroupPhase.RUNNING: frozenset(
+        {
+            GroupPhase.RUNNING,
+            GroupPhase.CANCELLING,
+            GroupPhase.SUCCEEDED,
+            GroupPhase.FAILED,
+            GroupPhase.CANCELLED,
+        }
+    ),
+    GroupPhase.CANCELLING: frozenset({GroupPhase.CANCELLING, GroupPhase.CANCELLED}),
+    GroupPhase.SUCCEEDED: frozenset(),
+    GroupPhase.FAILED: frozenset(),
+    GroupPhase.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A phase change the lifecycle does not allow (a bug in the caller, never a user error)."""
+
+    def __init__(self, kind: str, frm: str, to: str):
+        super().__init__(f"{kind} cannot go from phase {frm!r} to {to!r}")
+        self.kind = kind
+        self.frm = frm
+        self.to = to
+
+
+def _run_phase(kind: str, value: str, frm: str, to: str) -> RunPhase:
+    try:
+        return RunPhase(value)
+    except ValueError:
+        raise IllegalTransition(kind, frm, to) from None
+
+
+def check_run_transition(frm: str, to: str) -> RunPhase:
+    """``to`` as a :class:`RunPhase` when an AgentRun may go from ``frm`` to it, else raise."""
+    source, target = _run_phase("AgentRun", frm, frm, to), _run_phase("AgentRun", to, frm, to)
+    if target not in RUN_TRANSITIONS[source]:
+        raise IllegalTransition("AgentRun", frm, to)
+    return target
+
+
+def check_group_transition(frm: str, to: str) -> GroupPhase:
+    """``to`` as a :class:`GroupPhase` when an AgentGroup may go from ``frm`` to it, else raise."""
+    try:
+        source, target = GroupPhase(frm), GroupPhase(to)
+    except ValueError:
+        raise IllegalTransition("AgentGroup", frm, to) from None
+    if target not in GROUP_TRANSITIONS[source]:
+        raise IllegalTransition("AgentGroup", frm, to)
+    return target
+
+
+def run_transition(
+    status: Mapping[str, Any], to: str, reason: str | None, message: str | None = None
+) -> dict[str, Any]:
+    """The status patch that moves a run whose status is ``status`` to ``to`` for ``reason``.
+
+    Raises :class:`IllegalTransition` when the lifecycle does not allow it. The patch holds
+    ``phase``, ``reason`` and ``message`` (plain strings, as stored); the caller adds the rest
+    (``finishedAt``, ``answer``, ...) and merges it.
+    """
+    target = check_run_transition(str(status.get("phase") or RunPhase.PENDING), to)
+    return {"phase": target.value, "reason": None if reason is None else str(reason), "message": message}
+
+
+def is_terminal(phase: str) -> bool:
+    """True for a finished run's or group's phase (Succeeded, Failed, Cancelled)."""
+    return phase in RUN_TERMINAL_PHASES
+
+
+def is_parked(phase: str, reason: str | None) -> bool:
+    """True for a Waiting run that holds no actor (see :data:`PARKED_REASONS`)."""
+    return phase == RunPhase.WAITING and reason in PARKED_REASONS
