@@ -15,6 +15,16 @@ A journaled program (the Claude conversation today, durable Python agents later)
 
 Step ids are deterministic positions in the program (``turn-1/command-2``), never random,
 so a replay finds its own records.
+
+Replay also checks that it is replaying the same program (as Temporal and DBOS do): the
+journal's steps, in the order they first appear, are the sequence the program asked for
+when it recorded them, so the n-th step the program asks for on replay must be the n-th
+recorded step, with the same id and kind. When it is not (the agent's code or spec changed
+under a run, or the program branches on something it did not journal) the recorded results
+no longer describe what the program is doing, and `NonDeterministic` stops the run naming
+the step, rather than returning one step's result to another. Messages (``message-N``) are
+conversation content, not steps the program asks for, and are outside that sequence; a step
+re-run as a new attempt (Started with no end, resolved ``NoEffect``) keeps its position.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from typing import Any, Literal
 from nodus_ray.durable.journal import Journal, JournalRecord, StepState
 from nodus_ray.faults import crash_point
 
-__all__ = ["Effect", "StepFailed", "NeedsResolution", "Steps"]
+__all__ = ["Effect", "StepFailed", "NeedsResolution", "NonDeterministic", "Steps"]
 
 Effect = Literal["idempotent", "external"]
 
@@ -49,6 +59,32 @@ class NeedsResolution(Exception):
         self.kind = kind
 
 
+class NonDeterministic(Exception):  # noqa: N818 - the run's reason name, as the documents spell it
+    """Replay asked for a different step than the journal recorded at that position.
+
+    ``recorded`` is the journal's ``(step id, kind)`` at ``position`` (None when the program
+    asks again for a step it already asked for earlier), ``requested`` what the program asks
+    for now. Nothing is journaled or executed for the requested step.
+    """
+
+    reason = "NonDeterministic"
+
+    def __init__(self, position: int, recorded: tuple[str, str] | None, requested: tuple[str, str]):
+        asked = f"{requested[0]} ({requested[1]})"
+        if recorded is None:
+            what = f"the program asked again for step {asked}, which it already ran earlier"
+        else:
+            what = (
+                f"the journal recorded step {recorded[0]} ({recorded[1]}) and the program "
+                f"asked for step {asked}"
+            )
+        super().__init__(f"replay diverged at step {position + 1}: {what}")
+        self.step_id = requested[0]
+        self.position = position
+        self.recorded = recorded
+        self.requested = requested
+
+
 class Steps:
     """The replay index over one journal, and the executor of new steps."""
 
@@ -56,10 +92,16 @@ class Steps:
         self.journal = journal
         self._last: dict[str, JournalRecord] = {}
         self._attempts: dict[str, int] = {}
+        # The steps in the order they first appear, and how many of them `run` has been asked
+        # for: replay must ask for the recorded ones in this order (`NonDeterministic`).
+        self._order: list[tuple[str, str]] = []
+        self._asked = 0
         for record in journal.records:
             self._index(record)
 
     def _index(self, record: JournalRecord) -> None:
+        if record.step_id not in self._last and record.kind != "message":
+            self._order.append((record.step_id, record.kind))
         self._last[record.step_id] = record
         if record.state == "Started":
             self._attempts[record.step_id] = record.attempt
@@ -85,6 +127,16 @@ class Steps:
         self._index(record)
         return record
 
+    def _check_position(self, step_id: str, kind: str) -> None:
+        position = self._asked
+        requested = (step_id, kind)
+        if position < len(self._order):
+            if self._order[position] != requested:
+                raise NonDeterministic(position, self._order[position], requested)
+        elif step_id in self._last:
+            raise NonDeterministic(position, None, requested)
+        self._asked += 1
+
     async def record_message(self, index: int, message: dict[str, Any]) -> None:
         """Store a conversation message once; on replay it is already there."""
         step_id = f"message-{index}"
@@ -102,7 +154,12 @@ class Steps:
         cost_of: Callable[[dict[str, Any]], str] | None = None,
         summary_of: Callable[[dict[str, Any]], str] | None = None,
     ) -> dict[str, Any]:
-        """Run ``action`` as the step ``step_id`` unless the journal already decided it."""
+        """Run ``action`` as the step ``step_id`` unless the journal already decided it.
+
+        Raises `NonDeterministic` (and runs nothing) when the journal recorded another step at
+        this position of the program, or this step at another position.
+        """
+        self._check_position(step_id, kind)
         last = self._last.get(step_id)
         if last is not None:
             if last.state == "Completed" or last.state == "Resolved":

@@ -23,13 +23,13 @@ from typing import Any
 from nodus.resources import FAMILIES, Turn
 from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
-from nodus_ray.durable.steps import Effect, StepFailed, Steps
+from nodus_ray.durable.steps import Effect, NonDeterministic, StepFailed, Steps
 from nodus_ray.models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
 from nodus_ray.money.billing import max_input_tokens
 from nodus_ray.money.prices import ROUTER_MODEL
 from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
-from nodus_ray.sandbox.sandbox import CommandResult, Sandbox
+from nodus_ray.sandbox import CommandResult, Sandbox
 from nodus_ray.store.timestamps import utc_now
 
 __all__ = ["ConversationSpec", "Conversation", "RunFailure", "AwaitingMessage", "Router", "Inbox"]
@@ -118,7 +118,16 @@ class Conversation:
         step (``turn-N/message``) and answers it in turn N, and raises `AwaitingMessage` when
         there is none yet. Replayed, a message already read comes from the journal, so the
         conversation is rebuilt in the order the messages were first read.
+
+        A replay that asks for a different step than the journal recorded fails the run
+        (`RunFailure` with reason ``NonDeterministic``, naming the step).
         """
+        try:
+            return await self._run()
+        except NonDeterministic as diverged:
+            raise RunFailure(diverged.reason, str(diverged)) from None
+
+    async def _run(self) -> str:
         self.messages = []
         await self._open_sandbox()
         answer = await self._turn(1, self.spec.prompt)
