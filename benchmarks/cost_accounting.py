@@ -90,7 +90,7 @@ from nodus_ray.money.prices import (  # noqa: E402
 from nodus_ray.money.spend import CapExceeded, RunSpend  # noqa: E402
 from nodus_ray.runtime.conversation import Conversation, ConversationSpec, RunFailure  # noqa: E402
 from nodus_ray.runtime.router import JevRouter, router_input_tokens  # noqa: E402
-from nodus_ray.sandbox.sandbox import create_sandbox  # noqa: E402
+from nodus_ray.sandbox import create_sandbox  # noqa: E402
 from nodus_ray.store.storage import Storage  # noqa: E402
 from tests.fakes.anthropic_api import FakeMessagesAPI, Reply, text_reply, tool_use_reply  # noqa: E402
 

@@ -74,7 +74,7 @@ from nodus_ray.money.prices import DEFAULT_PRICE_TABLE  # noqa: E402
 from nodus_ray.money.spend import RunSpend  # noqa: E402
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec  # noqa: E402
 from nodus_ray.runtime.router import JevRouter  # noqa: E402
-from nodus_ray.sandbox.sandbox import CommandResult  # noqa: E402
+from nodus_ray.sandbox import CommandResult  # noqa: E402
 from nodus_ray.store.storage import Storage  # noqa: E402
 
 PREFIX = "projects/default/agentruns/bench/journal"

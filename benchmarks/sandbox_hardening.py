@@ -29,8 +29,9 @@ from pathlib import Path
 
 from nodus.egress_policy import EgressPolicy
 from nodus_ray.egress.proxy import EgressProxy
-from nodus_ray.sandbox import sandbox as sandbox_module
-from nodus_ray.sandbox.sandbox import BubblewrapSandbox, bwrap_available
+from nodus_ray.sandbox import BubblewrapSandbox, bwrap_available
+from nodus_ray.sandbox import bubblewrap as sandbox_bubblewrap
+from nodus_ray.sandbox import runner as sandbox_runner
 
 COMMANDS = {
     "true": "true",
@@ -60,12 +61,14 @@ def _no_seccomp() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _baseline() -> Iterator[None]:
-    saved = sandbox_module._seccomp_fd, sandbox_module.DiskWatch
-    sandbox_module._seccomp_fd, sandbox_module.DiskWatch = _no_seccomp, _NoDiskWatch  # type: ignore[assignment]
+    # Patched where they are looked up: the bubblewrap backend opens the filter, the runner
+    # makes the disk watch.
+    saved = sandbox_bubblewrap._seccomp_fd, sandbox_runner.DiskWatch
+    sandbox_bubblewrap._seccomp_fd, sandbox_runner.DiskWatch = _no_seccomp, _NoDiskWatch  # type: ignore[assignment]
     try:
         yield
     finally:
-        sandbox_module._seccomp_fd, sandbox_module.DiskWatch = saved
+        sandbox_bubblewrap._seccomp_fd, sandbox_runner.DiskWatch = saved
 
 
 def _times(box: BubblewrapSandbox, command: str, count: int) -> list[float]:

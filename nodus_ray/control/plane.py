@@ -56,7 +56,7 @@ from nodus_ray.money.credits import CreditLedger
 from nodus_ray.money.prices import PriceTable
 from nodus_ray.runtime.group_supervisor import member_wire
 from nodus_ray.runtime.run_actor import run_storage_prefix
-from nodus_ray.sandbox.sandbox import bwrap_available
+from nodus_ray.sandbox import bwrap_available
 from nodus_ray.settings import ServerSettings
 from nodus_ray.store.secret_box import SecretBox, load_or_create_key
 from nodus_ray.store.storage import Storage, redact_uri

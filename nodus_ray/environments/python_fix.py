@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from nodus_ray.environments.base import Environment, Grade, GraderError, Task
 from nodus_ray.environments.workspace import GradingWorkspace
-from nodus_ray.sandbox.sandbox import CommandResult
+from nodus_ray.sandbox import CommandResult
 
 __all__ = ["PythonFix"]
 

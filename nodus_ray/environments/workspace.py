@@ -15,7 +15,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from nodus_ray.sandbox.sandbox import CommandResult, SandboxLimits, create_sandbox
+from nodus_ray.sandbox import CommandResult, SandboxLimits, create_sandbox
 
 __all__ = ["GradingWorkspace"]
 
@@ -26,7 +26,7 @@ class GradingWorkspace:
     ``hidden_paths`` are host paths the grader's sandboxed commands must not see (the sandbox
     root with every run's workspace, local storage). ``uid`` is the host uid those commands run
     as when the grader is root; ``None`` lets the sandbox derive one from the path (see
-    :func:`nodus_ray.sandbox.sandbox.create_sandbox`).
+    :func:`nodus_ray.sandbox.create_sandbox`).
     """
 
     def __init__(self, root: Path, *, hidden_paths: Sequence[Path] = (), uid: int | None = None) -> None:

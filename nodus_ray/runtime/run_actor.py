@@ -34,7 +34,7 @@ from nodus_ray.money.prices import PriceTable
 from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
-from nodus_ray.sandbox.sandbox import Sandbox, bwrap_available, create_sandbox
+from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
 from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 from nodus_ray.store.storage import Storage

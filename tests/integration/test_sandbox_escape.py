@@ -25,20 +25,21 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray.sandbox import sandbox as sandbox_module
-from nodus_ray.sandbox import seccomp
-from nodus_ray.sandbox.sandbox import (
+from nodus_ray.sandbox import (
     CommandResult,
     ProcessSandbox,
     Sandbox,
     SandboxLimits,
     bwrap_available,
     create_sandbox,
+    seccomp,
 )
+from nodus_ray.sandbox import backend as sandbox_backend
+from nodus_ray.sandbox import bubblewrap as sandbox_bubblewrap
 from tests.sandbox_uids import unused_uid
 
 pytestmark = pytest.mark.skipif(
-    not bwrap_available(), reason=f"bubblewrap cannot run here: {sandbox_module._probe_bwrap()}"
+    not bwrap_available(), reason=f"bubblewrap cannot run here: {sandbox_backend._probe_bwrap()}"
 )
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop only happens when running as root")
 needs_filter = pytest.mark.skipif(
@@ -492,7 +493,7 @@ def test_positive_control_without_the_filter_these_calls_work(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same probes, filter off: they succeed, so the EPERMs above are the filter's doing."""
-    monkeypatch.setattr(sandbox_module, "_seccomp_program", lambda: None)
+    monkeypatch.setattr(sandbox_bubblewrap, "_seccomp_program", lambda: None)
     probe = run_python(
         host.make(),
         SYSCALL_PRELUDE,

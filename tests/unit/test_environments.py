@@ -35,8 +35,8 @@ from nodus_ray.environments.arithmetic import ArithmeticV2, last_number
 from nodus_ray.environments.python_fix import PythonFix
 from nodus_ray.models.base import ModelRequest
 from nodus_ray.models.offline import OfflineProvider
-from nodus_ray.sandbox import sandbox as sandbox_module
-from nodus_ray.sandbox.sandbox import CommandResult
+from nodus_ray.sandbox import CommandResult
+from nodus_ray.sandbox import backend as sandbox_backend
 
 ARITHMETIC = "nodus/arithmetic-v2@2.0.0"
 PYTHON_FIX = "nodus/python-fix@1.0.0"
@@ -284,10 +284,10 @@ def test_grading_workspace_writes_never_follow_a_planted_symlink(tmp_path: Path)
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Grade under bubblewrap (skipped where it cannot run) and under the process fallback."""
     if request.param == "bubblewrap":
-        if not sandbox_module.bwrap_available():
-            pytest.skip(f"bubblewrap cannot run here: {sandbox_module._probe_bwrap()}")
+        if not sandbox_backend.bwrap_available():
+            pytest.skip(f"bubblewrap cannot run here: {sandbox_backend._probe_bwrap()}")
     else:
-        monkeypatch.setattr(sandbox_module, "_probe_bwrap", lambda: "disabled for this test")
+        monkeypatch.setattr(sandbox_backend, "_probe_bwrap", lambda: "disabled for this test")
     return request.param
 
 

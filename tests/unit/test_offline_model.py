@@ -19,7 +19,7 @@ import pytest
 
 from nodus_ray.models.base import BASH_TOOL, ModelProvider, ModelRequest, ModelResponse
 from nodus_ray.models.offline import OFFLINE_MODELS, OfflineProvider
-from nodus_ray.sandbox.sandbox import CommandResult
+from nodus_ray.sandbox import CommandResult
 
 MODEL = "offline-sonnet"
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray.sandbox import sandbox as sandbox_module
-from nodus_ray.sandbox.sandbox import (
+from nodus_ray.sandbox import (
     BubblewrapSandbox,
     CommandResult,
     ProcessSandbox,
@@ -30,11 +29,15 @@ from nodus_ray.sandbox.sandbox import (
     bwrap_available,
     create_sandbox,
 )
+from nodus_ray.sandbox import backend as backend_module
+from nodus_ray.sandbox import bubblewrap as bubblewrap_module
+from nodus_ray.sandbox import hidden as hidden_module
+from nodus_ray.sandbox import workspace as workspace_module
 from tests.sandbox_uids import processes_of, unused_uid
 
 needs_bwrap = pytest.mark.skipif(
     not bwrap_available(),
-    reason=f"bubblewrap cannot run here: {sandbox_module._probe_bwrap()}",
+    reason=f"bubblewrap cannot run here: {backend_module._probe_bwrap()}",
 )
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop only happens when running as root")
 SANDBOX_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
@@ -115,7 +118,7 @@ def test_command_result_round_trips_and_tells_the_model_how_it_ended() -> None:
 
 
 def test_bwrap_argv_without_root_uses_a_user_namespace() -> None:
-    argv = sandbox_module._bwrap_argv(
+    argv = bubblewrap_module._bwrap_argv(
         "/usr/bin/bwrap",
         None,
         Path("/srv/ws"),
@@ -129,7 +132,7 @@ def test_bwrap_argv_without_root_uses_a_user_namespace() -> None:
     assert argv[argv.index("--bind") + 1 : argv.index("--bind") + 3] == ["/srv/ws", "/tmp/workspace"]
     assert argv[-2:] == ["--", "/bin/true"]
     assert "--seccomp" not in argv
-    networked = sandbox_module._bwrap_argv(
+    networked = bubblewrap_module._bwrap_argv(
         "/usr/bin/bwrap",
         None,
         Path("/srv/ws"),
@@ -154,9 +157,9 @@ def test_hidden_run_keeps_resolv_conf_for_networked_commands(host_dir: Path) -> 
     link = host_dir / "resolv.conf"
     link.symlink_to(run / "resolve" / "stub-resolv.conf")
     stub = str(run / "resolve" / "stub-resolv.conf")
-    args = sandbox_module._hide_args([run], keep=[str(link)])
+    args = hidden_module._hide_args([run], keep=[str(link)])
     assert args == ["--tmpfs", str(run), "--ro-bind", stub, stub, "--remount-ro", str(run)]
-    assert sandbox_module._hide_args([run], keep=[str(host_dir / "elsewhere")]) == [
+    assert hidden_module._hide_args([run], keep=[str(host_dir / "elsewhere")]) == [
         "--tmpfs",
         str(run),
         "--remount-ro",
@@ -165,15 +168,15 @@ def test_hidden_run_keeps_resolv_conf_for_networked_commands(host_dir: Path) -> 
 
 
 def test_sandbox_uid_is_stable_per_workspace_and_in_range() -> None:
-    a = sandbox_module._sandbox_uid(Path("/var/lib/nodus/sandboxes/p/run-a"))
-    assert a == sandbox_module._sandbox_uid(Path("/var/lib/nodus/sandboxes/p/run-a"))
+    a = workspace_module._sandbox_uid(Path("/var/lib/nodus/sandboxes/p/run-a"))
+    assert a == workspace_module._sandbox_uid(Path("/var/lib/nodus/sandboxes/p/run-a"))
     assert 200_000 <= a < 250_000
-    others = {sandbox_module._sandbox_uid(Path(f"/var/lib/nodus/sandboxes/p/run-{i}")) for i in range(50)}
+    others = {workspace_module._sandbox_uid(Path(f"/var/lib/nodus/sandboxes/p/run-{i}")) for i in range(50)}
     assert len(others) > 45
 
 
 def test_create_sandbox_falls_back_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox_module, "_probe_bwrap", lambda: "bwrap not found")
+    monkeypatch.setattr(backend_module, "_probe_bwrap", lambda: "bwrap not found")
     box = create_sandbox(tmp_path / "a" / "b" / "ws")
     assert isinstance(box, ProcessSandbox)
     assert box.backend == "process"
@@ -223,7 +226,7 @@ def test_bwrap_argv_hides_paths_after_tmp_and_before_the_workspace(host_dir: Pat
     link = host_dir / "link-to-storage"
     link.symlink_to(storage)
     hidden = [storage / "nested", link, secret_file, host_dir / "missing", Path("/tmp/whatever")]
-    argv = sandbox_module._bwrap_argv(
+    argv = bubblewrap_module._bwrap_argv(
         "/usr/bin/bwrap",
         None,
         storage / "ws",
@@ -239,8 +242,8 @@ def test_bwrap_argv_hides_paths_after_tmp_and_before_the_workspace(host_dir: Pat
     assert argv[argv.index(str(storage)) + 1 : argv.index(str(storage)) + 3] == ["--remount-ro", str(storage)]
     file_bind = argv.index(str(secret_file))
     assert argv[file_bind - 2 : file_bind] == ["--ro-bind", "/dev/null"]
-    assert argv.index("/dev/shm") < argv.index(str(storage)) < argv.index(sandbox_module.SANDBOX_WORKSPACE)
-    assert argv.index(str(secret_file)) < argv.index(sandbox_module.SANDBOX_WORKSPACE)
+    assert argv.index("/dev/shm") < argv.index(str(storage)) < argv.index(bubblewrap_module.SANDBOX_WORKSPACE)
+    assert argv.index(str(secret_file)) < argv.index(bubblewrap_module.SANDBOX_WORKSPACE)
 
 
 def test_default_hidden_paths_cover_credentials_and_ray(
@@ -249,13 +252,13 @@ def test_default_hidden_paths_cover_credentials_and_ray(
     home = host_dir / "home"
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("RAY_TMPDIR", str(host_dir / "raytmp"))
-    defaults = sandbox_module._default_hidden_paths()
+    defaults = hidden_module._default_hidden_paths()
     assert Path("/root") in defaults and home in defaults and host_dir / "raytmp" / "ray" in defaults
     assert Path("/run") in defaults and Path("/var/run") in defaults  # daemon sockets (docker.sock)
     # A home that is the system (Debian's ``daemon`` user has /usr/sbin) must never be hidden.
     for system_home in ("/", "/usr/sbin", "/usr", "/etc"):
         monkeypatch.setenv("HOME", system_home)
-        assert Path(system_home) not in sandbox_module._default_hidden_paths()
+        assert Path(system_home) not in hidden_module._default_hidden_paths()
 
 
 # -- bubblewrap ------------------------------------------------------------------------------
