@@ -1,0 +1,386 @@
+"""Every storage key the service reads or writes, built in one place.
+
+Storage (`nodus_ray.store.storage.Storage`) is the service's only durable state, so the shape
+of storage is part of its contract: a cluster restarted on a newer version reads what the older
+one wrote. The keys are therefore built here and nowhere else, byte for byte as they always
+were, and `LAYOUT` lists each kind of object with what it holds and who writes it.
+``docs/architecture.md`` shows `layout_table` of it, and a unit test fails when the two differ,
+so a key cannot be added without its line in the docs.
+
+Each kind of object, and the function that builds its key (`LAYOUT` says more of each; a
+test checks this list against it)::
+
+    projects/{project}/agents/{name}/agent.json                               agent_document
+    projects/{project}/agents/{name}/revisions/{rev:06d}.json                 agent_revision
+    projects/{project}/agentruns/{name}/run.json                              run_document
+    projects/{project}/agentruns/{name}/agent.json                            run_agent
+    projects/{project}/agentruns/{name}/journal/{seq:012d}.arrow              journal_segment
+    projects/{project}/agentruns/{name}/journal/{first:012d}-{last:012d}.arrow  journal_chunk
+    projects/{project}/agentruns/{name}/answer.txt                            run_answer
+    projects/{project}/agentruns/{name}/messages/{seq:08d}.json               message
+    projects/{project}/agentruns/{name}/workspace/{seq:012d}.tar.gz           workspace_snapshot
+    projects/{project}/agentruns/{name}/seed.tar.gz                           seed
+    projects/{project}/agentgroups/{name}/group.json                          group_document
+    projects/{project}/agentgroups/{name}/evaluation/cases/{run}.json         evaluation_case
+    projects/{project}/agentgroups/{name}/evaluation/results.parquet          evaluation_results
+    projects/{project}/batches/{id}.json                                      batch_record
+    projects/{project}/secrets/{name}.json                                    secret
+    projects/{project}/tokens/{name}.json                                     token
+    projects/{project}/credits.json                                           credits
+    system/tokens/{name}.json                                                 operator_token
+    system/anthropic-key.json                                                 server_model_key
+
+The ``*_folder`` and ``*_prefix`` functions name the folders above (to list or delete a tree).
+Functions that take a ``prefix`` take what `run_prefix` (or `journal_folder`) returned: the
+journal, the workspace snapshots and the seed are addressed by the code that holds only a run's
+prefix (a `Journal`, `WorkspaceSnapshots`, the grader).
+
+Pure: string formatting only, no I/O, no Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = [
+    "Key",
+    "LAYOUT",
+    "layout_table",
+    "projects_folder",
+    "agents_folder",
+    "agent_prefix",
+    "agent_document",
+    "agent_revision",
+    "runs_folder",
+    "run_prefix",
+    "run_document",
+    "run_agent",
+    "run_answer",
+    "journal_folder",
+    "journal_segment",
+    "journal_chunk",
+    "messages_folder",
+    "message",
+    "workspace_folder",
+    "workspace_snapshot",
+    "seed",
+    "groups_folder",
+    "group_prefix",
+    "group_document",
+    "evaluation_prefix",
+    "evaluation_cases_folder",
+    "evaluation_case",
+    "evaluation_results",
+    "batches_folder",
+    "batch_record",
+    "secrets_folder",
+    "secret",
+    "tokens_folder",
+    "token",
+    "operator_tokens_folder",
+    "operator_token",
+    "credits",
+    "server_model_key",
+]
+
+_PROJECTS = "projects"
+_SYSTEM = "system"
+_JOURNAL_DIGITS = 12  # journal segments and chunks: ``{seq:012d}.arrow``, ``{a:012d}-{b:012d}.arrow``
+_WORKSPACE_DIGITS = 12  # workspace snapshots: ``{seq:012d}.tar.gz``
+_MESSAGE_DIGITS = 8  # a keep-alive run's inbox: ``{seq:08d}.json``
+_REVISION_DIGITS = 6  # an agent's revisions: ``{rev:06d}.json``
+
+
+# -- projects and agents ---------------------------------------------------------------------
+
+
+def projects_folder() -> str:
+    """The folder of every project (listed at startup to reload them)."""
+    return _PROJECTS
+
+
+def agents_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/agents"
+
+
+def agent_prefix(project: str, name: str) -> str:
+    return f"{agents_folder(project)}/{name}"
+
+
+def agent_document(project: str, name: str) -> str:
+    """The current Agent, with ``status.revision``."""
+    return f"{agent_prefix(project, name)}/agent.json"
+
+
+def agent_revision(project: str, name: str, revision: int) -> str:
+    """One accepted revision of an Agent (a run pins one; an evaluation reads it back)."""
+    return f"{agent_prefix(project, name)}/revisions/{revision:0{_REVISION_DIGITS}d}.json"
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+
+def runs_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/agentruns"
+
+
+def run_prefix(project: str, name: str) -> str:
+    """Everything of one run lives under this prefix; deleting the run deletes the tree."""
+    return f"{runs_folder(project)}/{name}"
+
+
+def run_document(project: str, name: str) -> str:
+    """The AgentRun with its status."""
+    return f"{run_prefix(project, name)}/run.json"
+
+
+def run_agent(project: str, name: str) -> str:
+    """The Agent revision the run pinned when it was created."""
+    return f"{run_prefix(project, name)}/agent.json"
+
+
+def run_answer(project: str, name: str) -> str:
+    """The run's full answer (its status holds only a preview)."""
+    return f"{run_prefix(project, name)}/answer.txt"
+
+
+def journal_folder(project: str, name: str) -> str:
+    """The run's journal: the prefix a `Journal` is opened on."""
+    return f"{run_prefix(project, name)}/journal"
+
+
+def journal_segment(prefix: str, seq: int) -> str:
+    """One journal record, written once (``prefix`` is the journal's, e.g. `journal_folder`)."""
+    return f"{prefix}/{seq:0{_JOURNAL_DIGITS}d}.arrow"
+
+
+def journal_chunk(prefix: str, first: int, last: int) -> str:
+    """The records ``first``..``last`` of a journal, merged by compaction."""
+    return f"{prefix}/{first:0{_JOURNAL_DIGITS}d}-{last:0{_JOURNAL_DIGITS}d}.arrow"
+
+
+def messages_folder(project: str, name: str) -> str:
+    return f"{run_prefix(project, name)}/messages"
+
+
+def message(project: str, name: str, seq: int) -> str:
+    """One message to a keep-alive run, in the order it was accepted."""
+    return f"{messages_folder(project, name)}/{seq:0{_MESSAGE_DIGITS}d}.json"
+
+
+def workspace_folder(prefix: str) -> str:
+    """The run's workspace snapshots (``prefix`` is the run's, from `run_prefix`)."""
+    return f"{prefix}/workspace"
+
+
+def workspace_snapshot(prefix: str, seq: int) -> str:
+    """The run's workspace as it was after command ``seq`` (a tar.gz)."""
+    return f"{workspace_folder(prefix)}/{seq:0{_WORKSPACE_DIGITS}d}.tar.gz"
+
+
+def seed(prefix: str) -> str:
+    """A seeded run's first workspace (an evaluation task's files, a tar.gz)."""
+    return f"{prefix}/seed.tar.gz"
+
+
+# -- groups and evaluations ------------------------------------------------------------------
+
+
+def groups_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/agentgroups"
+
+
+def group_prefix(project: str, name: str) -> str:
+    """Everything of one group lives under this prefix; deleting the group deletes the tree."""
+    return f"{groups_folder(project)}/{name}"
+
+
+def group_document(project: str, name: str) -> str:
+    """The AgentGroup: its spec and last status."""
+    return f"{group_prefix(project, name)}/group.json"
+
+
+def evaluation_prefix(project: str, name: str) -> str:
+    """An evaluation group's results."""
+    return f"{group_prefix(project, name)}/evaluation"
+
+
+def evaluation_cases_folder(project: str, name: str) -> str:
+    return f"{evaluation_prefix(project, name)}/cases"
+
+
+def evaluation_case(project: str, name: str, run: str) -> str:
+    """The final record of one case (the case's run is ``run``)."""
+    return f"{evaluation_cases_folder(project, name)}/{run}.json"
+
+
+def evaluation_results(project: str, name: str) -> str:
+    """Every case's final record, one row each (rewritten as cases finish)."""
+    return f"{evaluation_prefix(project, name)}/results.parquet"
+
+
+# -- batches, secrets, tokens, credits -------------------------------------------------------
+
+
+def batches_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/batches"
+
+
+def batch_record(project: str, record_id: str) -> str:
+    """A batch record: Pending before any of its runs is written, then Done with its answer."""
+    return f"{batches_folder(project)}/{record_id}.json"
+
+
+def secrets_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/secrets"
+
+
+def secret(project: str, name: str) -> str:
+    """A Secret: its keys in the clear, its values sealed."""
+    return f"{secrets_folder(project)}/{name}.json"
+
+
+def tokens_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/tokens"
+
+
+def token(project: str, name: str) -> str:
+    """A project token: its role and the SHA-256 of its value, never the value."""
+    return f"{tokens_folder(project)}/{name}.json"
+
+
+def operator_tokens_folder() -> str:
+    return f"{_SYSTEM}/tokens"
+
+
+def operator_token(name: str) -> str:
+    """An operator token (admin in every project), stored as a project token is."""
+    return f"{operator_tokens_folder()}/{name}.json"
+
+
+def credits(project: str) -> str:
+    """A project's credits: what was granted, and what its deleted runs had spent."""
+    return f"{_PROJECTS}/{project}/credits.json"
+
+
+def server_model_key() -> str:
+    """The server's own Anthropic key, sealed."""
+    return f"{_SYSTEM}/anthropic-key.json"
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Key:
+    """One kind of object in storage: its key pattern (a `str.format` pattern over the
+    function's values), what it holds, who writes it, and the function that builds it."""
+
+    pattern: str
+    holds: str
+    written_by: str
+    function: Callable[..., str]
+
+
+_RUN = "projects/{project}/agentruns/{name}"
+_GROUP = "projects/{project}/agentgroups/{name}"
+
+LAYOUT: tuple[Key, ...] = (
+    Key(
+        "projects/{project}/agents/{name}/agent.json",
+        "the current Agent (with status.revision)",
+        "control plane (agents)",
+        agent_document,
+    ),
+    Key(
+        "projects/{project}/agents/{name}/revisions/{rev:06d}.json",
+        "every accepted revision of the Agent",
+        "control plane (agents)",
+        agent_revision,
+    ),
+    Key(f"{_RUN}/run.json", "the AgentRun with its status", "control plane (runs)", run_document),
+    Key(f"{_RUN}/agent.json", "the Agent revision the run pinned", "control plane (runs)", run_agent),
+    Key(
+        f"{_RUN}/journal/{{seq:012d}}.arrow",
+        "one journal record per segment",
+        "run actor; control plane (resolution)",
+        journal_segment,
+    ),
+    Key(
+        f"{_RUN}/journal/{{first:012d}}-{{last:012d}}.arrow",
+        "journal records first..last, merged by compaction",
+        "run actor",
+        journal_chunk,
+    ),
+    Key(f"{_RUN}/answer.txt", "the full answer", "run actor", run_answer),
+    Key(f"{_RUN}/messages/{{seq:08d}}.json", "a keep-alive run's inbox", "control plane (messages)", message),
+    Key(
+        f"{_RUN}/workspace/{{seq:012d}}.tar.gz",
+        "the workspace after command {seq}",
+        "run actor (workspace snapshots)",
+        workspace_snapshot,
+    ),
+    Key(
+        f"{_RUN}/seed.tar.gz",
+        "an evaluation task's files: the run's first workspace",
+        "control plane (evaluations)",
+        seed,
+    ),
+    Key(f"{_GROUP}/group.json", "an AgentGroup: spec, last status", "control plane (groups)", group_document),
+    Key(
+        f"{_GROUP}/evaluation/cases/{{run}}.json",
+        "an evaluation case's final record",
+        "control plane (evaluations)",
+        evaluation_case,
+    ),
+    Key(
+        f"{_GROUP}/evaluation/results.parquet",
+        "every case's final record, one row each",
+        "control plane (evaluations)",
+        evaluation_results,
+    ),
+    Key(
+        "projects/{project}/batches/{id}.json",
+        "a batch record (Pending, or Done with its answer)",
+        "control plane (batches)",
+        batch_record,
+    ),
+    Key(
+        "projects/{project}/secrets/{name}.json",
+        "a Secret: its keys, and its values sealed",
+        "control plane (secrets)",
+        secret,
+    ),
+    Key(
+        "projects/{project}/tokens/{name}.json",
+        "a project token: its role and the SHA-256 of its value",
+        "control plane (tokens)",
+        token,
+    ),
+    Key(
+        "projects/{project}/credits.json",
+        "credits granted, spend of deleted runs",
+        "control plane (credits)",
+        credits,
+    ),
+    Key(
+        "system/tokens/{name}.json",
+        "an operator token (admin in every project), hashed",
+        "control plane (tokens), at `nodus up`",
+        operator_token,
+    ),
+    Key(
+        "system/anthropic-key.json",
+        "the server's Anthropic key, sealed",
+        "control plane (secrets), at `nodus up`",
+        server_model_key,
+    ),
+)
+
+
+def layout_table() -> str:
+    """`LAYOUT` as the Markdown table ``docs/architecture.md`` shows (a test checks they agree)."""
+    rows = ["| Key | What it holds | Written by |", "| --- | --- | --- |"]
+    rows += [f"| `{key.pattern}` | {key.holds} | {key.written_by} |" for key in LAYOUT]
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,121 @@
+"""The storage layout: every key pinned byte for byte, and the docs' table checked against it.
+
+The pins are written out by hand, not derived from `layout`: storage written by an earlier
+version must still be read, so a key may only change on purpose, with this file.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import pytest
+
+from nodus_ray.store import layout
+
+RUN = "projects/p/agentruns/n"
+GROUP = "projects/p/agentgroups/n"
+
+# (the call, the key it must build)
+PINNED: dict[str, tuple[Callable[[], str], str]] = {
+    "projects_folder": (lambda: layout.projects_folder(), "projects"),
+    "agents_folder": (lambda: layout.agents_folder("p"), "projects/p/agents"),
+    "agent_prefix": (lambda: layout.agent_prefix("p", "n"), "projects/p/agents/n"),
+    "agent_document": (lambda: layout.agent_document("p", "n"), "projects/p/agents/n/agent.json"),
+    "agent_revision": (
+        lambda: layout.agent_revision("p", "n", 3),
+        "projects/p/agents/n/revisions/000003.json",
+    ),
+    "runs_folder": (lambda: layout.runs_folder("p"), "projects/p/agentruns"),
+    "run_prefix": (lambda: layout.run_prefix("p", "n"), RUN),
+    "run_document": (lambda: layout.run_document("p", "n"), f"{RUN}/run.json"),
+    "run_agent": (lambda: layout.run_agent("p", "n"), f"{RUN}/agent.json"),
+    "run_answer": (lambda: layout.run_answer("p", "n"), f"{RUN}/answer.txt"),
+    "journal_folder": (lambda: layout.journal_folder("p", "n"), f"{RUN}/journal"),
+    "journal_segment": (
+        lambda: layout.journal_segment(f"{RUN}/journal", 7),
+        f"{RUN}/journal/000000000007.arrow",
+    ),
+    "journal_chunk": (
+        lambda: layout.journal_chunk(f"{RUN}/journal", 0, 7),
+        f"{RUN}/journal/000000000000-000000000007.arrow",
+    ),
+    "messages_folder": (lambda: layout.messages_folder("p", "n"), f"{RUN}/messages"),
+    "message": (lambda: layout.message("p", "n", 7), f"{RUN}/messages/00000007.json"),
+    "workspace_folder": (lambda: layout.workspace_folder(RUN), f"{RUN}/workspace"),
+    "workspace_snapshot": (
+        lambda: layout.workspace_snapshot(RUN, 7),
+        f"{RUN}/workspace/000000000007.tar.gz",
+    ),
+    "seed": (lambda: layout.seed(RUN), f"{RUN}/seed.tar.gz"),
+    "groups_folder": (lambda: layout.groups_folder("p"), "projects/p/agentgroups"),
+    "group_prefix": (lambda: layout.group_prefix("p", "n"), GROUP),
+    "group_document": (lambda: layout.group_document("p", "n"), f"{GROUP}/group.json"),
+    "evaluation_prefix": (lambda: layout.evaluation_prefix("p", "n"), f"{GROUP}/evaluation"),
+    "evaluation_cases_folder": (
+        lambda: layout.evaluation_cases_folder("p", "n"),
+        f"{GROUP}/evaluation/cases",
+    ),
+    "evaluation_case": (
+        lambda: layout.evaluation_case("p", "n", "r"),
+        f"{GROUP}/evaluation/cases/r.json",
+    ),
+    "evaluation_results": (
+        lambda: layout.evaluation_results("p", "n"),
+        f"{GROUP}/evaluation/results.parquet",
+    ),
+    "batches_folder": (lambda: layout.batches_folder("p"), "projects/p/batches"),
+    "batch_record": (lambda: layout.batch_record("p", "b1"), "projects/p/batches/b1.json"),
+    "secrets_folder": (lambda: layout.secrets_folder("p"), "projects/p/secrets"),
+    "secret": (lambda: layout.secret("p", "n"), "projects/p/secrets/n.json"),
+    "tokens_folder": (lambda: layout.tokens_folder("p"), "projects/p/tokens"),
+    "token": (lambda: layout.token("p", "n"), "projects/p/tokens/n.json"),
+    "operator_tokens_folder": (lambda: layout.operator_tokens_folder(), "system/tokens"),
+    "operator_token": (lambda: layout.operator_token("n"), "system/tokens/n.json"),
+    "credits": (lambda: layout.credits("p"), "projects/p/credits.json"),
+    "server_model_key": (lambda: layout.server_model_key(), "system/anthropic-key.json"),
+}
+
+# The values the samples above use, by the names the `LAYOUT` patterns give them.
+VALUES = {"project": "p", "name": "n", "rev": 3, "seq": 7, "first": 0, "last": 7, "run": "r", "id": "b1"}
+
+_NOT_KEYS = {"Key", "LAYOUT", "layout_table"}
+
+
+def _key_functions() -> set[str]:
+    return set(layout.__all__) - _NOT_KEYS
+
+
+@pytest.mark.parametrize("function", sorted(PINNED))
+def test_each_key_is_pinned(function: str) -> None:
+    call, expected = PINNED[function]
+    assert call() == expected
+
+
+def test_every_key_function_is_pinned() -> None:
+    assert set(PINNED) == _key_functions()
+    for name in _key_functions():
+        assert inspect.isfunction(getattr(layout, name)), name
+
+
+def test_every_object_is_in_the_layout_and_its_pattern_is_what_the_function_builds() -> None:
+    in_layout = {key.function.__name__ for key in layout.LAYOUT}
+    folders = {name for name in _key_functions() if name.endswith(("_folder", "_prefix"))}
+    # A key function that names an object (not a folder) must have its line in the table.
+    assert _key_functions() - folders == in_layout
+    patterns = [key.pattern.format(**VALUES) for key in layout.LAYOUT]
+    for key, formatted in zip(layout.LAYOUT, patterns, strict=True):
+        assert formatted == PINNED[key.function.__name__][1], key.pattern
+    # A folder holds objects of the table.
+    for name in folders:
+        folder = PINNED[name][1]
+        assert any(pattern.startswith(f"{folder}/") for pattern in patterns), name
+
+
+def test_the_module_docstring_lists_the_layout() -> None:
+    listed = [
+        tuple(line.split())
+        for line in (layout.__doc__ or "").splitlines()
+        if line.startswith(("    projects/", "    system/"))
+    ]
+    assert listed == [(key.pattern, key.function.__name__) for key in layout.LAYOUT]
