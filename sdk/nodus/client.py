@@ -8,6 +8,7 @@ server raised (rebuilt from ``{code, message, details}``), and every transport f
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -275,7 +276,7 @@ class Client:
 
     def list(
         self, collection: str, *, project: str | None = None, params: Mapping[str, str] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         """The items of a collection (``?agent=NAME`` filters agentruns server-side)."""
         body = self._json(self._request("GET", self._path(collection, project), params=params))
         items = body.get("items") if isinstance(body, dict) else None
@@ -330,7 +331,7 @@ class Client:
         """Stop the run's command and delete its sandbox; the run ends Cancelled."""
         return self._json(self._request("POST", self._path("agentruns", project, name, "cancel")))
 
-    def run_steps(self, name: str, *, project: str | None = None) -> list[dict[str, Any]]:
+    def run_steps(self, name: str, *, project: str | None = None) -> builtins.list[dict[str, Any]]:
         """The run's journaled steps, in order."""
         body = self._json(self._request("GET", self._path("agentruns", project, name, "steps")))
         items = body.get("items") if isinstance(body, dict) else None
@@ -375,7 +376,7 @@ class Client:
 
     def create_runs(
         self, runs: Iterable[Mapping[str, Any]], *, idempotency_key: str, project: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         """POST an AgentRunList: every run is created, in list order, or none is (at most 100).
 
         The same ``idempotency_key`` again returns the first answer and creates nothing, so a
@@ -405,7 +406,7 @@ class Client:
         """Cancel the group's unfinished runs; finished runs keep their answers."""
         return self._json(self._request("POST", self._path("agentgroups", project, name, "cancel")))
 
-    def group_runs(self, name: str, *, project: str | None = None) -> list[dict[str, Any]]:
+    def group_runs(self, name: str, *, project: str | None = None) -> builtins.list[dict[str, Any]]:
         """The group's member runs, in creation order."""
         return self.list("agentruns", project=project, params={"group": name})
 
@@ -415,6 +416,6 @@ class Client:
 
     # -- environments -----------------------------------------------------------------------
 
-    def environments(self, *, project: str | None = None) -> list[dict[str, Any]]:
+    def environments(self, *, project: str | None = None) -> builtins.list[dict[str, Any]]:
         """Every Environment the server can evaluate on, at every installed version."""
         return self.list("environments", project=project)

@@ -172,7 +172,7 @@ _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], 
 }
 
 # Field selectors on agentruns the server also filters by (``?agent=``, ``?group=``).
-_SERVER_FILTERS = {("spec", "agent"): "agent", ("spec", "group"): "group"}
+_SERVER_FILTERS: dict[tuple[str | int, ...], str] = {("spec", "agent"): "agent", ("spec", "group"): "group"}
 
 
 def _field_selector(text: str) -> list[tuple[str, bool, str]]:

@@ -15,7 +15,7 @@ from rich.table import Table
 __all__ = ["dump_yaml", "dump_json", "print_table", "shorten", "dollars"]
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc,unused-ignore]  # PyYAML may have no stubs
     """Multi-line strings (system prompts, answers) as ``|`` blocks instead of escaped one-liners."""
 
 
@@ -30,8 +30,8 @@ _Dumper.add_representer(str, _represent_str)
 def dump_yaml(value: Any, *, multi: bool = False) -> str:
     """One YAML document, or a ``---``-separated stream when ``multi`` and given a list."""
     if multi:
-        return yaml.dump_all(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        return str(yaml.dump_all(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
+    return str(yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
 
 
 def dump_json(value: Any) -> str:

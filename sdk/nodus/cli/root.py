@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
@@ -49,8 +49,11 @@ __all__ = [
 _CLICK = typer.BadParameter.__module__.rpartition(".")[0]
 _click_exceptions: Any = importlib.import_module(f"{_CLICK}.exceptions")
 _click_globals: Any = importlib.import_module(f"{_CLICK}.globals")
-UsageError: type[Exception] = _click_exceptions.UsageError
-ClickException: type[Exception] = _click_exceptions.ClickException
+if TYPE_CHECKING:  # the click package has the same classes, with types
+    from click.exceptions import ClickException, UsageError
+else:
+    UsageError = _click_exceptions.UsageError
+    ClickException = _click_exceptions.ClickException
 _ABORTS: tuple[type[BaseException], ...] = tuple(
     {typer.Abort, getattr(_click_exceptions, "Abort", typer.Abort)}
 )
@@ -68,7 +71,7 @@ class CliError(ClickException):
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc,unused-ignore]  # a ClassVar in click's stubs
 
 
 def _one_line(text: str) -> str:
@@ -86,7 +89,7 @@ def _describe(exc: NodusError) -> str:
 class _NodusGroup(TyperGroup):
     """The root command: turns every exception into one ``error:`` line and an exit code."""
 
-    def main(  # type: ignore[override]
+    def main(  # type: ignore[override,unused-ignore]
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,
@@ -202,7 +205,7 @@ def parse_targets(args: Sequence[str], *, need_name: bool) -> list[tuple[str, st
     if not args:
         raise UsageError(f"name a kind ({KIND_HELP}), as KIND/NAME or KIND NAME")
     if "/" in args[0]:
-        targets = []
+        targets: list[tuple[str, str, str | None]] = []
         for arg in args:
             kind_text, _, name = arg.partition("/")
             if not name:
