@@ -1,0 +1,83 @@
+"""What every resource schema shares: the API version, names, dollar amounts, the metadata, and
+the two model bases (strict specs, open server-written status).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Final, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+__all__ = [
+    "API_VERSION",
+    "FAMILIES",
+    "MAX_INPUT_BYTES",
+    "ANSWER_PREVIEW_BYTES",
+    "DNS_LABEL",
+    "validate_dns_label",
+    "DnsLabel",
+    "UsdAmount",
+    "Family",
+    "StrictModel",
+    "OpenModel",
+    "ObjectMeta",
+]
+
+API_VERSION: Final = "nodus.dev/v1"
+FAMILIES: tuple[str, ...] = ("haiku", "sonnet", "opus", "fable")
+MAX_INPUT_BYTES = 256 * 1024
+ANSWER_PREVIEW_BYTES = 4 * 1024
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DECIMAL = re.compile(r"^\d{1,7}(\.\d{1,6})?$")
+
+
+def validate_dns_label(value: str) -> str:
+    """A name as Kubernetes spells one: lower-case letters, digits and '-', at most 63."""
+    if not isinstance(value, str) or not DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS label (lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters)"
+        )
+    return value
+
+
+def _validate_usd(value: str) -> str:
+    if not isinstance(value, str) or not _DECIMAL.match(value):
+        raise ValueError(f'{value!r} is not a decimal amount of dollars such as "0.50"')
+    try:
+        amount = Decimal(value)
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid decimals
+        raise ValueError(f"{value!r} is not a decimal") from exc
+    if amount <= 0:
+        raise ValueError("must be more than 0")
+    return value
+
+
+DnsLabel = Annotated[str, AfterValidator(validate_dns_label)]
+UsdAmount = Annotated[str, AfterValidator(_validate_usd)]
+Family = Literal["haiku", "sonnet", "opus", "fable"]
+
+
+class StrictModel(BaseModel):
+    """What a user writes (specs, metadata): an unknown field is refused, never dropped."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
+
+
+class OpenModel(BaseModel):
+    """Server-written parts (status) stay readable by older clients when fields are added."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ObjectMeta(StrictModel):
+    name: DnsLabel
+    project: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resourceVersion: int | None = None  # the server's count of writes (a run's, for resolve)
+    creationTimestamp: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,185 @@
+"""The AgentGroup: runs of one agent under one limit and one cost cap, and the evaluation an
+evaluation group runs and grades (document 002).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from .durations import parse_duration
+from .schema_common import API_VERSION, DnsLabel, ObjectMeta, OpenModel, StrictModel, UsdAmount
+
+__all__ = [
+    "GroupPhase",
+    "GROUP_TERMINAL_PHASES",
+    "MAX_PENDING_LIMIT",
+    "GroupLimitsSpec",
+    "MAX_EVALUATION_CASES",
+    "EvaluationSpec",
+    "AgentGroupSpec",
+    "GroupCounts",
+    "GroupCost",
+    "UNSCORED_STATES",
+    "CASE_STATES",
+    "EvaluationStatus",
+    "AgentGroupStatus",
+    "AgentGroup",
+]
+
+GroupPhase = Literal["Running", "Cancelling", "Succeeded", "Failed", "Cancelled"]
+GROUP_TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+MAX_PENDING_LIMIT = 10000
+
+
+class GroupLimitsSpec(StrictModel):
+    maxActive: int = Field(default=10, ge=1, le=1000)
+    maxPending: int = Field(default=10000, ge=1, le=MAX_PENDING_LIMIT)
+
+
+MAX_EVALUATION_CASES = 100
+_ENVIRONMENT_REF = re.compile(
+    r"^(?P<owner>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
+    r"(@(?P<version>[0-9A-Za-z][0-9A-Za-z.+-]*))?$"
+)
+_EVALUATION_TIMEOUT = (timedelta(minutes=1), timedelta(hours=24))
+
+
+def _validate_environment_ref(value: str) -> str:
+    match = _ENVIRONMENT_REF.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(
+            f'{value[:80]!r} is not an Environment reference such as "nodus/arithmetic-v2@2.0.0" '
+            "(owner/name@version)"
+        )
+    if match.group("version") is None:
+        raise ValueError(
+            f'{value!r} names no version; an evaluation pins one, e.g. "{value}@2.0.0" '
+            "(`nodus get environments` lists the versions)"
+        )
+    return value
+
+
+def _validate_evaluation_timeout(value: str) -> str:
+    duration = parse_duration(value)
+    low, high = _EVALUATION_TIMEOUT
+    if duration < low or duration > high:
+        raise ValueError(f"{value!r} is outside 1m to 24h")
+    return value
+
+
+class EvaluationSpec(StrictModel):
+    """A versioned Environment's fixed task batch, run by the group and graded (document 002).
+
+    ``timeout`` counts from the group's creation and covers queueing and funding waits: it is
+    every member's absolute deadline, and grading stops at it too.
+    """
+
+    environment: Annotated[str, AfterValidator(_validate_environment_ref)]
+    split: str = Field(default="test", min_length=1, max_length=63)
+    tasks: int = Field(ge=1, le=MAX_EVALUATION_CASES)
+    repetitions: int = Field(default=1, ge=1, le=MAX_EVALUATION_CASES)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    timeout: Annotated[str, AfterValidator(_validate_evaluation_timeout)] = "30m"
+
+    @model_validator(mode="after")
+    def _bounded_batch(self) -> EvaluationSpec:
+        if self.tasks * self.repetitions > MAX_EVALUATION_CASES:
+            raise ValueError(
+                f"tasks x repetitions is {self.tasks * self.repetitions}; an evaluation runs at most "
+                f"{MAX_EVALUATION_CASES} cases"
+            )
+        return self
+
+
+class AgentGroupSpec(StrictModel):
+    """Runs of one agent under one concurrency limit and one cost cap.
+
+    ``sealed`` and ``state: Cancelled`` are one-way: once set they cannot be unset, and
+    ``maxCostUSD`` can only grow; the control plane enforces both on every update.
+    """
+
+    agent: DnsLabel
+    limits: GroupLimitsSpec = Field(default_factory=GroupLimitsSpec)
+    maxCostUSD: UsdAmount | None = None
+    sealed: bool = False
+    state: Literal["Running", "Cancelled"] = "Running"
+    evaluation: EvaluationSpec | None = None
+
+
+class GroupCounts(OpenModel):
+    queued: int = 0
+    active: int = 0
+    waiting: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    total: int = 0
+
+
+class GroupCost(OpenModel):
+    totalUSD: str = "0"
+    limitUSD: str | None = None
+    reservedUSD: str = "0"
+
+
+# A case's evaluation state. Pending: its run has not finished; Grading: the grader has its
+# answer; Scored: a verdict and a reward. The rest are unscored, each for its own reason, and
+# left out of the pass rate and the mean reward (a failure is not a zero reward).
+UNSCORED_STATES: tuple[str, ...] = (
+    "RunFailed",
+    "RunCancelled",
+    "MissingAnswer",
+    "GraderFailed",
+    "EvaluationTimeout",
+    "GradingCancelled",
+)
+CASE_STATES: tuple[str, ...] = ("Pending", "Grading", "Scored", *UNSCORED_STATES)
+
+
+class EvaluationStatus(OpenModel):
+    """What the evaluation found so far; rates are over scored cases only (None before the first)."""
+
+    environment: str
+    version: str
+    imageDigest: str | None = None
+    split: str
+    seed: int
+    tasks: int
+    repetitions: int
+    cases: int
+    deadlineAt: str | None = None
+    scored: int = 0
+    unscored: int = 0
+    pending: int = 0
+    passed: int = 0
+    passRate: float | None = None
+    meanReward: float | None = None
+    unscoredReasons: dict[str, int] = Field(default_factory=dict)
+    grading: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentGroupStatus(OpenModel):
+    phase: GroupPhase = "Running"
+    reason: str | None = None
+    message: str | None = None
+    counts: GroupCounts = Field(default_factory=GroupCounts)
+    blockedReasons: dict[str, int] = Field(
+        default_factory=lambda: {"DependencyWait": 0, "MaxActiveReached": 0, "MaxCostReached": 0}
+    )
+    cost: GroupCost = Field(default_factory=GroupCost)
+    agentRevision: int | None = None
+    finishedAt: str | None = None
+    evaluation: EvaluationStatus | None = None
+
+
+class AgentGroup(StrictModel):
+    apiVersion: Literal["nodus.dev/v1"] = API_VERSION
+    kind: Literal["AgentGroup"] = "AgentGroup"
+    metadata: ObjectMeta
+    spec: AgentGroupSpec
+    status: AgentGroupStatus | None = None
