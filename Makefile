@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps browser-deps demo test unit integration bench down clean
+.PHONY: setup system-deps browser-deps demo check test unit integration faults bench down clean
 
 $(BIN)/nodus: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,16 +40,31 @@ browser-deps:
 		echo "installing chromium (the console's browser tests) with apt"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
-# The fault-injection suite runs a second time on S3 (a local moto server the tests start).
-test: setup browser-deps
-	$(BIN)/pytest -q
+# Lint, format and types: what CI fails on before any test runs.
+CHECKED := nodus_ray sdk serve tests benchmarks examples
+check: setup
+	$(BIN)/ruff check $(CHECKED)
+	$(BIN)/ruff format --check $(CHECKED)
+	$(BIN)/mypy
+
+# Unit tests alone, with no Ray cluster; then the integration suite on its own Ray (own temp dir,
+# ports, HOME and storage, so a user's running service is never touched); then the
+# fault-injection suite, the only one whose service has crash points armed, on local storage and
+# on S3 (a local moto server the tests start).
+test: setup browser-deps check
+	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/integration --ignore=tests/integration/test_faults.py
+	$(BIN)/pytest -q tests/integration/test_faults.py
 	NODUS_TEST_STORAGE=s3 $(BIN)/pytest -q tests/integration/test_faults.py
 
 unit: setup
 	$(BIN)/pytest -q tests/unit
 
 integration: setup
-	$(BIN)/pytest -q tests/integration
+	$(BIN)/pytest -q tests/integration --ignore=tests/integration/test_faults.py
+
+faults: setup
+	$(BIN)/pytest -q tests/integration/test_faults.py
 
 bench: setup
 	$(BIN)/python benchmarks/run_overhead.py

@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -25,7 +23,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nodus import credentials
 from nodus.errors import NodusError, Unavailable
-from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE, SERVE_APP_NAME, ServerSettings
+from nodus_ray.local_head import start_head, stop_head
+from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE, SERVE_APP_NAME, HeadSettings, ServerSettings
 from nodus_ray.store.secret_box import install_configured_key
 
 __all__ = ["UpInfo", "up", "down"]
@@ -46,31 +45,8 @@ class UpInfo:
     credentials_file: str | None = None  # where the local user's operator token is kept
 
 
-def _ray_executable() -> str:
-    candidate = Path(sys.executable).parent / "ray"
-    return str(candidate) if candidate.exists() else "ray"
-
-
-def _start_local_head() -> None:
-    command = [
-        _ray_executable(),
-        "start",
-        "--head",
-        "--disable-usage-stats",
-        "--include-dashboard=true",
-        "--dashboard-host=127.0.0.1",
-    ]
-    # Ray's workers inherit this environment; the server's key reaches the control plane over
-    # RPC instead, so it is kept out of every worker process.
-    environment = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "NODUS_SECRET_KEY")}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise Unavailable(f"`ray start --head` failed: {tail[0]}")
-
-
 def _init(address: str) -> Any:
-    return ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+    return ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
 
 
 def _join(address: str) -> Any:
@@ -98,18 +74,43 @@ def _join(address: str) -> Any:
         ) from None
 
 
-def _connect(address: str | None) -> tuple[bool, Any]:
-    """Connect this driver; start a local head first when there is no cluster.
+def _answers(address: str) -> bool:
+    """Whether a GCS listens at ``host:port`` (a dead recorded head is not waited for)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
-    Returns whether a head was started, and Ray's context (which knows the dashboard URL).
+
+def _started_head_address(head: HeadSettings) -> str:
+    """The GCS address of the head just started: Ray writes it into the head's temp dir."""
+    temp_dir = Path(head.temp_dir or os.path.join(os.environ.get("RAY_TMPDIR") or "/tmp", "ray"))
+    try:
+        return (temp_dir / "ray_current_cluster").read_text().strip()
+    except OSError:
+        return f"127.0.0.1:{head.port_base or 6379}"
+
+
+def _connect(address: str | None, head: HeadSettings) -> tuple[bool, Any]:
+    """Connect this driver to this service's Ray; start a local head first when there is none.
+
+    Without ``address`` only the head a previous ``nodus up`` of this user recorded is reused,
+    never whatever Ray happens to run on the machine ("auto"): that may be another service's
+    (a user's own next to a test session's), and joining it would reconfigure or stop it.
+    Returns whether a head was started, and Ray's context (dashboard URL, session directory).
     """
     if address:
         return False, _join(address)
-    try:
-        return False, _init("auto")
-    except ConnectionError:
-        _start_local_head()
-        return True, _init("auto")
+    recorded = _read_state().get("ray_address")
+    if isinstance(recorded, str) and recorded and _answers(recorded):
+        try:
+            return False, _init(recorded)
+        except ConnectionError:
+            pass
+    start_head(head)
+    return True, _init(_started_head_address(head))
 
 
 def _ensure_control_plane(settings: ServerSettings) -> tuple[Any, dict[str, object]]:
@@ -145,7 +146,7 @@ def _ensure_router() -> None:
     """The routing service every run asks before a turn; runs fall back to sonnet without it."""
     from nodus_ray.runtime.router import ROUTER_ACTOR_NAME, JevRouter
 
-    router = (
+    router: Any = (
         ray.remote(num_cpus=0, max_restarts=-1)(JevRouter)
         .options(name=ROUTER_ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True)
         .remote()
@@ -205,6 +206,7 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
     """Start or reuse Ray, the control plane and the API; return where everything is."""
     try:
         settings = ServerSettings.from_env()
+        head = HeadSettings.from_env()
     except ValueError as error:
         raise NodusError(str(error), code="Invalid") from None
     if storage:
@@ -213,7 +215,9 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         install_configured_key(settings.secret_key_file)
     except ValueError as error:
         raise NodusError(str(error), code="Invalid") from None
-    started, ray_context = _connect(address)
+    started, ray_context = _connect(address, head)
+    session_dir = str(ray_context.address_info.get("session_dir") or "")
+    gcs_address = ray.get_runtime_context().gcs_address
     try:
         control_plane, info = _ensure_control_plane(settings)
         backend = _configure_model_key(control_plane)
@@ -222,61 +226,73 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         api_url = f"http://127.0.0.1:{port}"
         token_file = _keep_operator_token(control_plane, api_url)
         _wait_ready(api_url)
-        context = ray.get_runtime_context()
         dashboard = getattr(ray_context, "dashboard_url", None)
         result = UpInfo(
             api_url=api_url,
             storage=settings.storage_uri,
             model_backend=backend,
             sandbox=str(info["sandbox"]),
-            ray_address=context.gcs_address,
+            ray_address=gcs_address,
             dashboard_url=f"http://{dashboard}" if dashboard else None,
             started_ray=started,
             credentials_file=token_file,
         )
     except BaseException:
         # A head this call started and that does not serve is stopped again: left running, with
-        # no state file to say `nodus up` started it, the next `nodus up` would join it (and its
-        # workers would keep this call's environment) and `nodus down` would leave it running.
+        # no state file to say `nodus up` started it, the next `nodus up` would not know it and
+        # `nodus down` would leave it running.
         ray.shutdown()
-        if started:
-            subprocess.run(
-                [_ray_executable(), "stop", "--force"], capture_output=True, text=True, check=False
-            )
+        if started and session_dir:
+            stop_head(session_dir, gcs_address, force=True)
         raise
     finally:
         ray.shutdown()
-    previous = _read_state()
-    _STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    state = asdict(result)
-    state["started_ray"] = started or bool(previous.get("started_ray"))
-    _STATE_FILE.write_text(json.dumps(state, indent=2))
+    _record_state(result, session_dir)
     return result
+
+
+def _record_state(result: UpInfo, session_dir: str) -> None:
+    """What ``down`` and the next ``up`` need: the cluster's address, and whether (and which
+    session of) a head this user's ``up`` started, so that only that head is ever stopped."""
+    previous = _read_state()
+    state: dict[str, object] = {**asdict(result), "session_dir": session_dir if result.started_ray else ""}
+    if not result.started_ray and previous.get("ray_address") == result.ray_address:
+        # Reattached to the head an earlier `up` started: it is still ours to stop.
+        state["started_ray"] = bool(previous.get("started_ray"))
+        state["session_dir"] = previous.get("session_dir") or ""
+    _STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    _STATE_FILE.write_text(json.dumps(state, indent=2))
 
 
 def _read_state() -> dict[str, object]:
     try:
-        return json.loads(_STATE_FILE.read_text())
+        loaded = json.loads(_STATE_FILE.read_text())
     except (OSError, ValueError):
         return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def down() -> str:
-    """Stop the service. A Ray head that `up` started is stopped; a joined cluster is left running."""
+    """Stop this user's service. A Ray head that `up` started is stopped (that head alone, never
+    another Ray on the machine); from a joined cluster only the API and nodus actors go."""
     state = _read_state()
-    if state.get("started_ray"):
-        subprocess.run([_ray_executable(), "stop"], capture_output=True, text=True, check=False)
+    address = state.get("ray_address")
+    if not isinstance(address, str) or not address:
+        return "no nodus service was started here (no ~/.nodus/cluster.json); nothing to stop"
+    session_dir = state.get("session_dir")
+    if state.get("started_ray") and isinstance(session_dir, str) and session_dir:
+        stopped = stop_head(session_dir, address)
         _STATE_FILE.unlink(missing_ok=True)
+        if not stopped:
+            return "the local Ray cluster had already stopped; storage is kept"
         return (
             "stopped the local Ray cluster (the API, the control plane and every run actor); storage is kept"
         )
+    if not _answers(address):
+        _STATE_FILE.unlink(missing_ok=True)
+        return "no Ray cluster is running; nothing to stop"
     try:
-        ray.init(
-            address=str(state.get("ray_address") or "auto"),
-            namespace=NAMESPACE,
-            logging_level="ERROR",
-            log_to_driver=False,
-        )
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError:
         _STATE_FILE.unlink(missing_ok=True)
         return "no Ray cluster is running; nothing to stop"

@@ -17,7 +17,7 @@ from nodus.egress_policy import PRIVATE_NETWORKS_ENV, parse_private_networks
 from nodus_ray.money.prices import PriceTable
 from nodus_ray.store.storage import default_storage_uri, redact_uri
 
-__all__ = ["NAMESPACE", "CONTROL_PLANE_NAME", "SERVE_APP_NAME", "ServerSettings"]
+__all__ = ["NAMESPACE", "CONTROL_PLANE_NAME", "SERVE_APP_NAME", "HeadSettings", "ServerSettings"]
 
 NAMESPACE = "nodus"
 CONTROL_PLANE_NAME = "nodus-control-plane"
@@ -30,6 +30,37 @@ def _default_sandbox_root() -> str:
     if os.geteuid() == 0:
         return "/var/lib/nodus/sandboxes"
     return str(Path.home() / ".nodus" / "sandboxes")
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """Where the Ray head that ``nodus up`` starts lives: its own temp dir and ports.
+
+    Unset, Ray's defaults (``/tmp/ray``, GCS 6379, dashboard 8265). A second service on the
+    same machine (a test session, a benchmark) sets both, so the two never meet.
+    """
+
+    temp_dir: str | None = None  # NODUS_RAY_TEMP_DIR
+    port_base: int | None = None  # NODUS_RAY_PORTS: the GCS port; the head's other ports follow it
+
+    @classmethod
+    def from_env(cls) -> HeadSettings:
+        raw = os.environ.get("NODUS_RAY_PORTS", "").strip()
+        base: int | None = None
+        if raw:
+            try:
+                base = int(raw)
+            except ValueError:
+                base = -1
+            if not 1024 <= base <= 64000:
+                raise ValueError(
+                    f"NODUS_RAY_PORTS must be a port between 1024 and 64000 (the head's ports are it "
+                    f"and the 999 after it), not {raw!r}"
+                )
+        temp_dir = os.environ.get("NODUS_RAY_TEMP_DIR", "").strip() or None
+        if temp_dir is not None and not os.path.isabs(temp_dir):
+            raise ValueError(f"NODUS_RAY_TEMP_DIR must be an absolute path, not {temp_dir!r}")
+        return cls(temp_dir=temp_dir, port_base=base)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,11 @@ The session runs `nodus up` exactly as a user does (the CLI, a local Ray head, t
 with its own storage, sandbox root and home, and `nodus down` at the end. Starting Ray costs
 about 10 s and each actor 0.65 s on these machines, so nothing here starts a cluster per test.
 
+The session's Ray is its own: its own temp dir and a block of free ports (``NODUS_RAY_TEMP_DIR``,
+``NODUS_RAY_PORTS``), so a user's `nodus up` on the same machine (or another test session) is
+never joined, reconfigured or stopped, and `nodus down` ends this session's head alone.
+Crash points (``NODUS_FAULTS``) are armed only in a session that runs the fault suite.
+
 ``NODUS_TEST_STORAGE=s3`` runs the session on S3 instead of a local directory: a local
 S3-compatible server (moto's server mode) that the session starts, where nothing can be
 appended. Tests that look at storage use `Server.store`, so they pass on either.
@@ -13,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +35,34 @@ import httpx
 import pytest
 
 NODUS = str(Path(sys.executable).parent / "nodus")
-PORT = int(os.environ.get("NODUS_TEST_PORT", "18000"))
+_RAY_PORTS_SPAN = 1000  # the head's ports are the base and the 999 after it (nodus_ray.local_head)
+
+
+def _block_is_free(base: int) -> bool:
+    """Whether nothing listens on the block's fixed ports (the worker range is checked by Ray)."""
+    for port in (*range(base, base + 30), base + 100, base + 999):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                return False
+    return True
+
+
+def _free_port_block() -> int:
+    """A block of ports below Linux's ephemeral range and above Ray's default worker ports."""
+    blocks = list(range(20000, 32000, _RAY_PORTS_SPAN))
+    random.shuffle(blocks)
+    for base in blocks:
+        if _block_is_free(base):
+            return base
+    raise RuntimeError("no free block of 1,000 ports between 20000 and 32000 for the test cluster")
+
+
+RAY_PORTS = int(os.environ.get("NODUS_TEST_RAY_PORTS") or _free_port_block())
+PORT = int(os.environ.get("NODUS_TEST_PORT") or RAY_PORTS + 20)  # the API (Serve's HTTP proxy)
+DASHBOARD_URL = f"http://127.0.0.1:{RAY_PORTS + 1}"
 
 
 @dataclass(frozen=True)
@@ -40,6 +74,26 @@ class Server:
     faults: Path
     storage_uri: str  # NODUS_STORAGE: the local directory `storage`, or an s3:// URI
     token: str  # the operator token `nodus up` stored for the session's user (every project, admin)
+    home: Path  # the session user's HOME: ~/.nodus holds the token and what `nodus up` started
+    dashboard_url: str = DASHBOARD_URL
+
+    def cluster(self) -> dict[str, Any]:
+        """What the latest `nodus up` recorded: the head's GCS address and its session directory
+        (a new one after each restart of the head), which identifies the head's processes."""
+        recorded: dict[str, Any] = json.loads((self.home / ".nodus" / "cluster.json").read_text())
+        return recorded
+
+    @property
+    def ray_address(self) -> str:
+        return str(self.cluster()["ray_address"])
+
+    def kill_cluster(self) -> int:
+        """What `ray stop --force` does, to this session's Ray alone: every process of the head
+        killed at once (GCS, raylet, workers). A user's Ray on the machine is left running."""
+        from nodus_ray.local_head import stop_head
+
+        cluster = self.cluster()
+        return stop_head(cluster["session_dir"], cluster["ray_address"], force=True)
 
     def store(self) -> Any:
         """The service's storage, read the way the service reads it (local disk or S3)."""
@@ -50,6 +104,9 @@ class Server:
     def arm(self, point: str, context: str) -> Path:
         """Make the first process of the service that reaches ``point`` for ``context`` die there."""
         from nodus_ray.faults import arm
+
+        if "NODUS_FAULTS" not in self.env:
+            raise RuntimeError("crash points are armed only in a session that runs test_faults.py")
 
         return arm(self.faults, point, context)
 
@@ -157,16 +214,30 @@ def storage_service() -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Server]:
+def server(
+    request: pytest.FixtureRequest, fake_anthropic: Any, storage_service: dict[str, str]
+) -> Iterator[Server]:
     base = Path(tempfile.mkdtemp(prefix="nodus-it-"))
     # The sandbox runs as an unprivileged uid that must traverse down to its workspace.
     base.chmod(0o711)
     storage, sandboxes, home, faults = base / "storage", base / "sandboxes", base / "home", base / "faults"
     for path in (storage, sandboxes, home, faults):
         path.mkdir(mode=0o711)
+    # Crash points only where the fault suite runs: everywhere else the service runs as shipped.
+    with_faults = any(item.path.name == "test_faults.py" for item in request.session.items)
+    # Nothing of the developer's own service reaches the session's (their NODUS_* settings, a
+    # RAY_ADDRESS, a key): the session configures every variable it depends on.
+    inherited = {
+        key: value
+        for key, value in os.environ.items()
+        if not (key.startswith(("NODUS_", "ANTHROPIC_")) and not key.startswith("NODUS_TEST_"))
+        and key not in ("RAY_ADDRESS", "RAY_TMPDIR")
+    }
     env = {
-        **os.environ,
+        **inherited,
         "HOME": str(home),
+        "NODUS_RAY_TEMP_DIR": str(base / "ray"),
+        "NODUS_RAY_PORTS": str(RAY_PORTS),
         "NODUS_STORAGE": str(storage),
         "NODUS_SANDBOX_ROOT": str(sandboxes),
         "NODUS_OFFLINE_LATENCY": "0.3",
@@ -175,12 +246,12 @@ def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Ser
         "NODUS_API_URL": f"http://127.0.0.1:{PORT}",
         "NODUS_PROJECT": "default",
         "RAY_USAGE_STATS_ENABLED": "0",
-        "NODUS_FAULTS": str(faults),
         # The egress tests serve "the internet" on 127.0.0.2; only the operator can open a private address.
         "NODUS_EGRESS_PRIVATE_NETWORKS": "127.0.0.2/32",
         **storage_service,
     }
-    env.pop("ANTHROPIC_API_KEY", None)
+    if with_faults:
+        env["NODUS_FAULTS"] = str(faults)
     up = subprocess.run(
         [NODUS, "up", "--port", str(PORT)], env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -188,6 +259,10 @@ def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Ser
         pytest.fail(f"nodus up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
     stored = json.loads((home / ".nodus" / "credentials.json").read_text())
     token = stored["servers"][f"http://127.0.0.1:{PORT}"]["token"]
+    cluster = json.loads((home / ".nodus" / "cluster.json").read_text())
+    # `--address auto` and the `ray` CLI of a test mean this session's Ray, as for a user whose
+    # shell points RAY_ADDRESS at their cluster.
+    env["RAY_ADDRESS"] = cluster["ray_address"]
     try:
         yield Server(
             api_url=f"http://127.0.0.1:{PORT}",
@@ -197,6 +272,7 @@ def server(fake_anthropic: Any, storage_service: dict[str, str]) -> Iterator[Ser
             faults=faults,
             storage_uri=env["NODUS_STORAGE"],
             token=token,
+            home=home,
         )
     finally:
         subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
@@ -217,7 +293,7 @@ def ray_driver(server: Server) -> Iterator[Any]:
     """A Ray driver connected to the session's cluster, for tests that break actors on purpose."""
     import ray
 
-    ray.init(address="auto", namespace="nodus", logging_level="ERROR", log_to_driver=False)
+    ray.init(address=server.ray_address, namespace="nodus", logging_level="ERROR", log_to_driver=False)
     try:
         yield ray
     finally:

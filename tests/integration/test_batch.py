@@ -180,7 +180,7 @@ def test_the_batch_example_runs_as_a_ray_job_with_progress_in_its_logs(
             "job",
             "submit",
             "--address",
-            "http://127.0.0.1:8265",
+            server.dashboard_url,
             "--working-dir",
             str(EXAMPLE),
             "--runtime-env-json",

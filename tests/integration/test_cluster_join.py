@@ -12,12 +12,18 @@ import psutil
 from .conftest import NODUS, PORT, Server
 
 
-def _gcs_servers() -> int:
-    return sum(1 for process in psutil.process_iter(["name"]) if process.info["name"] == "gcs_server")
+def _gcs_servers(under: str = "") -> int:
+    """GCS servers on the machine (one per Ray cluster), or those whose logs are under ``under``."""
+    return sum(
+        1
+        for process in psutil.process_iter(["name", "cmdline"])
+        if process.info["name"] == "gcs_server" and under in " ".join(process.info["cmdline"] or [])
+    )
 
 
 def test_up_with_address_auto_joins_the_running_cluster(server: Server, ray_driver: Any) -> None:
     before = _gcs_servers()
+    ours = server.env["NODUS_RAY_TEMP_DIR"]
     address = ray_driver.get_runtime_context().gcs_address
     joined = subprocess.run(
         [NODUS, "up", "--address", "auto", "--port", str(PORT)],
@@ -29,7 +35,8 @@ def test_up_with_address_auto_joins_the_running_cluster(server: Server, ray_driv
     )
     assert joined.returncode == 0, joined.stderr
     assert f"Ray       {address}" in joined.stdout
-    assert _gcs_servers() == before == 1, "no second cluster was started"
+    assert _gcs_servers() == before, "no second cluster was started"
+    assert _gcs_servers(ours) == 1, "the session's own cluster is the one joined"
     with server.http() as http:
         assert http.get("/readyz").json()["status"] == "ready"
 

@@ -439,9 +439,9 @@ def test_a_control_plane_killed_after_grading_a_case_grades_it_again_and_records
 # -- the whole cluster -----------------------------------------------------------------------------
 
 
-def _reconnect(ray: Any) -> None:
+def _reconnect(server: Server, ray: Any) -> None:
     ray.shutdown()
-    ray.init(address="auto", namespace="nodus", logging_level="ERROR", log_to_driver=False)
+    ray.init(address=server.ray_address, namespace="nodus", logging_level="ERROR", log_to_driver=False)
 
 
 def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ray_driver: Any) -> None:
@@ -489,21 +489,14 @@ def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ra
     before_done = _run(server, done_run)
     before_group = get_group(server, group_name)
 
-    stopped = subprocess.run(
-        [str(Path(sys.executable).parent / "ray"), "stop", "--force"],
-        env=server.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert stopped.returncode == 0, stopped.stderr
+    # `ray stop --force`, on this session's cluster only (a user's Ray on the machine stays up).
+    assert server.kill_cluster() > 0
     with pytest.raises(httpx.HTTPError):
         with server.http() as http:
             http.get("/readyz", timeout=2)
     up = server.up()
     assert up.returncode == 0, up.stdout + up.stderr
-    _reconnect(ray_driver)
+    _reconnect(server, ray_driver)
 
     after_done = _run(server, done_run)
     assert after_done["status"] == before_done["status"], "a finished run is exactly as it was"

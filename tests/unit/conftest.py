@@ -78,3 +78,12 @@ def _no_stored_credentials(tmp_path_factory: pytest.TempPathFactory, monkeypatch
         "NODUS_CREDENTIALS_FILE", str(tmp_path_factory.mktemp("credentials") / "credentials.json")
     )
     monkeypatch.delenv("NODUS_TOKEN", raising=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_ray_cluster() -> Iterator[None]:
+    """Unit tests run with no Ray cluster: one that starts Ray belongs in tests/integration."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        pytest.fail("a unit test started Ray; unit tests must run without a cluster")
