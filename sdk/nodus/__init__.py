@@ -6,9 +6,12 @@ SDK can define agents, submit runs and read their answers; the server parts live
 """
 
 from . import errors, resources
-from .agent import Agent, AgentRun, ClaudeAgent, RunContext, SecretKey, View
+from .agent import Agent, ClaudeAgent, SecretKey
+from .agent_map import AgentMap
+from .agent_run import AgentRun, RunContext
 from .client import Client
-from .group import AgentGroup, AgentMap
+from .group import AgentGroup
+from .view import View
 
 __version__ = "0.1.0"
 

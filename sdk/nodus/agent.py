@@ -6,207 +6,37 @@ limit, one cost cap, dependencies between tasks; `Agent.map` is the one-call for
 yet run user code, messages or group evaluations. Whatever a call names that the server cannot do
 raises `errors.Unsupported` *before anything is sent*, because a silently dropped setting is one
 the user believes in and does not get.
+
+`Agent` and `ClaudeAgent` are definitions; what they return lives elsewhere: `AgentRun` (the
+handle of a run, `agent_run`), `AgentMap` (`Agent.map`, `agent_map`) and `View` (`view`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets as _secrets
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol, Self
+from typing import TYPE_CHECKING, Any, NoReturn, Self
 
+from .agent_run import AgentRun, RunContext
 from .client import Client
-from .errors import AgentRunFailed, Conflict, Invalid, Unavailable, Unsupported, WaitTimeout
-from .events import afollow_events, log_line
+from .errors import Conflict, Invalid, Unsupported
+from .handles import _LATER, _encode_input, _format_deadline, _run_name, _unsupported, _usd
 from .resources import (
     API_VERSION,
-    TERMINAL_PHASES,
-    at_cost_cap,
-    awaiting_message,
     parse_resource,
 )
+from .view import View
 
 if TYPE_CHECKING:
-    from .group import AgentMap
+    from .agent_map import AgentMap
 
-__all__ = ["View", "Agent", "ClaudeAgent", "AgentRun", "RunContext", "claude_agent_spec"]
-
-_LATER = "a later release builds durable Python runs"
-# How long the waits keep polling through an unreachable API: runs survive a server restart, so
-# a waiter should too, but not forever when the server is simply gone.
-_UNAVAILABLE_GRACE = 30.0
-# Poll pacing of the waits and of `Agent.map`: quick at first (most runs the user waits on right
-# after submitting are short), then at most once a second so many waiters do not load the API.
-_POLL_FIRST_DELAY = 0.1
-_POLL_MAX_DELAY = 1.0
-
-
-# -- View -------------------------------------------------------------------------------------
-
-
-class View:
-    """A read-only view of a JSON object: ``status.phase``, ``status.counts.succeeded``, ``get()``.
-
-    Attribute names may be written in snake_case (``run.status.agent_revision`` reads
-    ``agentRevision``, ``cost.total_usd`` reads ``totalUSD``) so Python code reads naturally while
-    the wire stays camelCase. Nested objects become Views; lists are lists of Views. Keys that
-    clash with a method (``get``, ``to_dict``) stay reachable with ``view["get"]``.
-    """
-
-    __slots__ = ("_data",)
-    __hash__ = None  # type: ignore[assignment]  # mutable underneath, like the dict it wraps
-
-    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
-        object.__setattr__(self, "_data", dict(data or {}))
-
-    @staticmethod
-    def wrap(value: Any) -> Any:
-        """Views for mappings, lists of wrapped values for lists, everything else unchanged."""
-        if isinstance(value, View):
-            return value
-        if isinstance(value, Mapping):
-            return View(value)
-        if isinstance(value, list):
-            return [View.wrap(item) for item in value]
-        return value
-
-    def _key(self, name: str) -> str | None:
-        if name in self._data:
-            return name
-        wanted = name.replace("_", "").lower()
-        matches = [key for key in self._data if key.replace("_", "").lower() == wanted]
-        return matches[0] if len(matches) == 1 else None
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # keeps copy/pickle protocols from recursing into the data
-            raise AttributeError(name)
-        key = self._key(name)
-        if key is None:
-            known = ", ".join(sorted(self._data)) or "none"
-            raise AttributeError(f"no field {name!r} (fields: {known})")
-        return View.wrap(self._data[key])
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("a View is read-only; change the resource through the API")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("a View is read-only")
-
-    def __getitem__(self, key: str) -> Any:
-        return View.wrap(self._data[key])
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The field's value (exact key first, then its snake_case spelling), else ``default``."""
-        found = self._key(key)
-        return default if found is None else View.wrap(self._data[found])
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._data
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def keys(self) -> Iterable[str]:
-        return self._data.keys()
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, View):
-            return self._data == other._data
-        if isinstance(other, Mapping):
-            return self._data == dict(other)
-        return NotImplemented
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | {k for k in self._data if k.isidentifier()})
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (View, (self._data,))
-
-    def to_dict(self) -> dict[str, Any]:
-        """A deep copy as plain dicts and lists, e.g. for ``json.dumps``."""
-        return json.loads(json.dumps(self._data))
-
-    def __repr__(self) -> str:
-        return f"View({self._data!r})"
-
-
-# -- helpers ----------------------------------------------------------------------------------
-
-
-def _usd(value: Any, arg: str) -> str | None:
-    """A dollar amount as the decimal string the API wants; floats go through repr (0.1 -> "0.1")."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise Invalid(f'{arg} must be an amount such as "0.50", not a bool', details={"field": arg})
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, float):
-        return format(Decimal(repr(value)), "f")
-    if isinstance(value, (int, Decimal)):
-        return format(Decimal(value), "f")
-    raise Invalid(f'{arg} must be a str, Decimal, int or float amount such as "0.50"', details={"field": arg})
-
-
-def _encode_input(value: Any) -> str:
-    """Run input is text; anything else travels JSON-encoded so the agent can read it back."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise Invalid(
-            f"input is not a str and cannot be JSON-encoded: {exc}", details={"field": "spec.input"}
-        ) from None
-
-
-def _format_deadline(value: str | timedelta | None) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, timedelta):
-        seconds = int(value.total_seconds())
-        if seconds <= 0:
-            raise Invalid("deadline must be more than 0s", details={"field": "spec.deadline"})
-        hours, rest = divmod(seconds, 3600)
-        minutes, seconds = divmod(rest, 60)
-        return "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if n)
-    raise Invalid(
-        'deadline must be a duration such as "2h" or a timedelta', details={"field": "spec.deadline"}
-    )
-
-
-def _run_name(agent: str, suffix: str, limit: int = 63) -> str:
-    """``<agent>-<suffix>`` cut to ``limit`` characters (a DNS label), keeping the whole suffix."""
-    prefix = agent[: limit - 1 - len(suffix)].rstrip("-")
-    return f"{prefix}-{suffix}"
-
-
-def _unsupported(what: str, why: str, field: str) -> Unsupported:
-    return Unsupported(f"{what} is not supported yet: {why}", details={"field": field})
-
-
-def _run_failed(name: str, status: Mapping[str, Any]) -> AgentRunFailed:
-    """The error of a run that ended without succeeding (or is parked at its cost cap)."""
-    phase = status.get("phase") or "Pending"
-    reason, message = status.get("reason"), status.get("message")
-    text = f"agentrun/{name} ended {phase}"
-    if reason:
-        text += f" ({reason})"
-    if message:
-        text += f": {message}"
-    return AgentRunFailed(text, details={"name": name, "phase": phase, "reason": reason, "message": message})
+# AgentRun, RunContext and View are re-exported: ``from nodus.agent import AgentRun`` keeps working.
+__all__ = ["View", "Agent", "ClaudeAgent", "AgentRun", "RunContext", "SecretKey", "claude_agent_spec"]
 
 
 # -- Agent ------------------------------------------------------------------------------------
@@ -427,7 +257,7 @@ class Agent:
         deleted at the end, also when the loop stops early: closing the iterator (a ``break``
         that drops it, ``close()``, or a ``with`` block) cancels whatever is still running.
         """
-        from .group import AgentMap  # the group module builds on this one
+        from .agent_map import AgentMap  # the map module builds on this one
 
         return AgentMap(
             self,
@@ -552,268 +382,3 @@ class ClaudeAgent(Agent):
             allowed_hosts=allowed_hosts,
         )
         self._setup(name, spec, project, client)
-
-
-# -- AgentRun ---------------------------------------------------------------------------------
-
-
-class _ResourceHandle:
-    """What the handles of runs and groups share: the resource as last seen, and its client.
-
-    Built from a resource, a View of one, or just a name; `from_name` fetches it first.
-    """
-
-    _collection: ClassVar[str]
-    _kind: ClassVar[str]
-
-    def __init__(
-        self,
-        obj: Mapping[str, Any] | View | str,
-        *,
-        project: str | None = None,
-        client: Client | None = None,
-    ) -> None:
-        resource: dict[str, Any]
-        if isinstance(obj, str):
-            resource = {"metadata": {"name": obj}}
-        else:
-            resource = obj.to_dict() if isinstance(obj, View) else dict(obj)
-        name = (resource.get("metadata") or {}).get("name")
-        if not isinstance(name, str):
-            raise Invalid(f"an {self._kind} needs metadata.name", details={"field": "metadata.name"})
-        self._resource = resource
-        self.name = name
-        self._project = project
-        self._client = client or Client(project=project)
-
-    @classmethod
-    def from_name(cls, name: str, project: str | None = None, *, client: Client | None = None) -> Self:
-        """The handle of one that exists (e.g. applied from YAML); raises `errors.NotFound`."""
-        client = client or Client(project=project)
-        return cls(client.get(cls._collection, name, project=project), project=project, client=client)
-
-    @property
-    def agent(self) -> str | None:
-        """Its agent, as last seen."""
-        return (self._resource.get("spec") or {}).get("agent")
-
-    def _refresh(self) -> dict[str, Any]:
-        self._resource = self._client.get(self._collection, self.name, project=self._project)
-        return self._resource
-
-    def status(self) -> View:
-        """The latest resource (``.status.phase``, ``.status.cost``, ...), fetched now."""
-        return View(self._refresh())
-
-    def __repr__(self) -> str:
-        phase = (self._resource.get("status") or {}).get("phase")
-        shown = f", phase={phase!r}" if phase else ""
-        return f"{self._kind}(name={self.name!r}, project={self._project or self._client.project!r}{shown})"
-
-    def _poll_status(
-        self,
-        done: Callable[[dict[str, Any]], bool],
-        timeout: float | None,
-        still: Callable[[str], str],
-    ) -> dict[str, Any]:
-        """Poll the resource until ``done(status)`` and return that status.
-
-        Polls back off from 0.1 s to 1 s. An unreachable API (a server restart) is waited out
-        for up to 30 s, since runs and groups survive one; ``timeout`` raises `errors.WaitTimeout`
-        with ``still(phase)`` as its message.
-        """
-        start = time.monotonic()
-        delay = min(_POLL_FIRST_DELAY, _POLL_MAX_DELAY)
-        unreachable_since: float | None = None
-        phase = "unknown"
-        while True:
-            try:
-                status = self._refresh().get("status") or {}
-                unreachable_since = None
-                phase = status.get("phase") or phase
-                if done(status):
-                    return status
-            except Unavailable:
-                now = time.monotonic()
-                unreachable_since = unreachable_since or now
-                if now - unreachable_since > _UNAVAILABLE_GRACE:
-                    raise
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
-                raise WaitTimeout(still(phase), details={"name": self.name, "phase": phase})
-            pause = delay if timeout is None else min(delay, max(timeout - elapsed, 0.0))
-            time.sleep(pause)
-            delay = min(delay * 1.5, _POLL_MAX_DELAY)
-
-
-class AgentRun(_ResourceHandle):
-    """One AgentRun: `wait`, `result` (the answer text), `answer`, `steps`, `cancel`, `delete`."""
-
-    _collection = "agentruns"
-    _kind = "AgentRun"
-    # The sequence number of the last message this handle sent: a keep-alive run has caught up
-    # (its answer is the answer to that message) once it has read it.
-    _sent_seq = 0
-
-    def _caught_up(self, status: dict[str, Any]) -> bool:
-        read = (status.get("messages") or {}).get("read") or 0
-        return awaiting_message(status) and int(read) >= self._sent_seq
-
-    def wait(self, timeout: float | None = None) -> View:
-        """Block until the run is terminal, or (keep-alive) has answered every message this handle
-        sent and waits for the next; return its status.
-
-        Raises `errors.AgentRunFailed` for Failed or Cancelled, and for a run parked at its cost
-        cap (``Waiting``, ``MaxCostReached``), which only a cancel or its deadline can end; and
-        `errors.WaitTimeout` after ``timeout`` seconds. A briefly unreachable API (a server restart) is waited out.
-        """
-        status = self._poll_status(
-            lambda now: now.get("phase") in TERMINAL_PHASES or at_cost_cap(now) or self._caught_up(now),
-            timeout,
-            lambda phase: f"agentrun/{self.name} is still {phase} after {timeout:g}s",
-        )
-        phase = status.get("phase")
-        if phase != "Succeeded" and not awaiting_message(status):
-            raise _run_failed(self.name, status)
-        return View(status)
-
-    def result(self) -> str:
-        """The answer text, after waiting for the run; raises `errors.AgentRunFailed` unless it succeeded."""
-        self.wait()
-        return self.answer()
-
-    def answer(self) -> str:
-        """The run's full answer text, waiting while it is being written.
-
-        It waits until the run ends, waits for a person or for funds, or (keep-alive) has answered
-        the last message this handle sent, so ``run.send(...)`` then ``run.answer()`` gives the
-        answer to that message. Unlike `result` it does not raise for a failed run that has an
-        answer; a run that stopped without one raises `errors.Conflict` (``AnswerNotReady``).
-        """
-        self._poll_status(
-            lambda now: (
-                now.get("phase") in TERMINAL_PHASES
-                or self._caught_up(now)
-                or (now.get("phase") == "Waiting" and now.get("reason") != "AwaitingMessage")
-            ),
-            None,
-            lambda phase: f"agentrun/{self.name} is still {phase}",
-        )
-        return str(self._client.run_answer(self.name, project=self._project).get("answer") or "")
-
-    def steps(self) -> list[View]:
-        """The journaled steps in order: sandbox, routing and model calls, commands, the answer."""
-        return [View(step) for step in self._client.run_steps(self.name, project=self._project)]
-
-    def cancel(self) -> None:
-        """Stop the run and delete its sandbox; it ends Cancelled."""
-        self._client.cancel_run(self.name, project=self._project)
-
-    def delete(self) -> None:
-        """Cancel the run if unfinished, then delete it with its journal and sandbox."""
-        self._client.delete("agentruns", self.name, project=self._project)
-
-    def _later(self, what: str) -> NoReturn:
-        raise _unsupported(f"AgentRun.{what}", f"the API does not serve it yet; {_LATER}", what)
-
-    def send(self, name: str, payload: Any, message_key: str | None = None) -> View:
-        """Send a keep-alive run a message (``name`` is its kind, usually ``"message"``).
-
-        The run reads it after its current turn, or now if it waits for one. The same
-        ``message_key`` again is delivered once. A finished run refuses it with
-        `errors.Conflict` (code ``AgentRunFinished``). Non-text payloads travel JSON-encoded.
-        """
-        text = _encode_input(payload)
-        sent = self._client.send_message(
-            self.name, text, message_key=message_key, message_name=name, project=self._project
-        )
-        self._sent_seq = max(self._sent_seq, int(sent.get("seq") or 0))
-        return View(sent)
-
-    def resolve(
-        self,
-        step_id: str,
-        decision: str,
-        *,
-        evidence: str | None = None,
-        result: Mapping[str, Any] | None = None,
-        revision: int | None = None,
-    ) -> View:
-        """Decide a step whose outcome is unknown (the run waits with ``NeedsResolution``).
-
-        ``decision`` is ``Completed`` (the command did run; ``result={"exitCode": 0, "output":
-        "..."}`` is what it returned), ``NoEffect`` (it did nothing: it runs again) or
-        ``Cancelled`` (the run fails). ``revision`` is the run's ``metadata.resourceVersion``
-        the decision was made on (default: the run as it is now); a stale one is refused with
-        `errors.Conflict` (``RevisionMismatch``), so two people cannot both decide.
-        """
-        if revision is None:
-            revision = int((self._refresh().get("metadata") or {}).get("resourceVersion") or 0)
-        body: dict[str, Any] = {"step": step_id, "decision": decision, "revision": revision}
-        if evidence is not None:
-            body["evidence"] = evidence
-        if result is not None:
-            body["result"] = dict(result)
-        self._resource = self._client.resolve_run(self.name, body, project=self._project)
-        return View(self._resource)
-
-    def retry(self) -> NoReturn:
-        self._later("retry")
-
-    def suspend(self) -> NoReturn:
-        self._later("suspend")
-
-    def resume(self) -> NoReturn:
-        self._later("resume")
-
-    def children(self) -> NoReturn:
-        self._later("children")
-
-    @property
-    def outputs(self) -> NoReturn:
-        self._later("outputs")
-
-    async def logs(self, follow: bool = False) -> AsyncIterator[str]:
-        """The run's log, line by line: its steps, phase changes, turns and answer.
-
-        With ``follow`` it goes on until the run ends (reconnecting by itself if the connection
-        drops, without losing or repeating a line); without, it ends once caught up.
-        """
-        path = self._client._path("agentruns", self._project, self.name, "events")
-        async with self._client.async_http() as http:
-            async for event in afollow_events(http, path, follow=follow):
-                line = log_line(event)
-                if line is not None:
-                    yield line
-
-
-# -- RunContext -------------------------------------------------------------------------------
-
-
-class RunContext(Protocol):
-    """What an agent entrypoint receives as ``ctx``; the agent runtime provides the implementation."""
-
-    idempotency_key: str
-    state_dir: Path
-
-    def step(self, name: str, fn: Callable[[], Any], effect: str = "pure") -> Any: ...
-
-    def sleep(self, duration: str | float) -> None: ...
-
-    def sleep_until(self, time: str) -> None: ...
-
-    def wait_for_message(self, name: str, timeout: str | float | None = None) -> Any: ...
-
-    def send(self, target: str, name: str, payload: Any) -> None: ...
-
-    def spawn(self, input: Any, key: str, permissions: Any = None, deadline: str | None = None) -> Any: ...
-
-    def gather(self, children: list[Any], return_exceptions: bool = False) -> list[Any]: ...
-
-    def map(self, inputs: Iterable[Any]) -> list[Any]: ...
-
-    def child_output(self, child: Any, name: str) -> Any: ...
-
-    def save_output(self, name: str, path: str) -> None: ...
-
-    def continue_as_new(self, input: Any) -> None: ...

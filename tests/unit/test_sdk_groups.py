@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 import nodus
-from nodus import agent as agent_module
+from nodus import agent_map as agent_map_module
 from nodus import errors
-from nodus import group as group_module
+from nodus import handles as handles_module
 from nodus.client import Client
 from nodus.resources import GROUP_TERMINAL_PHASES, TERMINAL_PHASES, parse_resource, parse_run_list
 
@@ -237,8 +237,8 @@ def api() -> FakeGroupsAPI:
 
 @pytest.fixture(autouse=True)
 def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agent_module, "_POLL_MAX_DELAY", 0.001)
-    monkeypatch.setattr(group_module, "_POLL_MAX_DELAY", 0.001)
+    monkeypatch.setattr(handles_module, "_POLL_MAX_DELAY", 0.001)  # the handles' waits
+    monkeypatch.setattr(agent_map_module, "_POLL_MAX_DELAY", 0.001)  # Agent.map's poll of the group
 
 
 def make_group(api: FakeGroupsAPI, name: str = "g", **kwargs: Any) -> nodus.AgentGroup:
