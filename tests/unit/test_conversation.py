@@ -12,6 +12,7 @@ tokens; Nodus bills cost / 0.875 rounded up to a microdollar), as the integratio
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, Decimal
@@ -31,6 +32,7 @@ from nodus_ray.runtime.conversation import Conversation, ConversationSpec, RunFa
 from nodus_ray.runtime.router import JevRouter
 from nodus_ray.sandbox import Sandbox, SandboxLimits, create_sandbox
 from nodus_ray.store.storage import Storage
+from tests.conftest import NO_BWRAP_ENV
 
 MICRO = Decimal("0.000001")
 PREFIX = "projects/p/agentruns/r/journal"
@@ -251,8 +253,10 @@ def test_a_turn_routes_calls_the_model_runs_its_command_and_answers(rig: Rig) ->
     assert Decimal(turn.costUSD) == expected == conversation.cost_usd
     assert turn.finishedAt is not None
     assert rig.progress and rig.progress[-1][0].costUSD == turn.costUSD
-    # The sandbox the commands ran in is the one the journal names (bubblewrap where it runs).
+    # The sandbox the commands ran in is the one the journal names: bubblewrap, unless this
+    # machine lacks it on purpose (the session refuses to start otherwise, `tests/conftest.py`).
     sandbox = rig.sandboxes[0]
+    assert sandbox.backend == "bubblewrap" or os.environ.get(NO_BWRAP_ENV) == "1"
     assert conversation.sandbox_info == {
         "backend": sandbox.backend,
         "workspace": str(rig.workspace),
