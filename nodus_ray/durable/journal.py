@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from nodus_ray import metrics
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import format_timestamp
 
@@ -51,7 +52,6 @@ JOURNAL_SCHEMA = pa.schema(
     ]
 )
 
-_SEGMENT_DIGITS = 12
 _COMPACT_SEGMENTS = 8  # single-record segments that make a chunk
 _MAX_CHUNKS = 16  # more chunks than this are merged into one
 
@@ -157,7 +157,7 @@ class Journal:
             return record
 
     def _segment_key(self, seq: int) -> str:
-        return f"{self._prefix}/{seq:0{_SEGMENT_DIGITS}d}.arrow"
+        return layout.journal_segment(self._prefix, seq)
 
     def compact(self) -> int:
         """Merge single-record segments into a chunk, and many chunks into one; return how many
@@ -193,8 +193,9 @@ class Journal:
         records = [record for record in self._records if first <= record.seq <= last]
         if [record.seq for record in records] != list(range(first, last + 1)):
             return None
-        name = f"{first:0{_SEGMENT_DIGITS}d}-{last:0{_SEGMENT_DIGITS}d}.arrow"
-        self._storage.write_bytes(f"{self._prefix}/{name}", _encode_segment(records))
+        key = layout.journal_chunk(self._prefix, first, last)
+        name = key.rsplit("/", 1)[-1]
+        self._storage.write_bytes(key, _encode_segment(records))
         for old in names:
             if old != name:
                 self._storage.delete(f"{self._prefix}/{old}")
@@ -233,7 +234,8 @@ def _encode_segment(records: list[JournalRecord]) -> bytes:
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, JOURNAL_SCHEMA) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()  # pyarrow is untyped
+    return data
 
 
 def _decode_segment(data: bytes) -> list[JournalRecord]:

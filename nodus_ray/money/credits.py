@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
 __all__ = ["CreditLedger", "ProjectCredits"]
@@ -50,7 +51,7 @@ class CreditLedger:
         self._projects: dict[str, ProjectCredits] = {}
 
     def _path(self, project: str) -> str:
-        return f"projects/{project}/credits.json"
+        return layout.credits(project)
 
     def project(self, project: str) -> ProjectCredits:
         """The project's account, opened (with the initial grant) on first use."""

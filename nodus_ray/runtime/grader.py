@@ -32,8 +32,9 @@ from typing import Any
 import ray
 
 from nodus_ray.environments import Environment, GraderError, GradingWorkspace, Task, resolve
-from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceSnapshots, seed_key
+from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceSnapshots
 from nodus_ray.settings import NAMESPACE
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
 __all__ = ["Grader", "RemoteGrader", "grader_name", "grader_options", "GRADING_CONCURRENCY"]
@@ -142,8 +143,8 @@ class Grader:
         elif int(case.get("commands") or 0) > 0:
             into.mkdir(parents=True, mode=0o700)
             return _MissingWorkspace(into, hidden_paths=self._hidden, uid=case.get("uid"))
-        elif self._storage.exists(seed_key(case["runPrefix"])):
-            _unpack(self._storage.read_bytes(seed_key(case["runPrefix"])), into)
+        elif self._storage.exists(layout.seed(case["runPrefix"])):
+            _unpack(self._storage.read_bytes(layout.seed(case["runPrefix"])), into)
         else:
             into.mkdir(parents=True, mode=0o700)  # no command and no seed: an empty workspace
         into.chmod(0o700)
@@ -192,4 +193,6 @@ def _cut(text: str) -> str:
     return text if len(text) <= _EVIDENCE_LIMIT else text[: _EVIDENCE_LIMIT - 3] + "..."
 
 
-RemoteGrader = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=64)(Grader)
+RemoteGrader = ray.remote(  # type: ignore[call-overload]  # Ray's stubs lack max_concurrency
+    num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=64
+)(Grader)

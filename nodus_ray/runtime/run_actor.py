@@ -37,6 +37,7 @@ from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
 from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import parse_timestamp, utc_now
 
@@ -53,8 +54,8 @@ def run_actor_name(project: str, name: str, attempt: int) -> str:
     return f"run.{project}.{name}.{attempt}"
 
 
-def run_storage_prefix(project: str, name: str) -> str:
-    return f"projects/{project}/agentruns/{name}"
+# Where a run's objects live: `layout.run_prefix`, named here too for the code that imports it from here.
+run_storage_prefix = layout.run_prefix
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class RunActor:
         self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
         self._workspace = WorkspaceSnapshots(
             self._storage,
-            run_storage_prefix(config.project, config.name),
+            layout.run_prefix(config.project, config.name),
             Path(config.workspace),
             enabled=config.workspace_snapshots,
             seeded=config.workspace_seeded,
@@ -221,9 +222,7 @@ class RunActor:
 
     async def _program(self) -> dict[str, Any]:
         config = self.config
-        journal = self._journal = Journal(
-            self._storage, f"{run_storage_prefix(config.project, config.name)}/journal"
-        )
+        journal = self._journal = Journal(self._storage, layout.journal_folder(config.project, config.name))
         await asyncio.to_thread(journal.load)
         self._workspace_states = accepted_states(_command_attempts(journal.records))
         steps = Steps(journal)
@@ -336,7 +335,7 @@ class RunActor:
         config = self.config
         await asyncio.to_thread(
             self._storage.write_bytes,
-            f"{run_storage_prefix(config.project, config.name)}/answer.txt",
+            layout.run_answer(config.project, config.name),
             answer.encode("utf-8"),
         )
 

@@ -39,6 +39,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
 __all__ = [
@@ -53,12 +54,11 @@ __all__ = [
 
 DEFAULT_SNAPSHOT_LIMIT_BYTES = 64 * 1024 * 1024
 NO_COMMAND = -1  # the state of a workspace before the run's first command
-_DIGITS = 12
 
 
 def seed_key(prefix: str) -> str:
     """Where a seeded run's first workspace is stored (under the run's storage prefix)."""
-    return f"{prefix}/seed.tar.gz"
+    return layout.seed(prefix)
 
 
 def pack_files(files: dict[str, str]) -> bytes:
@@ -106,7 +106,7 @@ class WorkspaceSnapshots:
 
     @property
     def _folder(self) -> str:
-        return f"{self.prefix}/workspace"
+        return layout.workspace_folder(self.prefix)
 
     def local_seq(self) -> int | None:
         """The last command whose effects the local directory holds: None when there is no
@@ -151,7 +151,7 @@ class WorkspaceSnapshots:
         self._stored = seq
 
     def _key(self, seq: int) -> str:
-        return f"{self._folder}/{seq:0{_DIGITS}d}.tar.gz"
+        return layout.workspace_snapshot(self.prefix, seq)
 
     snapshot_key = _key
 
