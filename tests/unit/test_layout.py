@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from nodus_ray.store import layout
+
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 RUN = "projects/p/agentruns/n"
 GROUP = "projects/p/agentgroups/n"
@@ -119,3 +122,14 @@ def test_the_module_docstring_lists_the_layout() -> None:
         if line.startswith(("    projects/", "    system/"))
     ]
     assert listed == [(key.pattern, key.function.__name__) for key in layout.LAYOUT]
+
+
+def _docs_table() -> str:
+    """The Markdown table under the docs' "Storage layout" heading."""
+    section = ARCHITECTURE.read_text().split("\n## Storage layout\n", 1)[1].split("\n## ", 1)[0]
+    return "".join(f"{line}\n" for line in section.splitlines() if line.startswith("|"))
+
+
+def test_the_docs_table_is_the_layout() -> None:
+    # On a failure: paste `layout.layout_table()` into docs/architecture.md, "Storage layout".
+    assert _docs_table() == layout.layout_table()
