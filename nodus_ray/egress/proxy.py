@@ -19,7 +19,9 @@ Every connection that asked for something ends in exactly one :class:`EgressReco
 body (those can hold credentials).
 
 The proxy runs an asyncio loop in its own daemon thread, so the run's own (synchronous) code
-only calls :meth:`EgressProxy.start` and :meth:`EgressProxy.close`.
+only calls :meth:`EgressProxy.start` and :meth:`EgressProxy.close`. Parsing a request's head is
+:mod:`nodus_ray.egress.http_head`; what the sandbox side needs (mounts, the forwarder's command
+line, proxy variables) is :mod:`nodus_ray.egress.wiring`.
 """
 
 from __future__ import annotations
@@ -29,12 +31,11 @@ import contextlib
 import ipaddress
 import logging
 import os
-import re
 import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -50,40 +51,22 @@ from nodus.egress_policy import (
     validate_allowed_host,
     validate_allowed_hosts,
 )
+from nodus_ray.egress.http_head import MAX_HEADER_BYTES, _answer, _bad_request, _parse_head, _Refusal
 from nodus_ray.store.timestamps import utc_now
 
 __all__ = [
     "EgressPolicy",
     "EgressProxy",
     "EgressRecord",
-    "FORWARDER_PATH",
     "MAX_ALLOWED_HOSTS",
     "PRIVATE_NETWORKS_ENV",
-    "SANDBOX_EGRESS_DIR",
-    "SANDBOX_FORWARDER",
-    "SANDBOX_PROXY_PORT",
-    "SANDBOX_SOCKET",
-    "bwrap_args",
     "parse_private_networks",
-    "proxy_env",
     "validate_allowed_host",
     "validate_allowed_hosts",
-    "wrap_argv",
 ]
 
 logger = logging.getLogger(__name__)
 
-# Inside the sandbox, under the private /tmp tmpfs: the read-only host root has no other place
-# where bubblewrap can create a mount point.
-SANDBOX_EGRESS_DIR = "/tmp/.nodus"
-SANDBOX_SOCKET = f"{SANDBOX_EGRESS_DIR}/egress.sock"
-SANDBOX_FORWARDER = f"{SANDBOX_EGRESS_DIR}/egress_forwarder.py"
-SANDBOX_PROXY_PORT = 3128
-# The host file bound at SANDBOX_FORWARDER.
-FORWARDER_PATH = Path(__file__).resolve().with_name("forwarder.py")
-_SANDBOX_PYTHON = "/usr/bin/python3"
-
-MAX_HEADER_BYTES = 16 << 10
 _HEADER_TIMEOUT_SECONDS = 30.0  # a client that sends no complete request head by then is dropped
 _RESOLVE_TIMEOUT_SECONDS = 10.0
 _CONNECT_TIMEOUT_SECONDS = 10.0
@@ -92,20 +75,6 @@ _CHUNK = 64 << 10
 _MAX_HOST_CHARS = 255
 _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 1 << 20
-_METHOD = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
-# Hop-by-hop headers a proxy must not pass on; Connection is replaced by "close".
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "proxy-connection",
-        "keep-alive",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "upgrade",
-        "te",
-        "trailer",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -144,24 +113,6 @@ class EgressRecord:
         }
 
 
-class _Refusal(Exception):
-    """Ends a request with an HTTP error answer and a record; the text goes to the client."""
-
-    def __init__(self, status: int, outcome: str, reason: str, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.outcome = outcome
-        self.reason = reason
-        self.text = text
-
-
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
-
-
-def _bad_request(text: str) -> _Refusal:
-    return _Refusal(400, "refused", "BadRequest", text)
-
-
 class _Attempt:
     """What one client connection asked for and what happened, filled in as it goes."""
 
@@ -188,98 +139,6 @@ class _Attempt:
             started_at=self.started_at,
             method=self.method,
         )
-
-
-@dataclass(frozen=True)
-class _Request:
-    method: str
-    host: str
-    port: int
-    head: bytes  # for plain HTTP, the head to send to the origin; empty for CONNECT
-
-
-def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
-    """``host`` and port from ``host:port`` or ``[v6]:port``; the host keeps no brackets."""
-    if authority.startswith("["):
-        host, sep, rest = authority[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise _bad_request(f"bad host {authority!r}")
-        port_text = rest[1:] if rest else ""
-    else:
-        host, _, port_text = authority.partition(":")
-    if not port_text:
-        if default_port is None:
-            raise _bad_request(f"CONNECT needs host:port, got {authority!r}")
-        return host, default_port
-    if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise _bad_request(f"bad port in {authority!r}")
-    return host, int(port_text)
-
-
-def _parse_head(head: bytes) -> _Request:
-    """The destination and, for plain HTTP, the origin-form head to send there.
-
-    Userinfo in a URL (``http://a@b/``) is refused rather than interpreted: which of the two
-    names is the host is exactly the kind of ambiguity a policy check must not depend on.
-    """
-    text = head.decode("latin-1")
-    if "\r" in text.replace("\r\n", "") or "\n" in text.replace("\r\n", "") or "\0" in text:
-        # A bare CR or LF would end a line for some origins and not for us: header smuggling.
-        raise _bad_request("bare CR, LF or NUL in the request head")
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise _bad_request("expected an HTTP/1.x request line")
-    method, target, version = parts
-    if not _METHOD.match(method):
-        raise _bad_request("bad method")
-    if method == "CONNECT":
-        host, port = _split_authority(target, None)
-        return _Request(method, host, port, b"")
-    if not target[:7].lower() == "http://":
-        if target[:8].lower() == "https://":
-            raise _bad_request("https:// URLs must be tunnelled with CONNECT")
-        raise _bad_request("expected an absolute http:// URL (this is a proxy)")
-    rest = target[7:]
-    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
-    authority, path = rest[:cut], rest[cut:].split("#", 1)[0]
-    if not authority or "@" in authority:
-        raise _bad_request("the URL needs a host and no user name")
-    host, port = _split_authority(authority, 80)
-    if not path.startswith("/"):
-        path = "/" + path
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or line[0] in " \t":
-            raise _bad_request("malformed header line")
-        headers.append((name, value.strip()))
-    named_hop = {
-        token.strip().lower()
-        for name, value in headers
-        if name.lower() in ("connection", "proxy-connection")
-        for token in value.split(",")
-    }
-    out = [f"{method} {path} {version}", f"Host: {authority}"]
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered in _HOP_BY_HOP or lowered in named_hop or lowered == "host":
-            continue
-        out.append(f"{name}: {value}")
-    out.append("Connection: close")
-    return _Request(method, host, port, ("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
-
-
-def _answer(status: int, text: str) -> bytes:
-    body = (text + "\n").encode("utf-8", "replace")
-    return (
-        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    ).encode("latin-1") + body
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -403,7 +262,7 @@ class EgressProxy:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
+        self._tasks.add(task)
         attempt = _Attempt()
         upstream: asyncio.StreamWriter | None = None
         record = True
@@ -453,7 +312,7 @@ class EgressProxy:
                 if stream is not None:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(stream.wait_closed(), timeout=1)
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
             if record:
                 self._emit(attempt.record())
 
@@ -557,58 +416,3 @@ class EgressProxy:
             self.on_record(record)
         except Exception:
             logger.exception("egress on_record callback failed for %s:%s", record.host, record.port)
-
-
-# -- what the sandbox needs ---------------------------------------------------------------------
-
-
-def proxy_env() -> dict[str, str]:
-    """Proxy variables for the command: both spellings, since tools read one or the other."""
-    proxy = f"http://127.0.0.1:{SANDBOX_PROXY_PORT}"
-    env: dict[str, str] = {}
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        env[name] = env[name.lower()] = proxy
-    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1"
-    return env
-
-
-def bwrap_args(host_socket: Path) -> list[str]:
-    """bubblewrap arguments that put the proxy socket and the forwarder into the sandbox.
-
-    They must come after ``--tmpfs /tmp`` (the mount points are created in that tmpfs). The
-    directory is made first with mode 0755: bubblewrap would create it 0700 and root-owned,
-    which the dropped sandbox uid could not enter. Root-owned, the command cannot replace
-    what is in it either.
-    """
-    return [
-        "--perms",
-        "0755",
-        "--dir",
-        SANDBOX_EGRESS_DIR,
-        "--ro-bind",
-        str(host_socket),
-        SANDBOX_SOCKET,
-        "--ro-bind",
-        str(FORWARDER_PATH),
-        SANDBOX_FORWARDER,
-    ]
-
-
-def wrap_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` run under the forwarder, which exits with the command's own status.
-
-    ``-I -S``: the command's environment (PYTHONPATH, PYTHONSTARTUP...) must not change the
-    forwarder, and skipping ``site`` saves startup time on every command.
-    """
-    return [
-        _SANDBOX_PYTHON,
-        "-I",
-        "-S",
-        SANDBOX_FORWARDER,
-        "--listen",
-        f"127.0.0.1:{SANDBOX_PROXY_PORT}",
-        "--socket",
-        SANDBOX_SOCKET,
-        "--",
-        *argv,
-    ]

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from nodus_ray.egress import proxy as egress
+from nodus_ray.egress import wiring as egress
 from nodus_ray.sandbox import seccomp
 from nodus_ray.sandbox.api import _SANDBOX_PATH, SANDBOX_WORKSPACE, SandboxLimits
 from nodus_ray.sandbox.hidden import _NETWORK_FILES, _hide_args

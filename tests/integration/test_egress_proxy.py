@@ -24,16 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from nodus_ray.egress.proxy import (
-    FORWARDER_PATH,
-    SANDBOX_FORWARDER,
-    EgressPolicy,
-    EgressProxy,
-    EgressRecord,
-    bwrap_args,
-    proxy_env,
-    wrap_argv,
-)
+from nodus_ray.egress.proxy import EgressPolicy, EgressProxy, EgressRecord
+from nodus_ray.egress.wiring import FORWARDER_PATH, SANDBOX_FORWARDER, bwrap_args, proxy_env, wrap_argv
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.1/32"),)
 _RESPONSE_BODY = b"hello from origin\n"

@@ -18,11 +18,11 @@ from nodus.egress_policy import (
     validate_allowed_host,
     validate_allowed_hosts,
 )
-from nodus_ray.egress.proxy import (
+from nodus_ray.egress.proxy import EgressRecord
+from nodus_ray.egress.wiring import (
     SANDBOX_EGRESS_DIR,
     SANDBOX_FORWARDER,
     SANDBOX_SOCKET,
-    EgressRecord,
     bwrap_args,
     proxy_env,
     wrap_argv,
