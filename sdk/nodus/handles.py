@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any, ClassVar, Self
 
 from .client import Client
+from .durations import format_duration
 from .errors import AgentRunFailed, Invalid, Unavailable, Unsupported, WaitTimeout
 from .view import View
 
@@ -62,15 +63,14 @@ def _encode_input(value: Any) -> str:
 
 
 def _format_deadline(value: str | timedelta | None) -> str | None:
+    """A run's deadline as the document spells it; a `timedelta` becomes ``"1h30m"``."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, timedelta):
-        seconds = int(value.total_seconds())
-        if seconds <= 0:
-            raise Invalid("deadline must be more than 0s", details={"field": "spec.deadline"})
-        hours, rest = divmod(seconds, 3600)
-        minutes, seconds = divmod(rest, 60)
-        return "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if n)
+        try:
+            return format_duration(value)
+        except ValueError as exc:
+            raise Invalid(f"deadline {exc}", details={"field": "spec.deadline"}) from None
     raise Invalid(
         'deadline must be a duration such as "2h" or a timedelta', details={"field": "spec.deadline"}
     )

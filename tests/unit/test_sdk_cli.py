@@ -28,10 +28,11 @@ from nodus import errors
 from nodus.cli import jsonpath
 from nodus.cli import main as cli
 from nodus.cli import root as cli_root
-from nodus.cli.durations import format_age, parse_timeout
 from nodus.cli.manifests import load_manifests
+from nodus.cli.output import format_age
 from nodus.client import Client
 from nodus.config import Settings, load_settings
+from nodus.durations import parse_timeout
 
 PYTHON = sys.executable
 

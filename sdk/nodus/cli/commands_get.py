@@ -16,8 +16,7 @@ from ..client import Client
 from ..errors import NotFound
 from ..resources import API_VERSION, SHORT_NAMES
 from . import jsonpath, root
-from .durations import format_age
-from .output import dollars, dump_json, dump_yaml, print_table
+from .output import dollars, dump_json, dump_yaml, format_age, print_table
 from .root import OutputOption, ProjectOption, UsageError, parse_targets, ref
 
 __all__ = ["get"]

@@ -13,11 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from ..client import Client
+from ..durations import parse_timeout
 from ..errors import NotFound, Unavailable
 from ..events import log_line
 from ..resources import GROUP_TERMINAL_PHASES, TERMINAL_PHASES, at_cost_cap
 from . import jsonpath, root
-from .durations import parse_timeout
 from .output import dollars, dump_json, dump_yaml, print_table, shorten
 from .root import CliError, OutputOption, ProjectOption, TargetsArgument, UsageError, parse_targets, ref
 

@@ -1,4 +1,4 @@
-"""Rendering for the CLI: kubectl-like tables, YAML that reads well, and JSON."""
+"""Rendering for the CLI: kubectl-like tables, YAML that reads well, JSON, dollars and ages."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import io
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["dump_yaml", "dump_json", "print_table", "shorten", "dollars"]
+__all__ = ["dump_yaml", "dump_json", "print_table", "shorten", "dollars", "format_age"]
 
 
 class _Dumper(yaml.SafeDumper):  # type: ignore[misc,unused-ignore]  # PyYAML may have no stubs
@@ -68,3 +69,20 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, file: 
         console.print(table)
     text = "\n".join(line.rstrip() for line in captured.get().splitlines())
     print(text, file=file or sys.stdout)
+
+
+def format_age(timestamp: str | None, now: datetime | None = None) -> str:
+    """kubectl's AGE column: ``45s``, ``12m``, ``3h``, ``5d``; ``<unknown>`` without a timestamp."""
+    if not timestamp:
+        return "<unknown>"
+    try:
+        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    seconds = max(0, int(((now or datetime.now(UTC)) - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:  # kubectl keeps the smaller unit below two of the larger
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
