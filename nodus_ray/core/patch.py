@@ -31,7 +31,7 @@ def patched_document(current: dict[str, Any], patch: Any, name: str) -> dict[str
     """
     if not isinstance(patch, dict):
         raise Invalid("a merge patch must be a JSON object", details={"field": ""})
-    document = merge_patch({k: v for k, v in current.items() if k != "status"}, patch)
+    document: dict[str, Any] = merge_patch({k: v for k, v in current.items() if k != "status"}, patch)
     document.pop("status", None)
     meta = document.get("metadata")
     if not isinstance(meta, dict) or meta.get("name") != name:

@@ -143,14 +143,15 @@ class _Relay:
         if len(self.links) >= _MAX_CONNECTIONS:
             _close(client)
             return
-        upstream: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connecting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream: socket.socket | None = connecting
         try:
             # Blocking, but a Unix connect is immediate unless the proxy's backlog is full.
-            upstream.settimeout(_CONNECT_TIMEOUT_SECONDS)
-            upstream.connect(self.path)
-            upstream.setblocking(False)
+            connecting.settimeout(_CONNECT_TIMEOUT_SECONDS)
+            connecting.connect(self.path)
+            connecting.setblocking(False)
         except OSError:
-            _close(upstream)
+            _close(connecting)
             upstream = None
         client.setblocking(False)
         try:
@@ -310,7 +311,9 @@ def main(argv: list[str]) -> NoReturn:
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
     for signum in pending:
         forward(signum, None)
-    _exit_like(child[0].wait())
+    started = child[0]
+    assert started is not None  # set above, or the process has exited
+    _exit_like(started.wait())
 
 
 if __name__ == "__main__":

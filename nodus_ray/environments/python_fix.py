@@ -389,7 +389,8 @@ class PythonFix(Environment):
                 f"module's code stopped or flooded the checker)",
             )
 
-        status = summary.get("import") if isinstance(summary.get("import"), dict) else {}
+        imported = summary.get("import")
+        status: dict[str, Any] = imported if isinstance(imported, dict) else {}
         if status.get("status") != "ok":
             if status.get("status") == "error":
                 why = f"{module} does not import: {_safe_word(status.get('error', ''))}"

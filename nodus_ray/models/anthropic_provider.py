@@ -91,7 +91,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 # Raised while reading a stream when the connection breaks (incomplete chunked body, reset,
 # read timeout), or when what arrived cannot be parsed (ValueError: a truncated JSON event).
-_STREAM_BROKEN = (*_transport_errors(), ValueError)
+_STREAM_BROKEN: tuple[type[BaseException], ...] = (*_transport_errors(), ValueError)
 
 
 class _StreamBroken(Exception):
@@ -442,7 +442,8 @@ def _block(block: Any) -> dict[str, Any]:
         return out
     if kind == "tool_use":
         return {"type": "tool_use", "id": block.id, "name": block.name, "input": _plain(block.input)}
-    return _plain(block)
+    plain: dict[str, Any] = _plain(block)
+    return plain
 
 
 def _plain(value: Any) -> Any:

@@ -116,7 +116,8 @@ class Storage:
         full = self._full(key)
         try:
             with self._fs.open_input_stream(full, compression=None) as stream:
-                return stream.read()
+                data: bytes = stream.read()
+                return data
         except (FileNotFoundError, OSError) as exc:
             if isinstance(exc, FileNotFoundError) or not self.exists(key):
                 raise FileNotFoundError(key) from None
@@ -129,7 +130,7 @@ class Storage:
         return json.loads(self.read_bytes(key))
 
     def exists(self, key: str) -> bool:
-        return self._fs.get_file_info(self._full(key)).type != pafs.FileType.NotFound
+        return bool(self._fs.get_file_info(self._full(key)).type != pafs.FileType.NotFound)
 
     def list_dir(self, key: str) -> list[str]:
         """Names directly under ``key`` (files and directories), sorted; [] if it is missing."""
