@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import tempfile
 import time
+import types
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 import httpx
 
 from nodus.resources import Token
+from nodus_ray.control.client import ControlPlaneClient, FailFast
 from nodus_ray.control.tokens import TokenStore
 from nodus_ray.store.storage import Storage
 from nodus_serve.app import create_app
@@ -43,6 +46,21 @@ class _Stub:
             principal = self.store.authenticate(args[0])
             return principal.to_dict() if principal else None
         return {"metadata": {"name": args[-1]}, "spec": {}}
+
+
+class _StubHandle:
+    """The stub as the app's client sees a Ray handle: ``handle.<method>.remote(*args)``."""
+
+    def __init__(self, stub: _Stub) -> None:
+        self._stub = stub
+
+    def __getattr__(self, method: str) -> Any:
+        return types.SimpleNamespace(remote=functools.partial(self._stub.call, method))
+
+
+def _client(stub: _Stub) -> ControlPlaneClient:
+    handle = _StubHandle(stub)
+    return ControlPlaneClient(FailFast(), locate=lambda: handle)
 
 
 async def _time(app: Any, token: str, requests: int, before: Any = None) -> list[float]:
@@ -72,8 +90,8 @@ def main() -> None:
         Token.model_validate({"metadata": {"name": "bench"}, "spec": {"role": "read"}}),
         created_by="bench",
     )["status"]["token"]
-    served = create_app(_Stub(store))
-    bare = create_app(_Stub(store))
+    served = create_app(_client(_Stub(store)))
+    bare = create_app(_client(_Stub(store)))
     bare.user_middleware = [m for m in bare.user_middleware if m.cls is not Authenticator]
     cache = next(m.kwargs["cache"] for m in served.user_middleware if m.cls is Authenticator)
     configurations = (

@@ -23,19 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import ray
 
 from nodus_ray import metrics
-from nodus_ray.control.client import ControlPlaneCaller
+from nodus_ray.control.client import ControlPlaneClient
 from nodus_ray.core.admission import Admission, AdmissionError, Decision, GroupLimits, GroupStatus, Member
 from nodus_ray.faults import crash_point
 from nodus_ray.settings import NAMESPACE
 
 __all__ = [
     "GroupSupervisor",
+    "MemberWire",
     "RemoteGroupSupervisor",
     "group_supervisor_name",
     "member_wire",
@@ -49,6 +51,30 @@ def group_supervisor_name(project: str, name: str) -> str:
     return f"group.{project}.{name}"
 
 
+@dataclass(frozen=True)
+class MemberWire:
+    """A member as it crosses from the control plane to the supervisor (money as strings)."""
+
+    key: str
+    run: str
+    cap: str
+    depends_on: tuple[str, ...] = ()
+    state: str = "Queued"
+    reason: str | None = None
+    spent: str = "0"
+
+    def member(self) -> Member:
+        return Member(
+            key=self.key,
+            run=self.run,
+            cap=Decimal(self.cap),
+            depends_on=self.depends_on,
+            state=self.state or "Queued",
+            reason=self.reason,
+            spent=Decimal(self.spent or "0"),
+        )
+
+
 def member_wire(
     key: str,
     run: str,
@@ -58,28 +84,16 @@ def member_wire(
     state: str = "Queued",
     reason: str | None = None,
     spent: str = "0",
-) -> dict[str, Any]:
-    """A member as it crosses from the control plane to the supervisor (money as strings)."""
-    return {
-        "key": key,
-        "run": run,
-        "cap": cap,
-        "dependsOn": list(depends_on or []),
-        "state": state,
-        "reason": reason,
-        "spent": spent,
-    }
-
-
-def _member(wire: dict[str, Any]) -> Member:
-    return Member(
-        key=wire["key"],
-        run=wire["run"],
-        cap=Decimal(wire["cap"]),
-        depends_on=tuple(wire.get("dependsOn") or ()),
-        state=wire.get("state") or "Queued",
-        reason=wire.get("reason"),
-        spent=Decimal(wire.get("spent") or "0"),
+) -> MemberWire:
+    """The wire of one member, from what the control plane stored of its run."""
+    return MemberWire(
+        key=key,
+        run=run,
+        cap=cap,
+        depends_on=tuple(depends_on or ()),
+        state=state,
+        reason=reason,
+        spent=spent,
     )
 
 
@@ -100,7 +114,7 @@ class GroupSupervisor:
         self.name = name
         self._admission: Admission | None = None
         self._loading: asyncio.Future[None] | None = None
-        self._control_plane = ControlPlaneCaller()
+        self._control_plane = ControlPlaneClient.for_engine()
         self._starts: list[str] = []
         self._cancels: list[tuple[str, str]] = []
         self._status: GroupStatus | None = None
@@ -122,10 +136,10 @@ class GroupSupervisor:
         return self._admission
 
     async def _load(self) -> None:
-        snapshot = await self._control_plane.ask("group_snapshot", self.project, self.name)
+        snapshot = await self._control_plane.group_snapshot(self.project, self.name)
         admission = Admission.rebuild(
             _limits(snapshot["limits"]),
-            [_member(wire) for wire in snapshot["members"]],
+            [wire.member() for wire in snapshot["members"]],
             sealed=bool(snapshot["sealed"]),
             cancelled=bool(snapshot["cancelled"]),
         )
@@ -141,19 +155,19 @@ class GroupSupervisor:
         await self._loaded()
         return self._status_view()
 
-    async def check(self, members: list[dict[str, Any]]) -> None:
+    async def check(self, members: list[MemberWire]) -> None:
         """Raise the `AdmissionError` the group would answer to these new runs; change nothing."""
         admission = await self._loaded()
-        admission.check([_member(wire) for wire in members if not admission.has_run(wire["run"])])
+        admission.check([wire.member() for wire in members if not admission.has_run(wire.run)])
 
-    async def add(self, members: list[dict[str, Any]]) -> dict[str, Any]:
+    async def add(self, members: list[MemberWire]) -> dict[str, Any]:
         """Take in runs the control plane has stored; runs already known are skipped.
 
         Skipping makes this safe to repeat, and covers a supervisor that (re)loaded its snapshot
         after the runs were stored and before this call arrived.
         """
         admission = await self._loaded()
-        new = [_member(wire) for wire in members if not admission.has_run(wire["run"])]
+        new = [wire.member() for wire in members if not admission.has_run(wire.run)]
         if new:
             self._take(admission.add(new))
         return self._status_view()
@@ -253,7 +267,7 @@ class GroupSupervisor:
 
     async def _start(self, run: str) -> None:
         crash_point("admission-decided", f"{self.project}/{self.name}/{run}")
-        await self._control_plane.ask("start_member", self.project, run)
+        await self._control_plane.start_member(self.project, run)
         assert self._admission is not None
         try:
             self._admission.started(run)
@@ -261,25 +275,23 @@ class GroupSupervisor:
             pass  # the run reported (or was cancelled) before the acknowledgement: nothing to do
 
     async def _cancel(self, run: str, reason: str) -> None:
-        await self._control_plane.ask("cancel_member", self.project, run, reason)
+        await self._control_plane.cancel_member(self.project, run, reason)
 
     async def _publish(self) -> None:
         assert self._status is not None and self._admission is not None
         changed = self._admission.take_reason_changes()
         metrics.set_group_runs(self.project, self.name, self._status.counts)
         try:
-            await self._control_plane.ask(
-                "group_status", self.project, self.name, self._status.to_dict(), changed
-            )
+            await self._control_plane.group_status(self.project, self.name, self._status.to_dict(), changed)
         except BaseException:
             self._status_dirty = True  # publish again, with these reasons, on the next round
             self._admission.restore_reason_changes(changed)
             raise
 
 
-RemoteGroupSupervisor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=1000)(
-    GroupSupervisor
-)
+RemoteGroupSupervisor = ray.remote(  # type: ignore[call-overload]  # Ray's stubs lack max_concurrency
+    num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=1000
+)(GroupSupervisor)
 
 
 def supervisor_options(project: str, name: str) -> dict[str, Any]:

@@ -13,17 +13,19 @@ import importlib
 import logging
 import shutil
 import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import ray
 
 from nodus.errors import NodusError
+from nodus.lifecycle import RunPhase, RunReason
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
-from nodus_ray.control.client import ControlPlaneCaller
+from nodus_ray.control.client import ControlPlaneClient, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps
@@ -89,12 +91,12 @@ class RunActor:
         if isinstance(config, str):
             config = self._claim(config, warm_anthropic)
         self.config = config
-        self.phase = "Pending"
+        self.phase: RunPhase = RunPhase.PENDING
         self._task: asyncio.Task[dict[str, Any]] | None = None
         self._sandbox: Sandbox | None = None
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
-        self._control_plane = ControlPlaneCaller(_CONTROL_PLANE_PATIENCE_SECONDS)
+        self._control_plane = ControlPlaneClient.for_engine(_CONTROL_PLANE_PATIENCE_SECONDS)
         self._workspace = WorkspaceSnapshots(
             self._storage,
             layout.run_prefix(config.project, config.name),
@@ -123,7 +125,7 @@ class RunActor:
         if warm_anthropic:  # the SDK takes about 1 s to import here; a run on Claude needs it
             importlib.import_module("nodus_ray.models.anthropic_provider")
         control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
-        config = ray.get(control_plane.claim_slot.remote(slot))
+        config = cast("RunConfig | None", ray.get(control_plane.claim_slot.remote(slot)))
         if config is None:
             raise RuntimeError(f"run slot {slot} was retired without a run")
         return config
@@ -156,7 +158,7 @@ class RunActor:
             except BaseException:  # noqa: BLE001 - the task's end is the cancel we asked for
                 pass
         await asyncio.to_thread(self._delete_sandbox)
-        self.phase = "Cancelled"
+        self.phase = RunPhase.CANCELLED
 
     def _delete_sandbox(self) -> None:
         if self._sandbox is not None:
@@ -165,8 +167,8 @@ class RunActor:
             shutil.rmtree(self.config.workspace, ignore_errors=True)
         self._workspace.forget()
 
-    async def _report(self, patch: dict[str, Any]) -> None:
-        await self._ask("report", self.config.project, self.config.name, patch)
+    async def _report(self, report: RunReport) -> None:
+        await self._control_plane.report(self.config.project, self.config.name, report)
 
     def _open_sandbox(self) -> Sandbox:
         # The journal's commands happened in a workspace that may be on another node's disk:
@@ -182,13 +184,10 @@ class RunActor:
         )
         return self._sandbox
 
-    async def _ask(self, method: str, *args: Any) -> Any:
-        return await self._control_plane.ask(method, *args)
-
     async def _provider(self, prices: PriceTable) -> tuple[ModelProvider, str, dict[str, str]]:
         """The provider and access of this run, and the user's own key to redact (BYOK); the
         key stays in this actor's memory only."""
-        access = await self._ask("model_access", self.config.project, self.config.name)
+        access = await self._control_plane.model_access(self.config.project, self.config.name)
         provider = provider_for(
             access, family_models=prices.family_models, latency_seconds=self.config.offline_latency_seconds
         )
@@ -202,7 +201,7 @@ class RunActor:
 
     async def _reserve_credits(self, amount: Decimal) -> None:
         """Hold the call's worst case from the project's credits, or wait without an actor."""
-        if not await self._ask("reserve_credits", self.config.project, self.config.name, str(amount)):
+        if not await self._control_plane.reserve_credits(self.config.project, self.config.name, str(amount)):
             raise CreditsExhausted(amount)
 
     async def _execute(self) -> dict[str, Any]:
@@ -231,11 +230,11 @@ class RunActor:
         prices = PriceTable.load(config.prices_file)
         try:
             provider, access, own_key = await self._provider(prices)
-            secrets = await self._ask("run_secrets", config.project, config.name)
+            secrets = await self._control_plane.run_secrets(config.project, config.name)
         except NodusError as refused:
-            self.phase = "Failed"
+            self.phase = RunPhase.FAILED
             return {
-                "phase": "Failed",
+                "phase": str(RunPhase.FAILED),
                 "reason": refused.code,
                 "message": refused.message,
                 "finishedAt": utc_now(),
@@ -267,32 +266,32 @@ class RunActor:
         )
         self._env = secrets["env"]
         self._conversation = conversation
-        self.phase = "Running"
+        self.phase = RunPhase.RUNNING
         await self._report(
-            {
-                "phase": "Running",
-                "reason": None,
-                "message": None,
-                "startedAt": utc_now(),
-                "sandbox": {
+            RunReport(
+                phase=RunPhase.RUNNING,
+                reason=None,
+                message=None,
+                startedAt=utc_now(),
+                sandbox={
                     "node": socket.gethostname(),
                     "nodeId": ray.get_runtime_context().get_node_id(),
                     "workspace": config.workspace,
                 },
-            }
+            )
         )
         try:
             answer = await self._with_deadline(conversation.run())
         except RunFailure as failure:
-            return self._outcome("Failed", failure.reason, failure.message, conversation)
+            return self._outcome(RunPhase.FAILED, failure.reason, failure.message, conversation)
         except WorkspaceLost as lost:
-            return self._outcome("Failed", "WorkspaceLost", str(lost), conversation)
+            return self._outcome(RunPhase.FAILED, RunReason.WORKSPACE_LOST, str(lost), conversation)
         except CapExceeded as reached:
-            return self._outcome("Waiting", "MaxCostReached", str(reached), conversation)
+            return self._outcome(RunPhase.WAITING, RunReason.MAX_COST_REACHED, str(reached), conversation)
         except CreditsExhausted as short:
             outcome = self._outcome(
-                "Waiting",
-                "InsufficientCredits",
+                RunPhase.WAITING,
+                RunReason.INSUFFICIENT_CREDITS,
                 f"{short}; it continues when credits are added",
                 conversation,
             )
@@ -300,8 +299,8 @@ class RunActor:
             return outcome
         except AwaitingMessage as waiting:
             return self._outcome(
-                "Waiting",
-                "AwaitingMessage",
+                RunPhase.WAITING,
+                RunReason.AWAITING_MESSAGE,
                 f"turn {waiting.turn} is answered; the run reads the next message sent to it",
                 conversation,
                 answer=conversation.answer,
@@ -309,8 +308,8 @@ class RunActor:
             )
         except NeedsResolution as parked:
             return self._outcome(
-                "Waiting",
-                "NeedsResolution",
+                RunPhase.WAITING,
+                RunReason.NEEDS_RESOLUTION,
                 f"{parked} ; resolve step {parked.step_id}",
                 conversation,
                 step=parked.step_id,
@@ -320,15 +319,16 @@ class RunActor:
                 await asyncio.to_thread(self._sandbox.cancel)
             await asyncio.to_thread(self._delete_sandbox)
             return self._outcome(
-                "Failed",
-                "DeadlineExceeded",
+                RunPhase.FAILED,
+                RunReason.DEADLINE_EXCEEDED,
                 f"the run passed its deadline ({config.run_spec.get('deadline') or config.deadline_at})",
                 conversation,
             )
         await self._write_answer(answer)
-        reason = "MaxTokensReached" if conversation.stop_reason == "max_tokens" else "Completed"
-        message = "the answer was cut at maxTokens" if reason == "MaxTokensReached" else None
-        return self._outcome("Succeeded", reason, message, conversation, answer=answer)
+        cut = conversation.stop_reason == "max_tokens"
+        reason = RunReason.MAX_TOKENS_REACHED if cut else RunReason.COMPLETED
+        message = "the answer was cut at maxTokens" if cut else None
+        return self._outcome(RunPhase.SUCCEEDED, reason, message, conversation, answer=answer)
 
     async def _write_answer(self, answer: str) -> None:
         """The latest answer, whole (a keep-alive run rewrites it after every turn)."""
@@ -340,9 +340,9 @@ class RunActor:
         )
 
     async def _next_message(self, after_seq: int) -> dict[str, Any] | None:
-        return await self._ask("next_message", self.config.project, self.config.name, after_seq)
+        return await self._control_plane.next_message(self.config.project, self.config.name, after_seq)
 
-    async def _with_deadline(self, program: Any) -> str:
+    async def _with_deadline(self, program: Coroutine[Any, Any, str]) -> str:
         if not self.config.deadline_at:
             return await program
         deadline = parse_timestamp(self.config.deadline_at)
@@ -355,21 +355,21 @@ class RunActor:
     async def _on_progress(self, turns: list[Turn]) -> None:
         conversation = self._conversation
         await self._report(
-            {
-                "turns": [turn.model_dump() for turn in turns],
-                "cost": {"totalUSD": str(conversation.cost_usd)},
-                "sandbox": {
+            RunReport(
+                turns=[turn.model_dump() for turn in turns],
+                cost={"totalUSD": str(conversation.cost_usd)},
+                sandbox={
                     "backend": conversation.sandbox_info.get("backend"),
                     "note": conversation.sandbox_info.get("note"),
                     "workspace": self.config.workspace,
                     "origin": self._workspace_origin,
                 },
-            }
+            )
         )
 
     def _outcome(
         self,
-        phase: str,
+        phase: RunPhase,
         reason: str,
         message: str | None,
         conversation: Conversation,
@@ -380,13 +380,13 @@ class RunActor:
     ) -> dict[str, Any]:
         self.phase = phase
         status: dict[str, Any] = {
-            "phase": phase,
-            "reason": reason,
+            "phase": str(phase),  # plain strings on the wire, as stored
+            "reason": str(reason),
             "message": message,
             "turns": [turn.model_dump() for turn in conversation.turns],
             "cost": {"totalUSD": str(conversation.cost_usd)},
         }
-        if phase != "Waiting":
+        if phase != RunPhase.WAITING:
             status["finishedAt"] = utc_now()
         if step is not None:
             status["step"] = step

@@ -93,6 +93,7 @@ class RunReason(StrEnum):
     RUNNER_LOST = "RunnerLost"
     INTERNAL_ERROR = "InternalError"
     STEP_CANCELLED = "StepCancelled"
+    NON_DETERMINISTIC = "NonDeterministic"  # replay met a recorded step the program no longer asks for
     # Cancelled
     CANCELLED = "Cancelled"  # on request, or because the run was deleted
     DEPENDENCY_FAILED = "DependencyFailed"

@@ -10,20 +10,20 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
-import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
-from ray.exceptions import RayActorError, RayTaskError
 from starlette.exceptions import HTTPException
 
-from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge, Unavailable
+from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge
 from nodus.resources import API_VERSION, validate_dns_label
 from nodus_ray import faults
-from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
+from nodus_ray.control.client import ControlPlaneClient
+from nodus_ray.control.tokens import Principal
 
 from .auth import Authenticator, PrincipalCache
 from .events import parse_cursor, run_events
@@ -42,36 +42,6 @@ def _console_page() -> str:
     return (
         resources.files(__package__).joinpath("console.html").read_text(encoding="utf-8")
     )  # a resource with a 256 KiB input, JSON-escaped, fits
-
-
-class ControlPlaneGateway:
-    """Finds the control plane by name and forwards calls; re-finds it after a restart."""
-
-    def __init__(self) -> None:
-        self._handle: Any = None
-
-    def _actor(self) -> Any:
-        if self._handle is None:
-            try:
-                self._handle = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
-            except ValueError:
-                raise Unavailable("the control plane is not running; run `nodus up`") from None
-        return self._handle
-
-    async def call(self, method: str, *args: Any) -> Any:
-        try:
-            return await getattr(self._actor(), method).remote(*args)
-        except NodusError:
-            raise
-        except RayActorError:
-            self._handle = None
-            raise Unavailable("the control plane is restarting; try again shortly") from None
-        except RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, NodusError):
-                raise cause from None
-            logger.exception("control plane call %s failed", method)
-            raise
 
 
 def _error(error: NodusError) -> JSONResponse:
@@ -128,9 +98,13 @@ def _applied(outcome: dict[str, Any]) -> JSONResponse:
 _MAX_IDEMPOTENCY_KEY = 255
 
 
+Apply = Callable[[str, dict[str, Any], str], Awaitable[dict[str, Any]]]  # (project, document, mode)
+ByName = Callable[[str, str], Awaitable[dict[str, Any]]]  # (project, name)
+CreateList = Callable[[str, dict[str, Any], str | None], Awaitable[dict[str, Any]]]  # (.., idempotency key)
+
+
 async def _create_list(
-    cp: ControlPlaneGateway,
-    create_list: tuple[str, str],
+    create_list: tuple[str, CreateList],
     project: str,
     body: dict[str, Any],
     request: Request,
@@ -142,7 +116,7 @@ async def _create_list(
             f"the Idempotency-Key header must be 1 to {_MAX_IDEMPOTENCY_KEY} printable characters",
             details={"field": "Idempotency-Key"},
         )
-    outcome = await cp.call(create_list[1], project, body, key)
+    outcome = await create_list[1](project, body, key)
     replayed = bool(outcome["replayed"])
     return JSONResponse(
         status_code=200 if replayed else 201,
@@ -153,37 +127,36 @@ async def _create_list(
 
 def _resource_routes(
     app: FastAPI,
-    cp: ControlPlaneGateway,
     plural: str,
     *,
-    apply: str,
-    get: str,
-    delete: str,
-    create_list: tuple[str, str] | None = None,
+    apply: Apply,
+    get: ByName,
+    delete: ByName,
+    create_list: tuple[str, CreateList] | None = None,
 ) -> None:
     """POST (create), GET, PUT (apply) and DELETE of one kind of resource, all alike.
 
-    ``apply`` names the control-plane method taking ``(project, document, mode)`` with mode
+    ``apply`` is the control-plane call taking ``(project, document, mode)`` with mode
     ``create`` (refuses a taken name) or ``apply`` (creates or updates). ``create_list`` is
-    ``(list kind, method)`` when POST also takes a batch of that list kind.
+    ``(list kind, call)`` when POST also takes a batch of that list kind.
     """
     collection = f"/v1/projects/{{project}}/{plural}"
 
     async def create(project: str, request: Request) -> JSONResponse:
         body = await _body(request)
         if create_list is not None and body.get("kind") == create_list[0]:
-            return await _create_list(cp, create_list, _project(project), body, request)
-        return _applied(await cp.call(apply, _project(project), body, "create"))
+            return await _create_list(create_list, _project(project), body, request)
+        return _applied(await apply(_project(project), body, "create"))
 
     async def read(project: str, name: str) -> dict[str, Any]:
-        return await cp.call(get, _project(project), name)
+        return await get(_project(project), name)
 
     async def put(project: str, name: str, request: Request) -> JSONResponse:
         body = _name_matches(await _body(request), name)
-        return _applied(await cp.call(apply, _project(project), body, "apply"))
+        return _applied(await apply(_project(project), body, "apply"))
 
     async def remove(project: str, name: str) -> dict[str, Any]:
-        return await cp.call(delete, _project(project), name)
+        return await delete(_project(project), name)
 
     app.add_api_route(collection, create, methods=["POST"], status_code=201, name=f"create_{plural}")
     app.add_api_route(f"{collection}/{{name}}", read, methods=["GET"], name=f"get_{plural}")
@@ -191,13 +164,18 @@ def _resource_routes(
     app.add_api_route(f"{collection}/{{name}}", remove, methods=["DELETE"], name=f"delete_{plural}")
 
 
-def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int | None = None) -> FastAPI:
+def create_app(
+    control_plane: ControlPlaneClient | None = None, *, max_inflight: int | None = None
+) -> FastAPI:
     """The FastAPI app; Serve's ingress wraps it, tests may call it directly.
+
+    ``control_plane``: by default the client with Serve's policy (`ControlPlaneClient.for_serve`:
+    a control plane away answers 503 at once); tests pass one over a fake handle.
 
     ``max_inflight``: requests in flight past which it answers 429 (`load_shedding`); by
     default ``NODUS_API_MAX_INFLIGHT`` or 128.
     """
-    cp = gateway or ControlPlaneGateway()
+    cp = control_plane or ControlPlaneClient.for_serve()
     app = FastAPI(
         title="nodus",
         version="0.1.0",
@@ -205,7 +183,7 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     )
     principals = PrincipalCache()
     # Starlette runs the middleware added last first: load is shed before a token is looked up.
-    app.add_middleware(Authenticator, lookup=functools.partial(cp.call, "authenticate"), cache=principals)
+    app.add_middleware(Authenticator, lookup=cp.authenticate, cache=principals)
     app.add_middleware(LoadShedder, limit=max_inflight or max_inflight_from_env())
 
     install_openapi(app)
@@ -264,44 +242,43 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
 
     @app.get("/readyz")
     async def readyz() -> dict[str, Any]:
-        info = await cp.call("ready")
+        info = await cp.ready()
         return {"status": "ready", **info}
 
     @app.get("/v1/info")
     async def info() -> dict[str, Any]:
-        return await cp.call("ready")
+        return await cp.ready()
 
     # -- agents -----------------------------------------------------------------------------
 
     @app.get("/v1/projects/{project}/agents")
     async def list_agents(project: str) -> dict[str, Any]:
-        return _listing("AgentList", await cp.call("list_agents", _project(project)))
+        return _listing("AgentList", await cp.list_agents(_project(project)))
 
-    _resource_routes(app, cp, "agents", apply="apply_agent", get="get_agent", delete="delete_agent")
+    _resource_routes(app, "agents", apply=cp.apply_agent, get=cp.get_agent, delete=cp.delete_agent)
 
     @app.patch("/v1/projects/{project}/agents/{name}")
     async def patch_agent(project: str, name: str, request: Request) -> JSONResponse:
-        return _applied(await cp.call("patch_agent", _project(project), name, await _body(request)))
+        return _applied(await cp.patch_agent(_project(project), name, await _body(request)))
 
     # -- runs: the generic routes, plus a filtered list and the run's own verbs ---------------
 
     @app.get("/v1/projects/{project}/agentruns")
     async def list_runs(project: str, agent: str | None = None, group: str | None = None) -> dict[str, Any]:
-        return _listing("AgentRunList", await cp.call("list_runs", _project(project), agent, group))
+        return _listing("AgentRunList", await cp.list_runs(_project(project), agent, group))
 
     _resource_routes(
         app,
-        cp,
         "agentruns",
-        apply="create_run",
-        get="get_run",
-        delete="delete_run",
-        create_list=("AgentRunList", "create_runs"),
+        apply=cp.create_run,
+        get=cp.get_run,
+        delete=cp.delete_run,
+        create_list=("AgentRunList", cp.create_runs),
     )
 
     @app.post("/v1/projects/{project}/agentruns/{name}/cancel")
     async def cancel_run(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("cancel_run", _project(project), name)
+        return await cp.cancel_run(_project(project), name)
 
     @app.post("/v1/projects/{project}/agentruns/{name}/messages")
     async def send_message(project: str, name: str, request: Request) -> JSONResponse:
@@ -316,8 +293,7 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
             raise Invalid(
                 'payload: required, e.g. {"payload": "Now the staging logs"}', details={"field": "payload"}
             )
-        receipt = await cp.call(
-            "send_message",
+        receipt = await cp.send_message(
             _project(project),
             name,
             body["payload"],
@@ -328,7 +304,7 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
 
     @app.post("/v1/projects/{project}/agentruns/{name}/resolve")
     async def resolve_run(project: str, name: str, request: Request) -> dict[str, Any]:
-        return await cp.call("resolve_run", _project(project), name, await _body(request))
+        return await cp.resolve_run(_project(project), name, await _body(request))
 
     @app.get(
         "/v1/projects/{project}/agentruns/{name}/events",
@@ -340,103 +316,104 @@ def create_app(gateway: ControlPlaneGateway | None = None, *, max_inflight: int 
     ) -> StreamingResponse:
         """Server-sent events of the run (`events`); resumable with Last-Event-ID."""
         project = _project(project)
-        await cp.call("get_run", project, name)  # a missing run is a 404 before the stream starts
+        await cp.get_run(project, name)  # a missing run is a 404 before the stream starts
         cursor = parse_cursor(request.headers.get("Last-Event-ID"))
         return StreamingResponse(
-            run_events(cp.call, project, name, cursor, follow),
+            run_events(cp, project, name, cursor, follow),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
     @app.get("/v1/projects/{project}/agentruns/{name}/steps")
     async def run_steps(project: str, name: str) -> dict[str, Any]:
-        return {"items": await cp.call("run_steps", _project(project), name)}
+        return {"items": await cp.run_steps(_project(project), name)}
 
     @app.get("/v1/projects/{project}/agentruns/{name}/answer")
     async def run_answer(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("run_answer", _project(project), name)
+        return await cp.run_answer(_project(project), name)
 
     # -- groups -----------------------------------------------------------------------------
 
     @app.get("/v1/projects/{project}/agentgroups")
     async def list_groups(project: str) -> dict[str, Any]:
-        return _listing("AgentGroupList", await cp.call("list_groups", _project(project)))
+        return _listing("AgentGroupList", await cp.list_groups(_project(project)))
 
-    _resource_routes(app, cp, "agentgroups", apply="apply_group", get="get_group", delete="delete_group")
+    _resource_routes(app, "agentgroups", apply=cp.apply_group, get=cp.get_group, delete=cp.delete_group)
 
     @app.patch("/v1/projects/{project}/agentgroups/{name}")
     async def patch_group(project: str, name: str, request: Request) -> JSONResponse:
-        return _applied(await cp.call("patch_group", _project(project), name, await _body(request)))
+        return _applied(await cp.patch_group(_project(project), name, await _body(request)))
 
     @app.post("/v1/projects/{project}/agentgroups/{name}/cancel")
     async def cancel_group(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("cancel_group", _project(project), name)
+        return await cp.cancel_group(_project(project), name)
 
     @app.get("/v1/projects/{project}/agentgroups/{name}/results")
     async def group_results(project: str, name: str) -> dict[str, Any]:
         """An evaluation's cases: task id, repetition, run, state, verdict, reward, evidence."""
-        answer = await cp.call("group_results", _project(project), name)
+        answer = await cp.group_results(_project(project), name)
         return {"apiVersion": "nodus.dev/v1", "kind": "EvaluationResultList", **answer}
 
     # -- environments: what an evaluation group can run ------------------------------------
 
     @app.get("/v1/projects/{project}/environments")
     async def list_environments(project: str) -> dict[str, Any]:
-        items = await cp.call("list_environments", _project(project))
+        items = await cp.list_environments(_project(project))
         return {"apiVersion": "nodus.dev/v1", "kind": "EnvironmentList", "items": items}
 
     # -- secrets: values go in, only keys come out -----------------------------------------
 
     @app.get("/v1/projects/{project}/secrets")
     async def list_secrets(project: str) -> dict[str, Any]:
-        return _listing("SecretList", await cp.call("list_secrets", _project(project)))
+        return _listing("SecretList", await cp.list_secrets(_project(project)))
 
-    _resource_routes(app, cp, "secrets", apply="apply_secret", get="get_secret", delete="delete_secret")
+    _resource_routes(app, "secrets", apply=cp.apply_secret, get=cp.get_secret, delete=cp.delete_secret)
 
     # -- credits --------------------------------------------------------------------------
 
     @app.get("/v1/projects/{project}/credits")
     async def get_credits(project: str) -> dict[str, Any]:
-        return await cp.call("get_credits", _project(project))
+        return await cp.get_credits(_project(project))
 
     @app.post("/v1/projects/{project}/credits")
     async def add_credits(project: str, request: Request) -> dict[str, Any]:
         body = await _body(request)
         if "amountUSD" not in body:
             raise Invalid('amountUSD: required, e.g. {"amountUSD": "10.00"}', details={"field": "amountUSD"})
-        return await cp.call("add_credits", _project(project), str(body["amountUSD"]))
+        return await cp.add_credits(_project(project), str(body["amountUSD"]))
 
     @app.get("/v1/prices")
     async def prices() -> dict[str, Any]:
-        return await cp.call("price_table")
+        return await cp.price_table()
 
     # -- tokens: who may call this API (`auth`) ---------------------------------------------
 
     @app.get("/v1/whoami")
     async def whoami(request: Request) -> dict[str, Any]:
         """The token this request was sent with: its name, project (``*``: every project) and role."""
-        return request.state.principal.to_dict()
+        principal: Principal = request.state.principal
+        return principal.to_dict()
 
     @app.get("/v1/projects/{project}/tokens")
     async def list_tokens(project: str) -> dict[str, Any]:
-        return _listing("TokenList", await cp.call("list_tokens", _project(project)))
+        return _listing("TokenList", await cp.list_tokens(_project(project)))
 
     @app.post("/v1/projects/{project}/tokens", status_code=201)
     async def create_token(project: str, request: Request) -> JSONResponse:
         """A new token; the answer's ``status.token`` is the only time its value is shown."""
         principal = request.state.principal
-        created = await cp.call(
-            "create_token", _project(project), await _body(request), f"{principal.project}/{principal.name}"
+        created = await cp.create_token(
+            _project(project), await _body(request), f"{principal.project}/{principal.name}"
         )
         return JSONResponse(status_code=201, content=created, headers={"Cache-Control": "no-store"})
 
     @app.get("/v1/projects/{project}/tokens/{name}")
     async def get_token(project: str, name: str) -> dict[str, Any]:
-        return await cp.call("get_token", _project(project), name)
+        return await cp.get_token(_project(project), name)
 
     @app.delete("/v1/projects/{project}/tokens/{name}")
     async def revoke_token(project: str, name: str) -> dict[str, Any]:
-        revoked = await cp.call("revoke_token", _project(project), name)
+        revoked = await cp.revoke_token(_project(project), name)
         principals.clear()  # this replica refuses it at once; others within the cache's seconds
         return revoked
 

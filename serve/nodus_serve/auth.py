@@ -90,7 +90,7 @@ class PrincipalCache:
 def _bearer(scope: Scope) -> str | None:
     for name, value in scope.get("headers") or ():
         if name == b"authorization":
-            scheme, _, credentials = value.decode("latin-1").partition(" ")
+            scheme, _, credentials = bytes(value).decode("latin-1").partition(" ")
             if scheme.lower() == "bearer" and credentials.strip():
                 return credentials.strip()
             return None

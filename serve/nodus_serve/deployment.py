@@ -32,7 +32,8 @@ class NodusIngress:
 
 
 def build() -> serve.Application:
-    return NodusIngress.bind()
+    application: serve.Application = NodusIngress.bind()  # type: ignore[attr-defined]  # added by @serve.deployment
+    return application
 
 
 app = build()

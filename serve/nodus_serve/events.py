@@ -24,19 +24,25 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from nodus.errors import Conflict
-from nodus.resources import TERMINAL_PHASES
+from nodus.lifecycle import RUN_TERMINAL_PHASES
 
-__all__ = ["parse_cursor", "run_events"]
+__all__ = ["RunEventsSource", "parse_cursor", "run_events"]
 
 _POLL_SECONDS = 0.5
 _HEARTBEAT_SECONDS = 15.0
 _ANSWER_CHUNK = 8192
 
-Call = Callable[..., Awaitable[Any]]
+
+class RunEventsSource(Protocol):
+    """What the stream reads from the control plane (`ControlPlaneClient` is one)."""
+
+    async def run_events(self, project: str, name: str, after_seq: int) -> dict[str, Any]: ...
+
+    async def run_answer(self, project: str, name: str) -> dict[str, Any]: ...
 
 
 def parse_cursor(last_event_id: str | None) -> tuple[int, int]:
@@ -70,7 +76,7 @@ def _turn_view(turn: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_events(
-    call: Call, project: str, name: str, cursor: tuple[int, int], follow: bool = True
+    source: RunEventsSource, project: str, name: str, cursor: tuple[int, int], follow: bool = True
 ) -> AsyncIterator[str]:
     """The event stream of one run from ``cursor`` on (see the module)."""
     seq, version = cursor
@@ -79,7 +85,7 @@ async def run_events(
     answer_bytes: int | None = None
     last_sent = time.monotonic()
     while True:
-        got = await call("run_events", project, name, seq)
+        got = await source.run_events(project, name, seq)
         run, records = got["run"], got["records"]
         for record in records:
             seq = record["seq"] + 1
@@ -113,7 +119,7 @@ async def run_events(
             if size is not None and size != answer_bytes:
                 answer_bytes = size
                 try:
-                    text = (await call("run_answer", project, name))["answer"]
+                    text = (await source.run_answer(project, name))["answer"]
                 except Conflict:
                     text = ""
                 for offset in range(0, len(text), _ANSWER_CHUNK):
@@ -127,7 +133,7 @@ async def run_events(
                         (seq, version),
                     )
             last_sent = time.monotonic()
-        if status.get("phase") in TERMINAL_PHASES and not records:
+        if status.get("phase") in RUN_TERMINAL_PHASES and not records:
             yield _event(
                 "end", {"phase": status.get("phase"), "reason": status.get("reason")}, (seq, version)
             )

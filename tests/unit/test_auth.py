@@ -18,6 +18,7 @@ from nodus_ray.control.tokens import LOCAL_ADMIN, OPERATOR, TokenStore, token_di
 from nodus_ray.store.storage import Storage
 from nodus_serve.app import create_app
 from nodus_serve.auth import required_access
+from tests.fakes.control_plane import client_over
 
 
 def _token(name: str, role: str = "read", expires_in: str | None = None) -> Token:
@@ -61,7 +62,7 @@ def _request(
 ) -> httpx.Response:
     async def send() -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        transport = httpx.ASGITransport(app=create_app(gateway))
+        transport = httpx.ASGITransport(app=create_app(client_over(gateway.call)))
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
             return await http.request(method, path, headers=headers, **kwargs)
 
@@ -215,7 +216,8 @@ def test_a_token_created_through_the_api_works_and_stops_working_once_revoked(st
     assert [item["metadata"]["name"] for item in listed] == ["ci"] and value not in json.dumps(listed)
 
     async def revoke_then_use() -> tuple[int, int]:
-        transport = httpx.ASGITransport(app=create_app(gateway))  # one app: one replica and its cache
+        app = create_app(client_over(gateway.call))  # one app: one replica and its cache
+        transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
             assert (
                 await http.get("/v1/whoami", headers={"Authorization": f"Bearer {value}"})

@@ -12,6 +12,7 @@ from nodus.client import Client
 from nodus.errors import TooManyRequests
 from nodus_serve.app import create_app
 from nodus_serve.load_shedding import max_inflight_from_env
+from tests.fakes.control_plane import client_over
 
 
 class _HeldControlPlane:
@@ -31,7 +32,7 @@ class _HeldControlPlane:
 
 async def _burst(limit: int, requests: int) -> tuple[list[httpx.Response], _HeldControlPlane]:
     cp = _HeldControlPlane()
-    app = create_app(cp, max_inflight=limit)
+    app = create_app(client_over(cp.call), max_inflight=limit)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
         base_url="http://api",

@@ -7,6 +7,7 @@ from typing import Any
 import schemathesis
 
 from nodus_serve.app import create_app
+from tests.fakes.control_plane import client_over
 
 
 class _NoControlPlane:
@@ -15,7 +16,7 @@ class _NoControlPlane:
 
 
 def _document() -> dict[str, Any]:
-    return create_app(_NoControlPlane()).openapi()
+    return create_app(client_over(_NoControlPlane().call)).openapi()
 
 
 def test_every_write_that_reads_a_body_documents_it() -> None:
