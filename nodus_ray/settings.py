@@ -121,7 +121,7 @@ class ServerSettings:
             prices_file = os.path.abspath(prices_file)
             PriceTable.load(prices_file)  # a bad override is refused here, naming the field
         return cls(
-            storage_uri=default_storage_uri(),
+            storage_uri=os.environ.get("NODUS_STORAGE") or default_storage_uri(),
             sandbox_root=sandbox_root,
             offline_latency_seconds=latency,
             secret_key_file=os.path.abspath(

@@ -203,13 +203,11 @@ class PriceTable:
     def load(cls, override: str | os.PathLike[str] | None = None) -> PriceTable:
         """The defaults, with the operator's file merged over them.
 
-        ``override`` is a path to a JSON file (``.json``) or a YAML file (any other suffix); when
-        it is None the path comes from ``NODUS_PRICES`` (unset or empty: the defaults alone). A
-        file that cannot be read or has a wrong field raises ``ValueError`` naming the file and
-        the field, so a server refuses to start with prices it would misread.
+        ``override`` is a path to a JSON file (``.json``) or a YAML file (any other suffix), the
+        server's ``NODUS_PRICES`` as `settings.ServerSettings` read it; None is the defaults
+        alone. A file that cannot be read or has a wrong field raises ``ValueError`` naming the
+        file and the field, so a server refuses to start with prices it would misread.
         """
-        if override is None:
-            override = os.environ.get("NODUS_PRICES") or None
         if override is None:
             return DEFAULT_PRICE_TABLE
         path = Path(override)

@@ -41,10 +41,7 @@ def redact_uri(uri: str) -> str:
 
 
 def default_storage_uri() -> str:
-    """``NODUS_STORAGE``, else a directory under the user's home."""
-    configured = os.environ.get("NODUS_STORAGE")
-    if configured:
-        return configured
+    """Where storage is when ``NODUS_STORAGE`` (read by `settings.ServerSettings`) is unset."""
     return str(Path.home() / ".nodus" / "storage")
 
 

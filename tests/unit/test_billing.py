@@ -39,6 +39,7 @@ from nodus_ray.money.prices import (
     PriceTable,
     UnpricedModel,
 )
+from nodus_ray.settings import ServerSettings
 
 D = Decimal
 CLAUDE = ["claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5", "claude-fable-5-5"]
@@ -206,13 +207,19 @@ def test_override_yaml_reads_decimals_exactly(tmp_path: Path) -> None:
 def test_override_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "prices.yml"
     path.write_text("prices:\n  claude-opus-5-5: {output: '70'}\n")
+
+    def from_env() -> PriceTable:
+        """The server reads NODUS_PRICES once, in its settings; the table loads what they name."""
+        return PriceTable.load(ServerSettings.from_env().prices_file)
+
     monkeypatch.setenv("NODUS_PRICES", str(path))
-    table = PriceTable.load()
+    table = from_env()
     assert table.price("claude-opus-5-5").output == D("70")
     assert table.effective == DEFAULT_PRICE_TABLE.effective  # no date given: the default's stays
     monkeypatch.setenv("NODUS_PRICES", "")
-    assert PriceTable.load() == DEFAULT_PRICE_TABLE
+    assert from_env() == DEFAULT_PRICE_TABLE
     monkeypatch.delenv("NODUS_PRICES")
+    assert from_env() == DEFAULT_PRICE_TABLE
     assert PriceTable.load() == DEFAULT_PRICE_TABLE
 
 
