@@ -33,6 +33,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from nodus.lifecycle import RunReason
 from nodus_ray.durable.journal import Journal, JournalRecord, StepState
 from nodus_ray.faults import crash_point
 
@@ -67,7 +68,7 @@ class NonDeterministic(Exception):  # noqa: N818 - the run's reason name, as the
     for now. Nothing is journaled or executed for the requested step.
     """
 
-    reason = "NonDeterministic"
+    reason = RunReason.NON_DETERMINISTIC
 
     def __init__(self, position: int, recorded: tuple[str, str] | None, requested: tuple[str, str]):
         asked = f"{requested[0]} ({requested[1]})"

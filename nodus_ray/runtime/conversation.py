@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from nodus.lifecycle import RunReason
 from nodus.resources import FAMILIES, Turn
 from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
@@ -299,7 +300,9 @@ class Conversation:
             if response.stop_reason == "refusal":
                 turn.finishedAt = utc_now()
                 await self.on_progress(self.turns)
-                raise RunFailure("ModelRefused", "the model declined to answer (stop_reason: refusal)")
+                raise RunFailure(
+                    RunReason.MODEL_REFUSED, "the model declined to answer (stop_reason: refusal)"
+                )
             uses = response.tool_uses()
             if response.stop_reason != "tool_use" or not uses:
                 turn.finishedAt = utc_now()
@@ -308,7 +311,7 @@ class Conversation:
                 return response.text()
             if limit_warned:
                 raise RunFailure(
-                    "MaxToolCallsReached",
+                    RunReason.MAX_TOOL_CALLS_REACHED,
                     f"the model asked for more commands after reaching maxToolCalls "
                     f"({self.spec.max_tool_calls}) in turn {index}",
                 )
@@ -379,7 +382,7 @@ class Conversation:
             )
         except StepFailed as failure:
             raise RunFailure(
-                failure.error.get("reason", "ModelError"),
+                failure.error.get("reason", RunReason.MODEL_ERROR),
                 failure.error.get("message", "the model call failed"),
             ) from None
         charged = Decimal(recorded.get("billedUSD", "0"))
