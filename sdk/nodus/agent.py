@@ -17,12 +17,12 @@ import hashlib
 import secrets as _secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 from .agent_run import AgentRun, RunContext
+from .agent_spec import AGENT_PARAMS, SecretKey, claude_agent_spec
 from .client import Client
 from .errors import Conflict, Invalid, Unsupported
 from .handles import _LATER, _encode_input, _format_deadline, _run_name, _unsupported, _usd
@@ -282,66 +282,6 @@ class Agent:
         return f"{type(self).__name__}(name={self.name!r}, project={self._project!r})"
 
 
-@dataclass(frozen=True)
-class SecretKey:
-    """One key of a Secret, as the value of an environment variable of the agent's commands:
-    ``env={"DB_PASSWORD": nodus.SecretKey("db", "PASSWORD")}``. The value never leaves the
-    server, and is redacted from everything a run records."""
-
-    secret: str
-    key: str
-
-
-def _env_entries(env: Mapping[str, str | SecretKey]) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    for name, value in env.items():
-        if isinstance(value, SecretKey):
-            entries.append(
-                {"name": name, "valueFrom": {"secretKeyRef": {"name": value.secret, "key": value.key}}}
-            )
-        else:
-            entries.append({"name": name, "value": value})
-    return entries
-
-
-def claude_agent_spec(
-    *,
-    system: str = "",
-    families: list[str] | None = None,
-    model: str | None = None,
-    max_tokens: int | None = None,
-    max_tool_calls: int | None = None,
-    per_run_max_cost: Any = None,
-    api_key_secret: str | None = None,
-    image: str | None = None,
-    env: Mapping[str, str | SecretKey] | None = None,
-    allowed_hosts: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """The Agent spec of a Claude agent; shared by `ClaudeAgent` and ``nodus create agent``."""
-    model_spec: dict[str, Any] = {"access": "BYOK" if api_key_secret else "Nodus"}
-    if families:
-        model_spec["families"] = list(families)
-    if model is not None:
-        model_spec["name"] = model
-    if api_key_secret is not None:
-        model_spec["apiKeySecret"] = api_key_secret
-    spec: dict[str, Any] = {"system": system, "model": model_spec}
-    if max_tokens is not None:
-        spec["maxTokens"] = max_tokens
-    if max_tool_calls is not None:
-        spec["maxToolCalls"] = max_tool_calls
-    cost = _usd(per_run_max_cost, "per_run_max_cost")
-    if cost is not None:
-        spec["perRunMaxCostUSD"] = cost
-    if image is not None:
-        spec["image"] = image
-    if env:
-        spec["env"] = _env_entries(env)
-    if allowed_hosts is not None:
-        spec["network"] = {"allowedHosts": list(allowed_hosts)}
-    return spec
-
-
 class ClaudeAgent(Agent):
     """An agent on Claude: a system prompt, the Claude access it runs on and a per-run cost cap.
 
@@ -350,6 +290,8 @@ class ClaudeAgent(Agent):
     your own Anthropic account). ``env`` sets variables of the run's commands, a `SecretKey`
     for a secret one; ``allowed_hosts`` are the hosts those commands may reach (nothing else,
     docs/network.md). The agent is created on first use unless `deploy` ran first.
+
+    Its settings are the rows of `agent_spec.AGENT_PARAMS`, where each one's spec field is.
     """
 
     def __init__(
@@ -369,16 +311,6 @@ class ClaudeAgent(Agent):
         project: str | None = None,
         client: Client | None = None,
     ) -> None:
-        spec = claude_agent_spec(
-            system=system,
-            families=families,
-            model=model,
-            max_tokens=max_tokens,
-            max_tool_calls=max_tool_calls,
-            per_run_max_cost=per_run_max_cost,
-            api_key_secret=api_key_secret,
-            image=image,
-            env=env,
-            allowed_hosts=allowed_hosts,
-        )
+        given = locals()
+        spec = claude_agent_spec(**{param.name: given[param.name] for param in AGENT_PARAMS})
         self._setup(name, spec, project, client)

@@ -690,6 +690,75 @@ def test_cli_create_agent_with_variables_secrets_and_allowed_hosts(cli_api: Fake
         assert refused.exit_code != 0 and words in one_error_line(refused), refused.output
 
 
+def test_agent_params_are_declared_once_for_the_sdk_the_cli_and_the_schema() -> None:
+    """`AGENT_PARAMS` is the table: ClaudeAgent's keywords, claude_agent_spec's, the CLI's options
+    and the Agent spec's fields all follow it, so a setting added in one place fails here."""
+    import inspect
+
+    import typer.main
+
+    from nodus.agent_spec import AGENT_PARAMS, claude_agent_spec
+    from nodus.resources import AgentSpec
+
+    names = [param.name for param in AGENT_PARAMS]
+    keywords = set(inspect.signature(nodus.ClaudeAgent.__init__).parameters) - {
+        "self",
+        "name",
+        "project",
+        "client",
+    }
+    assert keywords == set(names)
+    assert set(inspect.signature(claude_agent_spec).parameters) == set(names)
+    command = typer.main.get_command(cli.app).commands["create"].commands["agent"]  # type: ignore[attr-defined]
+    options = {flag: param.help for param in command.params for flag in getattr(param, "opts", [])}
+    for param in AGENT_PARAMS:
+        if param.flag is not None:
+            assert options.get(param.flag) == param.help, param.name
+        model: Any = AgentSpec
+        for part in param.field.split("."):
+            assert part in model.model_fields, f"{param.name}: spec.{param.field} is not in the schema"
+            annotation = model.model_fields[part].annotation
+            model = next(
+                (a for a in getattr(annotation, "__args__", (annotation,)) if hasattr(a, "model_fields")),
+                None,
+            )
+    # Every setting given lands where the table says, in the order the spec was always written.
+    spec = claude_agent_spec(
+        system="s",
+        families=["haiku"],
+        model="claude-x",
+        max_tokens=5,
+        max_tool_calls=3,
+        per_run_max_cost=0.5,
+        api_key_secret="key",
+        image="img",
+        env={"A": "1", "B": nodus.SecretKey("db", "K")},
+        allowed_hosts=("pypi.org",),
+    )
+    assert list(spec) == [
+        "system",
+        "model",
+        "maxTokens",
+        "maxToolCalls",
+        "perRunMaxCostUSD",
+        "image",
+        "env",
+        "network",
+    ]
+    assert spec["model"] == {
+        "access": "BYOK",
+        "families": ["haiku"],
+        "name": "claude-x",
+        "apiKeySecret": "key",
+    }
+    assert claude_agent_spec() == {"system": "", "model": {"access": "Nodus"}}
+    assert claude_agent_spec(families=[], env={}, allowed_hosts=[]) == {
+        "system": "",
+        "model": {"access": "Nodus"},
+        "network": {"allowedHosts": []},
+    }
+
+
 def test_cli_apply_refuses_a_token_file_and_sends_nothing(cli_api: FakeAPI, tmp_path: Path) -> None:
     manifest = tmp_path / "token.yaml"
     manifest.write_text("apiVersion: nodus.dev/v1\nkind: Token\nmetadata: {name: ci}\nspec: {role: read}\n")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..agent import SecretKey, claude_agent_spec
+from ..agent_spec import SecretKey, agent_param, claude_agent_spec
 from ..resources import API_VERSION, parse_resource
 from . import root
 from .root import ProjectOption, UsageError, ref
@@ -176,31 +176,34 @@ def create_token(
     typer.echo(f"{ref('Token', name)} created (role {role}); store it now: it is not shown again", err=True)
 
 
+def _flag(name: str) -> str:
+    """The `nodus create agent` option of an agent setting, from the one table of them."""
+    flag = agent_param(name).flag
+    if flag is None:
+        raise LookupError(f"{name} has no CLI flag in AGENT_PARAMS")
+    return flag
+
+
+def _help(name: str) -> str:
+    return agent_param(name).help
+
+
 @create_app.command("agent")
 def create_agent(
     name: Annotated[str, typer.Argument(help="Name of the agent.")],
-    system: Annotated[str, typer.Option("--system", help="The system prompt.")] = "",
-    family: Annotated[
-        list[str] | None,
-        typer.Option("--family", help="Allowed Claude family (repeatable): haiku, sonnet, opus, fable."),
-    ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="A Claude model id to pin.")] = None,
+    system: Annotated[str, typer.Option(_flag("system"), help=_help("system"))] = "",
+    family: Annotated[list[str] | None, typer.Option(_flag("families"), help=_help("families"))] = None,
+    model: Annotated[str | None, typer.Option(_flag("model"), help=_help("model"))] = None,
     max_cost: Annotated[
-        str | None, typer.Option("--max-cost", help="Per-run model cost cap in USD, e.g. 0.50.")
+        str | None, typer.Option(_flag("per_run_max_cost"), help=_help("per_run_max_cost"))
     ] = None,
-    max_tokens: Annotated[
-        int | None, typer.Option("--max-tokens", help="Output tokens per model call.")
-    ] = None,
+    max_tokens: Annotated[int | None, typer.Option(_flag("max_tokens"), help=_help("max_tokens"))] = None,
     api_key_secret: Annotated[
-        str | None, typer.Option("--api-key-secret", help="Secret with ANTHROPIC_API_KEY (BYOK).")
+        str | None, typer.Option(_flag("api_key_secret"), help=_help("api_key_secret"))
     ] = None,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", help="NAME=VALUE, or NAME=secret:SECRET/KEY for a Secret's key (repeatable)."),
-    ] = None,
+    env: Annotated[list[str] | None, typer.Option(_flag("env"), help=_help("env"))] = None,
     allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", help="A host the run's commands may reach, e.g. pypi.org (repeatable)."),
+        list[str] | None, typer.Option(_flag("allowed_hosts"), help=_help("allowed_hosts"))
     ] = None,
     project: ProjectOption = None,
 ) -> None:

@@ -1,0 +1,144 @@
+"""A Claude agent's parameters, declared once: `ClaudeAgent(...)`, ``nodus create agent`` and the
+Agent spec are three spellings of the same settings, and `AGENT_PARAMS` is the table between them.
+
+Each `AgentParam` names the setting as Python takes it (``per_run_max_cost``), where it lands in
+the Agent spec (``perRunMaxCostUSD``), the CLI flag that sets it (``--max-cost``, or none) and
+its help. `claude_agent_spec` builds the spec from the table, for the SDK and the CLI alike; the
+CLI takes its flags and help from it; a unit test holds `ClaudeAgent`'s signature, the CLI's
+options and the schema's fields to it, so a setting added in one place and not the others fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .handles import _usd
+
+__all__ = ["SecretKey", "AgentParam", "AGENT_PARAMS", "agent_param", "claude_agent_spec"]
+
+
+@dataclass(frozen=True)
+class SecretKey:
+    """One key of a Secret, as the value of an environment variable of the agent's commands:
+    ``env={"DB_PASSWORD": nodus.SecretKey("db", "PASSWORD")}``. The value never leaves the
+    server, and is redacted from everything a run records."""
+
+    secret: str
+    key: str
+
+
+def _env_entries(env: Mapping[str, str | SecretKey]) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    for name, value in env.items():
+        if isinstance(value, SecretKey):
+            entries.append(
+                {"name": name, "valueFrom": {"secretKeyRef": {"name": value.secret, "key": value.key}}}
+            )
+        else:
+            entries.append({"name": name, "value": value})
+    return entries
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _cost(value: Any) -> str | None:
+    return _usd(value, "per_run_max_cost")
+
+
+@dataclass(frozen=True)
+class AgentParam:
+    """One setting of a Claude agent, as each surface spells it."""
+
+    name: str  # the keyword of ClaudeAgent(...) and claude_agent_spec(...)
+    field: str  # where it lands in the Agent spec, dotted ("model.families")
+    help: str  # one line; the CLI's --help shows it
+    flag: str | None = None  # the `nodus create agent` option, None when the CLI does not offer it
+    to_spec: Callable[[Any], Any] = _same  # the Python value -> the spec's
+    # When the setting is left out of the spec: None given ("none"), None or empty ("empty"), or
+    # never (the spec always carries it).
+    omit: Literal["none", "empty", "never"] = "none"
+
+
+# In the order the spec is written (the server sees the same document as before the table).
+AGENT_PARAMS: tuple[AgentParam, ...] = (
+    AgentParam("system", "system", "The system prompt.", "--system", omit="never"),
+    AgentParam(
+        "families",
+        "model.families",
+        "Allowed Claude family (repeatable): haiku, sonnet, opus, fable.",
+        "--family",
+        to_spec=list,
+        omit="empty",
+    ),
+    AgentParam("model", "model.name", "A Claude model id to pin.", "--model"),
+    AgentParam(
+        "api_key_secret", "model.apiKeySecret", "Secret with ANTHROPIC_API_KEY (BYOK).", "--api-key-secret"
+    ),
+    AgentParam("max_tokens", "maxTokens", "Output tokens per model call.", "--max-tokens"),
+    AgentParam("max_tool_calls", "maxToolCalls", "Commands allowed per turn."),
+    AgentParam(
+        "per_run_max_cost",
+        "perRunMaxCostUSD",
+        "Per-run model cost cap in USD, e.g. 0.50.",
+        "--max-cost",
+        to_spec=_cost,
+    ),
+    AgentParam("image", "image", "An image reference (stored and listed; commands still run on the host)."),
+    AgentParam(
+        "env",
+        "env",
+        "NAME=VALUE, or NAME=secret:SECRET/KEY for a Secret's key (repeatable).",
+        "--env",
+        to_spec=_env_entries,
+        omit="empty",
+    ),
+    AgentParam(
+        "allowed_hosts",
+        "network.allowedHosts",
+        "A host the run's commands may reach, e.g. pypi.org (repeatable).",
+        "--allow-host",
+        to_spec=list,
+    ),
+)
+
+_BY_NAME = {param.name: param for param in AGENT_PARAMS}
+
+
+def agent_param(name: str) -> AgentParam:
+    """The table's row for ``name`` (``"per_run_max_cost"``); a KeyError for one it lacks."""
+    return _BY_NAME[name]
+
+
+def claude_agent_spec(
+    *,
+    system: str = "",
+    families: list[str] | None = None,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    max_tool_calls: int | None = None,
+    per_run_max_cost: Any = None,
+    api_key_secret: str | None = None,
+    image: str | None = None,
+    env: Mapping[str, str | SecretKey] | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The Agent spec of a Claude agent; shared by `ClaudeAgent` and ``nodus create agent``.
+
+    The model's access follows from the key: ``BYOK`` with an ``api_key_secret``, else ``Nodus``.
+    """
+    given = locals()
+    spec: dict[str, Any] = {"system": system, "model": {"access": "BYOK" if api_key_secret else "Nodus"}}
+    for param in AGENT_PARAMS:
+        value = given[param.name]
+        if (param.omit == "none" and value is None) or (param.omit == "empty" and not value):
+            continue
+        *parents, leaf = param.field.split(".")
+        place = spec
+        for parent in parents:
+            place = place.setdefault(parent, {})
+        place[leaf] = param.to_spec(value)
+    return spec
