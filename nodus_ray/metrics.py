@@ -18,6 +18,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from nodus.lifecycle import RunPhase
+
 __all__ = [
     "RUN_PHASES",
     "GROUP_STATES",
@@ -29,7 +31,7 @@ __all__ = [
     "admission_decisions",
 ]
 
-RUN_PHASES = ("Pending", "Running", "Waiting", "Succeeded", "Failed", "Cancelled")
+RUN_PHASES: tuple[str, ...] = tuple(str(phase) for phase in RunPhase)  # plain strings: Ray's tag values
 GROUP_STATES = ("queued", "active", "waiting")
 
 _MODEL_SECONDS = [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
