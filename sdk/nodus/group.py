@@ -8,7 +8,6 @@ before anything is sent.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
@@ -16,6 +15,7 @@ from typing import Any, Self
 from .agent import Agent
 from .agent_run import AgentRun
 from .client import Client
+from .dependencies import DependencyCycle, dependency_order
 from .errors import Invalid
 from .handles import (
     _encode_input,
@@ -156,41 +156,14 @@ def _dependency_order(keys: list[str], depends: list[list[str]]) -> list[int]:
 
     Stable: among the tasks that are free to go, the caller's earlier one goes first, so a
     call without dependencies is sent exactly in the caller's order. Dependencies on keys not in
-    this call are left to the server (they may be in the group from an earlier call).
+    this call are left to the server (they may be in the group from an earlier call). The order
+    and the cycle named are `nodus.dependencies`', which the server's admission uses too.
     """
-    index = {key: position for position, key in enumerate(keys)}
-    waiting = [0] * len(keys)
-    dependents: list[list[int]] = [[] for _ in keys]
-    for position, deps in enumerate(depends):
-        for dep in deps:
-            if dep in index:
-                waiting[position] += 1
-                dependents[index[dep]].append(position)
-    ready = [position for position, count in enumerate(waiting) if count == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        position = heapq.heappop(ready)
-        order.append(position)
-        for dependent in dependents[position]:
-            waiting[dependent] -= 1
-            if waiting[dependent] == 0:
-                heapq.heappush(ready, dependent)
-    if len(order) == len(keys):
-        return order
-    # Every task left waits on another task left, so following first dependencies must loop.
-    left = {position for position, count in enumerate(waiting) if count > 0}
-    path = [min(left)]
-    seen = {path[0]: 0}
-    while True:
-        step = next(index[dep] for dep in depends[path[-1]] if index.get(dep) in left)
-        if step in seen:
-            cycle = [keys[position] for position in path[seen[step] :]] + [keys[step]]
-            raise Invalid(
-                f"dependency cycle: {' -> '.join(cycle)}", details={"field": "depends_on", "cycle": cycle}
-            )
-        seen[step] = len(path)
-        path.append(step)
+    try:
+        return dependency_order(keys, depends)
+    except DependencyCycle as exc:
+        cycle = list(exc.cycle.keys)
+        raise Invalid(exc.cycle.message, details={"field": "depends_on", "cycle": cycle}) from None
 
 
 class AgentGroup(_ResourceHandle):
