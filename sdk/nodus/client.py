@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -218,6 +218,14 @@ class Client:
                 code="BadResponse",
             ) from None
 
+    def _object(self, response: httpx.Response) -> dict[str, Any]:
+        """The JSON object an endpoint answers with (its type, for the checker; no check made)."""
+        return cast("dict[str, Any]", self._json(response))
+
+    def _object_or_none(self, response: httpx.Response) -> dict[str, Any] | None:
+        """The JSON object an endpoint answers with, or None for an empty answer (204)."""
+        return cast("dict[str, Any] | None", self._json(response))
+
     def _path(self, collection: str, project: str | None, name: str | None = None, *sub: str) -> str:
         if collection not in COLLECTIONS:
             raise Invalid(
@@ -243,19 +251,19 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         """``GET /healthz``: the ingress answers (the control plane may still be starting)."""
-        return self._json(self._request("GET", "/healthz"))
+        return self._object(self._request("GET", "/healthz"))
 
     def ready(self) -> dict[str, Any]:
         """``GET /readyz``: the control plane answers; raises `Unavailable` while it does not."""
-        return self._json(self._request("GET", "/readyz"))
+        return self._object(self._request("GET", "/readyz"))
 
     def info(self) -> dict[str, Any]:
         """``GET /v1/info``: server version, storage, model backend and sandbox kind."""
-        return self._json(self._request("GET", "/v1/info"))
+        return self._object(self._request("GET", "/v1/info"))
 
     def whoami(self) -> dict[str, Any]:
         """``GET /v1/whoami``: the token's ``name``, ``project`` (``*``: every project) and ``role``."""
-        return self._json(self._request("GET", "/v1/whoami"))
+        return self._object(self._request("GET", "/v1/whoami"))
 
     # -- tokens -----------------------------------------------------------------------------
 
@@ -283,13 +291,13 @@ class Client:
         return list(items or [])
 
     def get(self, collection: str, name: str, *, project: str | None = None) -> dict[str, Any]:
-        return self._json(self._request("GET", self._path(collection, project, name)))
+        return self._object(self._request("GET", self._path(collection, project, name)))
 
     def create(
         self, collection: str, resource: Mapping[str, Any], *, project: str | None = None
     ) -> dict[str, Any]:
         """POST; raises `Conflict` with code ``AlreadyExists`` when the name is taken."""
-        return self._json(self._request("POST", self._path(collection, project), json=dict(resource)))
+        return self._object(self._request("POST", self._path(collection, project), json=dict(resource)))
 
     def apply(self, collection: str, resource: Mapping[str, Any], *, project: str | None = None) -> Applied:
         """PUT to ``metadata.name``: create or update; ``created`` tells which (201 or 200)."""
@@ -309,19 +317,19 @@ class Client:
             json=dict(patch),
             headers={"Content-Type": "application/merge-patch+json"},
         )
-        return self._json(response)
+        return self._object(response)
 
     def delete(self, collection: str, name: str, *, project: str | None = None) -> dict[str, Any] | None:
-        return self._json(self._request("DELETE", self._path(collection, project, name)))
+        return self._object_or_none(self._request("DELETE", self._path(collection, project, name)))
 
     # -- credits ----------------------------------------------------------------------------
 
     def credits(self, *, project: str | None = None) -> dict[str, Any]:
         """The project's balance, grants, spend and outstanding reservations (USD)."""
-        return self._json(self._request("GET", self._path("credits", project)))
+        return self._object(self._request("GET", self._path("credits", project)))
 
     def add_credits(self, amount_usd: str, *, project: str | None = None) -> dict[str, Any]:
-        return self._json(
+        return self._object(
             self._request("POST", self._path("credits", project), json={"amountUSD": amount_usd})
         )
 
@@ -329,7 +337,7 @@ class Client:
 
     def cancel_run(self, name: str, *, project: str | None = None) -> dict[str, Any] | None:
         """Stop the run's command and delete its sandbox; the run ends Cancelled."""
-        return self._json(self._request("POST", self._path("agentruns", project, name, "cancel")))
+        return self._object_or_none(self._request("POST", self._path("agentruns", project, name, "cancel")))
 
     def run_steps(self, name: str, *, project: str | None = None) -> builtins.list[dict[str, Any]]:
         """The run's journaled steps, in order."""
@@ -350,7 +358,7 @@ class Client:
         body: dict[str, Any] = {"payload": payload, "name": message_name}
         if message_key is not None:
             body["messageKey"] = message_key
-        return self._json(
+        return self._object(
             self._request("POST", self._path("agentruns", project, name, "messages"), json=body)
         )
 
@@ -358,7 +366,7 @@ class Client:
         self, name: str, resolution: Mapping[str, Any], *, project: str | None = None
     ) -> dict[str, Any]:
         """Decide a run's uncertain step: ``{step, decision, result?, evidence?, revision}``."""
-        return self._json(
+        return self._object(
             self._request("POST", self._path("agentruns", project, name, "resolve"), json=dict(resolution))
         )
 
@@ -372,7 +380,7 @@ class Client:
 
     def run_answer(self, name: str, *, project: str | None = None) -> dict[str, Any]:
         """``{name, phase, answer, bytes}``; raises `Conflict` (``AnswerNotReady``) before there is one."""
-        return self._json(self._request("GET", self._path("agentruns", project, name, "answer")))
+        return self._object(self._request("GET", self._path("agentruns", project, name, "answer")))
 
     def create_runs(
         self, runs: Iterable[Mapping[str, Any]], *, idempotency_key: str, project: str | None = None
@@ -404,7 +412,7 @@ class Client:
 
     def cancel_group(self, name: str, *, project: str | None = None) -> dict[str, Any]:
         """Cancel the group's unfinished runs; finished runs keep their answers."""
-        return self._json(self._request("POST", self._path("agentgroups", project, name, "cancel")))
+        return self._object(self._request("POST", self._path("agentgroups", project, name, "cancel")))
 
     def group_runs(self, name: str, *, project: str | None = None) -> builtins.list[dict[str, Any]]:
         """The group's member runs, in creation order."""
@@ -412,7 +420,7 @@ class Client:
 
     def group_results(self, name: str, *, project: str | None = None) -> dict[str, Any]:
         """An evaluation group's cases (``items``) and its ``evaluation`` status."""
-        return self._json(self._request("GET", self._path("agentgroups", project, name, "results")))
+        return self._object(self._request("GET", self._path("agentgroups", project, name, "results")))
 
     # -- environments -----------------------------------------------------------------------
 
