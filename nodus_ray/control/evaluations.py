@@ -1,8 +1,7 @@
 """Evaluation groups in the control plane: creating the cases, grading them, adding them up.
 
-The control plane mixes this in next to `group_control`. An evaluation group is an ordinary
-group whose members the control plane creates itself, once, from the Environment's task
-batch, and which it seals at once: admission, the cost cap and the members' runs work exactly
+The group service holds this service. An evaluation group is an ordinary group whose members
+this service creates itself, once, from the Environment's task batch, and which it seals at once: admission, the cost cap and the members' runs work exactly
 as for any group. What this adds:
 
 * at creation, the Environment is resolved and its batch generated; only each task's prompt
@@ -25,24 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import ray
+from typing import Any, Protocol
 
 from nodus.errors import Conflict, Invalid, NodusError, NotFound
-from nodus.resources import (
-    API_VERSION,
-    GROUP_TERMINAL_PHASES,
-    TERMINAL_PHASES,
-    AgentRun,
-    EvaluationStatus,
-    parse_duration,
-    parse_resource,
-)
-from nodus_ray.control.groups import group_storage_prefix
+from nodus.lifecycle import GROUP_TERMINAL_PHASES, RUN_TERMINAL_PHASES, GroupPhase, RunPhase
+from nodus.resources import API_VERSION, AgentRun, EvaluationStatus, parse_duration, parse_resource
+from nodus_ray.control.group_actors import Graders, GroupSupervisors, limits_wire
+from nodus_ray.control.registry import Key, Registry
 from nodus_ray.core.evaluation import (
     Case,
     case_labels,
@@ -55,17 +47,35 @@ from nodus_ray.core.evaluation import (
 )
 from nodus_ray.environments import EnvironmentNotFound, Task, available, resolve
 from nodus_ray.faults import crash_point
-from nodus_ray.runtime.grader import RemoteGrader, grader_name, grader_options
-from nodus_ray.runtime.run_actor import run_storage_prefix
-from nodus_ray.sandbox.snapshots import pack_files, seed_key
-from nodus_ray.settings import NAMESPACE
+from nodus_ray.sandbox.snapshots import pack_files
+from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp, utc_now
 
-__all__ = ["EvaluationControl", "Evaluation"]
+__all__ = ["EvaluationService", "Evaluation", "MemberCreator", "StatusTaker"]
 
 logger = logging.getLogger(__name__)
 
-Key = tuple[str, str]
+
+class MemberCreator(Protocol):
+    """How an evaluation creates its runs: the run service's creation of a batch."""
+
+    def __call__(
+        self,
+        project: str,
+        runs: list[AgentRun],
+        *,
+        mode: str,
+        evaluation_member: bool = False,
+        pinned_agent: dict[str, Any] | None = None,
+    ) -> Awaitable[list[dict[str, Any]]]: ...
+
+
+class StatusTaker(Protocol):
+    """How an evaluation updates its group: the group service's `take_status`."""
+
+    def __call__(
+        self, key: Key, status: dict[str, Any], queued_reasons: dict[str, str]
+    ) -> Awaitable[None]: ...
 
 
 @dataclass
@@ -96,26 +106,46 @@ def _grader_uid(status: dict[str, Any]) -> int | None:
     return uid + _GRADER_UID_OFFSET if isinstance(uid, int) else None
 
 
-def _prefix(key: Key) -> str:
-    return f"{group_storage_prefix(*key)}/evaluation"
+class EvaluationService:
+    """Evaluation groups' cases: planned at creation, created as runs, graded, added up.
 
+    It needs two things of the services above it, given by `connect` once they exist: the run
+    service's creation of runs, and the group service's `take_status`.
+    """
 
-class EvaluationControl:
-    """Provided attributes are the control plane's (see `group_control.GroupControl`)."""
+    def __init__(
+        self,
+        registry: Registry,
+        sandbox_root: str,
+        group_actors: GroupSupervisors,
+        graders: Graders,
+    ) -> None:
+        self._registry = registry
+        self._runs = registry.runs
+        self._groups = registry.groups
+        self._storage = registry.storage
+        self._sandbox_root = sandbox_root
+        self._group_actors = group_actors
+        self._graders = graders
+        self._evaluations: dict[Key, Evaluation] = {}
+        self._create_runs: MemberCreator | None = None
+        self._take_status_of_group: StatusTaker | None = None
 
-    storage: Any
-    settings: Any
-    _runs: dict[Key, dict[str, Any]]
-    _groups: dict[Key, dict[str, Any]]
-    _evaluations: dict[Key, Evaluation]
-    _persist_group: Any
-    _create_runs: Any
-    _supervisor: Any
-    _take_status: Any
-    _release_supervisor: Any
-    _hidden_paths: Any
-    _limits_wire: Any
-    run_answer: Any
+    def connect(self, create_runs: MemberCreator, take_status: StatusTaker) -> None:
+        """The run service's creation of runs and the group service's `take_status`."""
+        self._create_runs = create_runs
+        self._take_status_of_group = take_status
+
+    async def _take_status(self, key: Key, status: dict[str, Any], queued_reasons: dict[str, str]) -> None:
+        assert self._take_status_of_group is not None, "EvaluationService.connect was not called"
+        await self._take_status_of_group(key, status, queued_reasons)
+
+    def has(self, key: Key) -> bool:
+        """Whether the group is a live evaluation whose cases are loaded."""
+        return key in self._evaluations
+
+    def forget(self, key: Key) -> None:
+        self._evaluations.pop(key, None)
 
     # -- environments -----------------------------------------------------------------------
 
@@ -125,9 +155,7 @@ class EvaluationControl:
 
     # -- creation ---------------------------------------------------------------------------
 
-    async def _plan_evaluation(
-        self, name: str, spec: dict[str, Any], created: str
-    ) -> tuple[dict[str, Any], list[Task]]:
+    async def plan(self, name: str, spec: dict[str, Any], created: str) -> tuple[dict[str, Any], list[Task]]:
         """Resolve the Environment and generate the batch; refused before anything is stored."""
         evaluation = spec["evaluation"]
         ref = evaluation["environment"]
@@ -188,13 +216,15 @@ class EvaluationControl:
         ).model_dump(mode="json")
         return status, tasks
 
-    async def _prepare_evaluation(self, key: Key) -> None:
+    async def prepare(self, key: Key) -> None:
         """Create the members that do not exist yet, then seal the group. Safe to repeat."""
         project, name = key
         group = self._groups.get(key)
         if group is None or group["metadata"].get("deletionTimestamp"):
             return
-        book = self._evaluations.get(key) or await asyncio.to_thread(self._load_evaluation, key)
+        book = self._evaluations.get(key)
+        if book is None:
+            book = await asyncio.to_thread(self.load, key)
         tasks = book.tasks
         missing = [case for case in book.cases if (project, case.run) not in self._runs]
         if group["spec"].get("state") == "Cancelled":
@@ -216,17 +246,18 @@ class EvaluationControl:
             if files:
                 seed = await asyncio.to_thread(pack_files, files)
                 await asyncio.to_thread(
-                    self.storage.write_bytes, seed_key(run_storage_prefix(project, case.run)), seed
+                    self._storage.write_bytes, layout.seed(layout.run_prefix(project, case.run)), seed
                 )
         runs = [self._member(group, case, tasks[case.task_index]) for case in missing]
         if runs:
             # Every case runs the Agent revision of the group's creation, even when its runs are
             # created only after a restart and the Agent has changed since.
             pinned = await asyncio.to_thread(
-                self.storage.read_json,
-                f"projects/{project}/agents/{group['spec']['agent']}/revisions/{int(group['status']['agentRevision']):06d}.json",
+                self._storage.read_json,
+                layout.agent_revision(project, group["spec"]["agent"], int(group["status"]["agentRevision"])),
             )
             try:
+                assert self._create_runs is not None, "EvaluationService.connect was not called"
                 await self._create_runs(
                     project, runs, mode="create", evaluation_member=True, pinned_agent=pinned
                 )
@@ -234,7 +265,7 @@ class EvaluationControl:
                 logger.warning("evaluation %s/%s could not create its runs: %s", project, name, refusal)
                 for case in missing:
                     await asyncio.to_thread(
-                        self.storage.delete, seed_key(run_storage_prefix(project, case.run))
+                        self._storage.delete, layout.seed(layout.run_prefix(project, case.run))
                     )
                     await self._record(
                         key,
@@ -249,9 +280,9 @@ class EvaluationControl:
         crash_point("evaluation-unsealed", f"{project}/{name}")
         if not group["spec"].get("sealed"):
             group["spec"]["sealed"] = True
-            await self._persist_group(key)
-            status = await self._supervisor(key).configure.remote(
-                self._limits_wire(group["spec"]), True, group["spec"].get("state") == "Cancelled"
+            await self._registry.persist_group(key)
+            status = await self._group_actors.handle(key).configure.remote(
+                limits_wire(group["spec"]), True, group["spec"].get("state") == "Cancelled"
             )
             await self._take_status(key, status, {})
 
@@ -274,7 +305,7 @@ class EvaluationControl:
         assert isinstance(run, AgentRun)
         return run
 
-    def _member_status(self, project: str, run: AgentRun) -> dict[str, Any]:
+    def member_status(self, project: str, run: AgentRun) -> dict[str, Any]:
         """What an evaluation member's status starts with: the group's deadline and its seed."""
         group = self._groups.get((project, run.spec.group or ""))
         evaluation = (group or {}).get("status", {}).get("evaluation") if group else None
@@ -284,7 +315,7 @@ class EvaluationControl:
         seeded = book is not None and run.metadata.name in book.seeded
         return {"deadlineAt": evaluation["deadlineAt"], "workspaceSeeded": seeded}
 
-    def _open_evaluation(self, key: Key, tasks: list[Task]) -> Evaluation:
+    def open(self, key: Key, tasks: list[Task]) -> Evaluation:
         status = self._groups[key]["status"]["evaluation"]
         cases = plan_cases(key[1], [task.id for task in tasks], int(status["repetitions"]))
         book = Evaluation(
@@ -293,7 +324,7 @@ class EvaluationControl:
         self._evaluations[key] = book
         return book
 
-    def _load_evaluation(self, key: Key) -> Evaluation:
+    def load(self, key: Key) -> Evaluation:
         """Rebuild a group's cases after a restart (blocking: storage reads; call in a thread).
 
         The case list is not stored: it follows from the Environment's task ids, regenerated
@@ -304,17 +335,15 @@ class EvaluationControl:
             return book
         status = self._groups[key]["status"]["evaluation"]
         environment = resolve(status["environment"])
-        folder = f"{_prefix(key)}/cases"
+        folder = layout.evaluation_cases_folder(*key)
         records = [
-            self.storage.read_json(f"{folder}/{file}")
-            for file in self.storage.list_dir(folder)
+            self._storage.read_json(f"{folder}/{file}")
+            for file in self._storage.list_dir(folder)
             if file.endswith(".json")
         ]
         if key in self._evaluations:  # opened meanwhile (this runs in a thread)
             return self._evaluations[key]
-        book = self._open_evaluation(
-            key, environment.tasks(status["split"], int(status["seed"]), int(status["tasks"]))
-        )
+        book = self.open(key, environment.tasks(status["split"], int(status["seed"]), int(status["tasks"])))
         book.records.update({record["run"]: record for record in records})
         return book
 
@@ -326,19 +355,19 @@ class EvaluationControl:
 
     # -- after a restart --------------------------------------------------------------------
 
-    async def _resume_evaluation(self, key: Key) -> None:
+    async def resume(self, key: Key) -> None:
         """Reload the case records, finish an interrupted creation, grade what ended ungraded."""
-        book = await asyncio.to_thread(self._load_evaluation, key)
+        book = await asyncio.to_thread(self.load, key)
         if not self._groups[key]["spec"].get("sealed"):
-            await self._prepare_evaluation(key)
+            await self.prepare(key)
         for case in book.cases:
             run = self._runs.get((key[0], case.run))
-            if run is not None and run["status"]["phase"] in TERMINAL_PHASES:
+            if run is not None and run["status"]["phase"] in RUN_TERMINAL_PHASES:
                 asyncio.get_running_loop().create_task(self._grade_case(key, case.run))
 
     # -- grading ----------------------------------------------------------------------------
 
-    def _member_ended(self, key: Key, run_name: str) -> None:
+    def member_ended(self, key: Key, run_name: str) -> None:
         if key in self._evaluations:
             asyncio.get_running_loop().create_task(self._grade_case(key, run_name))
 
@@ -352,7 +381,7 @@ class EvaluationControl:
         run = self._runs.get((key[0], run_name))
         if case is None or run is None or run_name in book.records or run_name in book.grading:
             return
-        if run["status"]["phase"] not in TERMINAL_PHASES:
+        if run["status"]["phase"] not in RUN_TERMINAL_PHASES:
             return
         # Taken before the first await: a run's end is reported more than once, and the
         # second report must not grade the case a second time beside the first.
@@ -369,15 +398,15 @@ class EvaluationControl:
     ) -> dict[str, Any]:
         """What the case comes to: unscored for a run that failed or left no answer, else graded."""
         phase = status["phase"]
-        if phase != "Succeeded":
-            state = "RunFailed" if phase == "Failed" else "RunCancelled"
+        if phase != RunPhase.SUCCEEDED:
+            state = "RunFailed" if phase == RunPhase.FAILED else "RunCancelled"
             return final_record(
                 case, state, reason=status.get("reason"), evidence=status.get("message") or "", at=utc_now()
             )
         if group["spec"].get("state") == "Cancelled":
             return final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
         try:
-            answer = (await self.run_answer(key[0], case.run))["answer"] if status.get("answer") else ""
+            answer = await self._answer(key[0], case.run) if status.get("answer") else ""
         except FileNotFoundError:  # an answer status without its file: no answer to grade
             answer = ""
         if not answer.strip():
@@ -401,8 +430,8 @@ class EvaluationControl:
             "tasks": evaluation["tasks"],
             "taskIndex": case.task_index,
             "run": case.run,
-            "runPrefix": run_storage_prefix(key[0], case.run),
-            "localWorkspace": str(Path(self.settings.sandbox_root) / key[0] / case.run),
+            "runPrefix": layout.run_prefix(key[0], case.run),
+            "localWorkspace": str(Path(self._sandbox_root) / key[0] / case.run),
             "commands": sum(int(turn.get("toolCalls") or 0) for turn in status.get("turns") or []),
             "uid": _grader_uid(status),
             "answer": answer,
@@ -437,12 +466,12 @@ class EvaluationControl:
             case, "GraderFailed", evidence=outcome["evidence"], seconds=outcome.get("seconds"), at=utc_now()
         )
 
-    async def _cancel_grading(self, key: Key) -> None:
+    async def cancel_grading(self, key: Key) -> None:
         """The group was cancelled: grading stops, and what was being graded is unscored."""
         book = self._evaluations.get(key)
         if book is None:
             return
-        self._release_grader(key)
+        self.release_grader(key)
         for run_name in sorted(book.grading):
             case = book.by_run(run_name)
             if case is not None and run_name not in book.records:
@@ -457,26 +486,25 @@ class EvaluationControl:
         if book is None or record["run"] in book.records or key not in self._groups:
             return
         book.records[record["run"]] = record
-        await asyncio.to_thread(self.storage.write_json, f"{_prefix(key)}/cases/{record['run']}.json", record)
+        await asyncio.to_thread(self._storage.write_json, layout.evaluation_case(*key, record["run"]), record)
         group = self._groups[key]
         await asyncio.to_thread(
-            self.storage.write_bytes,
-            f"{_prefix(key)}/results.parquet",
+            self._storage.write_bytes,
+            layout.evaluation_results(*key),
             results_parquet(key[1], group["status"]["evaluation"], self._case_records(key)),
         )
         await self._take_status(key, {}, {})
 
     def _grader(self, key: Key) -> Any:
-        grading_root = str(Path(self.settings.sandbox_root) / ".grading")
-        return RemoteGrader.options(**grader_options(*key)).remote(
-            key[0], key[1], self.storage, grading_root, self._hidden_paths()
-        )
+        return self._graders.grader(key)
 
-    def _release_grader(self, key: Key) -> None:
-        try:
-            ray.kill(ray.get_actor(grader_name(*key), namespace=NAMESPACE), no_restart=True)
-        except ValueError:
-            pass
+    async def _answer(self, project: str, run: str) -> str:
+        """The run's full answer (its file: the status holds only a preview)."""
+        data = await asyncio.to_thread(self._storage.read_bytes, layout.run_answer(project, run))
+        return data.decode("utf-8")
+
+    def release_grader(self, key: Key) -> None:
+        self._graders.release(key)
 
     @staticmethod
     def _seconds_left(group: dict[str, Any]) -> float:
@@ -497,7 +525,7 @@ class EvaluationControl:
 
     async def group_results(self, project: str, name: str) -> dict[str, Any]:
         """``GET .../agentgroups/NAME/results``: one record per case, in case order."""
-        group = await self.get_group(project, name)  # type: ignore[attr-defined]
+        group = self._registry.group(project, name)
         if not group["spec"].get("evaluation"):
             raise Conflict(
                 f"agentgroup {name!r} is not an evaluation group; it has no results (read its runs)",
@@ -505,7 +533,7 @@ class EvaluationControl:
                 details={"kind": "AgentGroup", "name": name},
             )
         try:
-            await asyncio.to_thread(self._load_evaluation, (project, name))
+            await asyncio.to_thread(self.load, (project, name))
         except EnvironmentNotFound as error:
             raise Conflict(
                 f"agentgroup {name!r}: its cases cannot be listed: {error}",
@@ -515,7 +543,7 @@ class EvaluationControl:
         records = self._case_records((project, name))
         return {"evaluation": group["status"].get("evaluation"), "items": records}
 
-    def _evaluation_status(self, key: Key, runs_phase: str | None) -> dict[str, Any]:
+    def status(self, key: Key, runs_phase: str | None) -> dict[str, Any]:
         """The group's phase and ``status.evaluation`` from its cases and its runs' phase."""
         group = self._groups[key]
         book = self._evaluation(key)
@@ -525,13 +553,13 @@ class EvaluationControl:
         out: dict[str, Any] = {"evaluation": {**group["status"]["evaluation"], **summary}}
         runs_phase = book.runs_phase or group["status"].get("phase")
         if runs_phase in GROUP_TERMINAL_PHASES and summary["pending"] == 0:
-            phase, reason, message = final_phase(summary, cancelled=runs_phase == "Cancelled")
+            phase, reason, message = final_phase(summary, cancelled=runs_phase == GroupPhase.CANCELLED)
             out.update({"phase": phase, "reason": reason, "message": message})
-        elif runs_phase in GROUP_TERMINAL_PHASES or runs_phase == "Running":
+        elif runs_phase in GROUP_TERMINAL_PHASES or runs_phase == GroupPhase.RUNNING:
             cancelling = group["spec"].get("state") == "Cancelled"
             out.update(
                 {
-                    "phase": "Cancelling" if cancelling else "Running",
+                    "phase": (GroupPhase.CANCELLING if cancelling else GroupPhase.RUNNING).value,
                     "reason": None,
                     "message": f"{summary['pending']} of {len(book.cases)} cases not final yet",
                 }

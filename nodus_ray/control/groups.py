@@ -1,14 +1,14 @@
 """AgentGroups in the control plane: the group resources, and the link to their supervisors.
 
-The control plane mixes this in. It owns each group's resource (spec and last known status) the
-way it owns every resource: validated, written to storage, then answered. Admission belongs to
-the group's supervisor actor (`group_supervisor`); this side asks it before accepting runs,
-forwards what members do, and carries out what it decides (``start_member``,
-``cancel_member``, ``group_status``).
+The group service owns each group's resource (spec and last known status) the way the control
+plane owns every resource: validated, written to storage, then answered. Admission belongs to
+the group's supervisor actor (`group_supervisor`); this service asks it before runs are
+accepted (`check_members`), forwards what members do (`tell_group`, on every run change), and
+carries out what it decides (``start_member``, ``cancel_member``, ``group_status``).
 
-A member run is created queued: the control plane gives it no actor until its supervisor
-admits it, and records the admission (``status.admittedAt``) before starting it, so after a
-restart an admitted run is resumed and a queued one waits for the rebuilt supervisor.
+A member run is created queued: it gets no actor until its supervisor admits it, and the
+admission is recorded (``status.admittedAt``) before it starts, so after a restart an admitted
+run is resumed and a queued one waits for the rebuilt supervisor.
 """
 
 from __future__ import annotations
@@ -16,126 +16,68 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
-import ray
-
-from nodus.errors import Conflict, Invalid, NodusError, NotFound
+from nodus.errors import Conflict, Invalid, NotFound
+from nodus.lifecycle import GROUP_TERMINAL_PHASES, RUN_TERMINAL_PHASES, GroupPhase, RunPhase
 from nodus.resources import (
     API_VERSION,
-    GROUP_TERMINAL_PHASES,
-    TERMINAL_PHASES,
     AgentGroup,
     AgentGroupStatus,
+    AgentRun,
     GroupCost,
     ObjectMeta,
     parse_resource,
 )
+from nodus_ray.control.evaluations import EvaluationService
+from nodus_ray.control.group_actors import GroupSupervisors, admission_refusal, limits_wire
+from nodus_ray.control.registry import Key, Registry, admission_state
+from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.core.admission import AdmissionError
 from nodus_ray.core.patch import patched_document
-from nodus_ray.runtime.group_supervisor import (
-    RemoteGroupSupervisor,
-    group_supervisor_name,
-    member_wire,
-    supervisor_options,
-)
-from nodus_ray.settings import NAMESPACE
-from nodus_ray.store.storage import Storage
+from nodus_ray.runtime.group_supervisor import MemberWire, member_wire
+from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
 
-__all__ = ["GroupControl", "group_storage_prefix", "admission_refusal"]
+__all__ = ["GroupService", "run_cap"]
 
 logger = logging.getLogger(__name__)
 
-Key = tuple[str, str]
-
 _DELETE_CONCURRENCY = 16
 
-
-def group_storage_prefix(project: str, name: str) -> str:
-    return f"projects/{project}/agentgroups/{name}"
+NewRun = tuple[int, AgentRun, dict[str, Any]]  # (index in the request, the run, its agent)
 
 
-def admission_refusal(error: AdmissionError, *, index_map: list[int] | None = None) -> NodusError:
-    """The API error for a refusal of the admission core; ``index_map`` maps its batch index."""
-    details = dict(error.details)
-    if error.index is not None and index_map is not None:
-        details["index"] = index_map[error.index]
-    cls = Invalid if error.code == "Invalid" else Conflict
-    where = f"items[{details['index']}]: " if "index" in details and index_map is not None else ""
-    return cls(f"{where}{error.message}", code=error.reason, details=details)
+def run_cap(agent: dict[str, Any]) -> str:
+    """The run's own cap, copied from the agent; a BYOK run costs Nodus nothing and has none."""
+    byok = (agent["spec"].get("model") or {}).get("access") == "BYOK"
+    return "0" if byok else str(agent["spec"]["perRunMaxCostUSD"])
 
 
-def _admission_state(run: dict[str, Any]) -> str:
-    """A run's state as admission counts it: started means admitted, whatever the actor says."""
-    phase = run["status"]["phase"]
-    if phase == "Pending":
-        return "Active" if run["status"].get("admittedAt") else "Queued"
-    if phase == "Running":
-        return "Active"
-    return phase  # Waiting, Succeeded, Failed, Cancelled
+class GroupService:
+    """Group resources, their supervisors, and the members' side of admission."""
 
-
-class GroupControl:
-    """Group resources and supervisor links; the control plane provides the attributes declared here."""
-
-    storage: Storage
-    _agents: dict[Key, dict[str, Any]]
-    _runs: dict[Key, dict[str, Any]]
-    _locks: Any
-    _groups: dict[Key, dict[str, Any]]
-    _group_members: defaultdict[Key, list[str]]
-    _group_handles: dict[Key, Any]
-
-    # Provided by the control plane and its run supervision; declarations rather than stubs so
-    # that no base class can shadow the real methods in the control plane's MRO.
-    _ensure_started: Callable[[], Awaitable[None]]
-    _persist_run: Callable[[Key], Awaitable[None]]
-    _supervise: Callable[[Key], None]
-    _cancel: Callable[[Key, str, str], Awaitable[dict[str, Any]]]
-    _delete_run_now: Callable[[Key], Awaitable[None]]
-    # Provided by `evaluation_control.EvaluationControl`.
-    _evaluations: dict[Key, Any]
-    _load_evaluation: Callable[[Key], Any]
-    _open_evaluation: Callable[[Key, list[Any]], Any]
-    _plan_evaluation: Callable[..., Awaitable[tuple[dict[str, Any], list[Any]]]]
-    _prepare_evaluation: Callable[..., Awaitable[None]]
-    _resume_evaluation: Callable[[Key], Awaitable[None]]
-    _cancel_grading: Callable[[Key], Awaitable[None]]
-    _release_grader: Callable[[Key], None]
-    _member_ended: Callable[[Key, str], None]
-    _evaluation_status: Callable[[Key, str | None], dict[str, Any]]
+    def __init__(
+        self,
+        registry: Registry,
+        supervisor: RunSupervisor,
+        group_actors: GroupSupervisors,
+        evaluations: EvaluationService,
+    ) -> None:
+        self._registry = registry
+        self._runs = registry.runs
+        self._groups = registry.groups
+        self._group_members = registry.group_members
+        self._locks = registry.locks
+        self._supervisor = supervisor
+        self._group_actors = group_actors
+        self._evaluations = evaluations
+        registry.on_run_changed(self.tell_group)
 
     # -- loading and starting ---------------------------------------------------------------
 
-    def _load_groups(self, project: str) -> None:
-        for name in self.storage.list_dir(f"projects/{project}/agentgroups"):
-            path = f"{group_storage_prefix(project, name)}/group.json"
-            try:
-                self._groups[(project, name)] = self.storage.read_json(path)
-            except FileNotFoundError:
-                logger.warning("no group file at %s; skipped", path)
-            except Exception:  # noqa: BLE001 - one damaged file must not stop the whole service
-                logger.exception("could not read %s; skipped", path)
-
-    def _index_members(self) -> None:
-        """Each group's member names in creation order (``status.groupIndex``)."""
-        indexed: defaultdict[Key, list[tuple[int, str]]] = defaultdict(list)
-        for (project, name), run in self._runs.items():
-            group = run["spec"].get("group")
-            if group:
-                indexed[(project, group)].append((int(run["status"].get("groupIndex") or 0), name))
-        for key, entries in indexed.items():
-            self._group_members[key] = [name for _, name in sorted(entries)]
-
-    def _awaits_admission(self, run: dict[str, Any]) -> bool:
-        """A queued member: it gets an actor only when its supervisor admits it."""
-        return bool(run["spec"].get("group")) and not run["status"].get("admittedAt")
-
-    async def _start_groups(self) -> None:
+    async def recover(self) -> None:
         """After a (re)start: finish interrupted deletions, bring every live group's supervisor up.
 
         A live evaluation's cases are loaded before its supervisor reports, because the group's
@@ -147,12 +89,12 @@ class GroupControl:
             elif group["status"]["phase"] not in GROUP_TERMINAL_PHASES:
                 if group["spec"].get("evaluation"):
                     try:
-                        await asyncio.to_thread(self._load_evaluation, key)
+                        await asyncio.to_thread(self._evaluations.load, key)
                     except Exception:  # noqa: BLE001 - e.g. its Environment was uninstalled: that group only
                         # Its runs still go on (as a plain group's would); they are not graded.
                         logger.exception("evaluation of group %s/%s could not be loaded", *key)
                     else:
-                        asyncio.get_running_loop().create_task(self._resume_evaluation(key))
+                        asyncio.get_running_loop().create_task(self._evaluations.resume(key))
                 asyncio.get_running_loop().create_task(self._wake_supervisor(key))
 
     async def _wake_supervisor(self, key: Key) -> None:
@@ -166,7 +108,7 @@ class GroupControl:
         reports = []
         for name in self._group_members.get(key, []):
             run = self._runs.get((key[0], name))
-            state = _admission_state(run) if run else "Queued"
+            state = admission_state(run) if run else "Queued"
             if run is not None and state != "Queued":
                 reports.append(
                     {
@@ -177,52 +119,30 @@ class GroupControl:
                     }
                 )
         try:
-            supervisor = self._supervisor(key)
+            supervisor = self._supervisor_of(key)
             status = await supervisor.load.remote()
             if reports:
                 status = await supervisor.reconcile.remote(reports)
         except Exception:  # noqa: BLE001 - it rebuilds itself on its next call anyway
             logger.exception("supervisor of group %s/%s did not load", *key)
             return
-        await self._take_status(key, status, {})
+        await self.take_status(key, status, {})
 
-    def _supervisor(self, key: Key) -> Any:
-        handle = self._group_handles.get(key)
-        if handle is None:
-            handle = RemoteGroupSupervisor.options(**supervisor_options(*key)).remote(*key)
-            self._group_handles[key] = handle
-        return handle
+    def _supervisor_of(self, key: Key) -> Any:
+        return self._group_actors.handle(key)
 
     def _release_supervisor(self, key: Key) -> None:
-        handle = self._group_handles.pop(key, None)
-        if handle is None:
-            try:
-                handle = ray.get_actor(group_supervisor_name(*key), namespace=NAMESPACE)
-            except ValueError:
-                return
-        ray.kill(handle, no_restart=True)
+        self._group_actors.release(key)
 
     async def _persist_group(self, key: Key) -> None:
-        group = self._groups.get(key)
-        if group is not None:
-            await asyncio.to_thread(
-                self.storage.write_json, f"{group_storage_prefix(*key)}/group.json", group
-            )
+        await self._registry.persist_group(key)
 
     # -- the group resource -----------------------------------------------------------------
 
     async def get_group(self, project: str, name: str) -> dict[str, Any]:
-        await self._ensure_started()
-        group = self._groups.get((project, name))
-        if group is None or group["metadata"].get("deletionTimestamp"):
-            raise NotFound(
-                f"agentgroup {name!r} not found in project {project!r}",
-                details={"kind": "AgentGroup", "name": name},
-            )
-        return group
+        return self._registry.group(project, name)
 
     async def list_groups(self, project: str) -> list[dict[str, Any]]:
-        await self._ensure_started()
         return [
             group
             for (p, _), group in sorted(self._groups.items())
@@ -238,7 +158,6 @@ class GroupControl:
         cancel; it may not change the agent, lower or remove the cap, unseal or un-cancel.
         A refused update changes nothing.
         """
-        await self._ensure_started()
         parsed = parse_resource(document, expected_kind="AgentGroup")
         assert isinstance(parsed, AgentGroup)
         name = parsed.metadata.name
@@ -263,7 +182,7 @@ class GroupControl:
                     )
                 # The one-way switches are often flipped by a patch after the file was applied:
                 # applying the same file again (without them) keeps them instead of refusing.
-                given = document.get("spec") if isinstance(document.get("spec"), dict) else {}
+                given: dict[str, Any] = document["spec"] if isinstance(document.get("spec"), dict) else {}
                 for switch in ("sealed", "state"):
                     if switch not in given:
                         spec[switch] = existing["spec"].get(switch, spec[switch])
@@ -271,12 +190,12 @@ class GroupControl:
         if spec.get("evaluation"):
             # Outside the group's lock, which creating members takes. The group is stored first,
             # so a crash from here on is finished by the next start (`_resume_evaluation`).
-            await self._prepare_evaluation(key)
+            await self._evaluations.prepare(key)
         return outcome
 
     async def _create_group(self, key: Key, parsed: AgentGroup, spec: dict[str, Any]) -> dict[str, Any]:
         project, name = key
-        agent = self._agents.get((project, parsed.spec.agent))
+        agent = self._registry.agents.get((project, parsed.spec.agent))
         if agent is None:
             raise NotFound(
                 f"spec.agent: agent {parsed.spec.agent!r} not found in project {project!r}",
@@ -304,9 +223,9 @@ class GroupControl:
                     code="EvaluationGroup",
                     details={"field": "spec.sealed"},
                 )
-            evaluation, tasks = await self._plan_evaluation(name, spec, created)
+            evaluation, tasks = await self._evaluations.plan(name, spec, created)
         status = AgentGroupStatus(
-            phase="Running",
+            phase=GroupPhase.RUNNING.value,
             message="sealed with no runs" if spec.get("sealed") else None,
             cost=GroupCost(limitUSD=parsed.spec.maxCostUSD),
             agentRevision=agent["status"]["revision"],
@@ -328,14 +247,14 @@ class GroupControl:
         }
         self._groups[key] = resource
         if tasks is not None:
-            self._open_evaluation(key, tasks)
+            self._evaluations.open(key, tasks)
         try:
             await self._persist_group(key)
         except BaseException:
             self._groups.pop(key, None)
-            self._evaluations.pop(key, None)
+            self._evaluations.forget(key)
             raise
-        await self._take_status(key, await self._supervisor(key).load.remote(), {})
+        await self.take_status(key, await self._supervisor_of(key).load.remote(), {})
         return {"resource": resource, "result": "created"}
 
     async def _update_group(
@@ -351,12 +270,12 @@ class GroupControl:
         existing["status"]["cost"]["limitUSD"] = spec.get("maxCostUSD")
         await self._persist_group(key)
         if existing["status"]["phase"] not in GROUP_TERMINAL_PHASES:
-            status = await self._supervisor(key).configure.remote(
-                self._limits_wire(spec), bool(spec.get("sealed")), spec.get("state") == "Cancelled"
+            status = await self._supervisor_of(key).configure.remote(
+                limits_wire(spec), bool(spec.get("sealed")), spec.get("state") == "Cancelled"
             )
-            await self._take_status(key, status, {})
+            await self.take_status(key, status, {})
             if spec.get("evaluation") and spec.get("state") == "Cancelled":
-                await self._cancel_grading(key)
+                await self._evaluations.cancel_grading(key)
         return {"resource": existing, "result": "configured"}
 
     @staticmethod
@@ -402,15 +321,6 @@ class GroupControl:
         if old.get("state") == "Cancelled" and new.get("state") != "Cancelled":
             refuse("spec.state", "GroupCancelled", "a cancelled group stays cancelled")
 
-    @staticmethod
-    def _limits_wire(spec: dict[str, Any]) -> dict[str, Any]:
-        limits = spec.get("limits") or {}
-        return {
-            "maxActive": int(limits.get("maxActive", 10)),
-            "maxPending": int(limits.get("maxPending", 10000)),
-            "maxCostUSD": spec.get("maxCostUSD"),
-        }
-
     async def patch_group(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         current = await self.get_group(project, name)
         if current["spec"].get("evaluation") and "sealed" in (patch.get("spec") or {}):
@@ -433,7 +343,8 @@ class GroupControl:
             "metadata": {"name": name, "labels": group["metadata"].get("labels") or {}},
             "spec": {**group["spec"], "state": "Cancelled"},
         }
-        return (await self.apply_group(project, document, mode="apply"))["resource"]
+        resource: dict[str, Any] = (await self.apply_group(project, document, mode="apply"))["resource"]
+        return resource
 
     async def delete_group(self, project: str, name: str) -> dict[str, Any]:
         """Delete the group with all of its runs; resumed after a restart once it has begun."""
@@ -447,24 +358,97 @@ class GroupControl:
 
     async def _finish_delete(self, key: Key) -> None:
         self._release_supervisor(key)
-        self._release_grader(key)
-        self._evaluations.pop(key, None)
+        self._evaluations.release_grader(key)
+        self._evaluations.forget(key)
         limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
 
         async def delete_member(run: str) -> None:
             async with limit:
-                await self._delete_run_now((key[0], run))
+                await self._supervisor.remove((key[0], run))
 
         await asyncio.gather(*(delete_member(run) for run in list(self._group_members.get(key, []))))
-        await asyncio.to_thread(self.storage.delete_tree, group_storage_prefix(*key))
+        await asyncio.to_thread(self._registry.storage.delete_tree, layout.group_prefix(*key))
         self._groups.pop(key, None)
         self._group_members.pop(key, None)
+
+    # -- new members ------------------------------------------------------------------------
+
+    async def check_members(
+        self,
+        project: str,
+        fresh: list[NewRun],
+        groups: list[str],
+        evaluation_member: bool = False,
+    ) -> dict[str, list[MemberWire]]:
+        """Ask each group's supervisor whether it takes its new members; nothing is stored yet.
+
+        Called with each group's lock held (``("group", project, name)``), as is `add_members`.
+
+        An evaluation group takes only the members its evaluation creates (``evaluation_member``).
+        """
+        members: dict[str, list[MemberWire]] = {}
+        positions: dict[str, list[int]] = {}
+        for index, run, agent in fresh:
+            group_name = run.spec.group
+            if group_name is None:
+                continue
+            where = f"items[{index}]: " if len(fresh) > 1 else ""
+            group = self._groups.get((project, group_name))
+            if group is None or group["metadata"].get("deletionTimestamp"):
+                raise NotFound(
+                    f"{where}spec.group: agentgroup {group_name!r} not found in project {project!r}",
+                    details={"kind": "AgentGroup", "name": group_name, "field": "spec.group", "index": index},
+                )
+            if run.spec.agent != group["spec"]["agent"]:
+                raise Invalid(
+                    f"{where}spec.agent: the runs of group {group_name!r} use its agent "
+                    f"{group['spec']['agent']!r}, not {run.spec.agent!r}",
+                    code="AgentMismatch",
+                    details={"field": "spec.agent", "index": index},
+                )
+            if group["spec"].get("evaluation") and not evaluation_member:
+                raise Conflict(
+                    f"{where}agentgroup {group_name!r} is an evaluation group: it creates its own runs "
+                    f"from {group['spec']['evaluation']['environment']} and takes none submitted",
+                    code="EvaluationGroup",
+                    details={"kind": "AgentGroup", "name": group_name, "field": "spec.group", "index": index},
+                )
+            closed = (
+                ("GroupCancelled", "cancelled")
+                if group["spec"].get("state") == "Cancelled"
+                else (("GroupSealed", "sealed") if group["spec"].get("sealed") else None)
+            )
+            if closed is not None:
+                raise Conflict(
+                    f"{where}agentgroup {group_name!r} is {closed[1]} and takes no new runs",
+                    code=closed[0],
+                    details={"kind": "AgentGroup", "name": group_name, "field": "spec.group", "index": index},
+                )
+            assert run.spec.taskKey is not None  # the schema requires it of a group's run
+            members.setdefault(group_name, []).append(
+                member_wire(run.spec.taskKey, run.metadata.name, run_cap(agent), run.spec.dependsOn)
+            )
+            positions.setdefault(group_name, []).append(index)
+        for group_name in groups:
+            try:
+                await self._supervisor_of((project, group_name)).check.remote(members[group_name])
+            except Exception as error:  # noqa: BLE001 - Ray wraps the refusal; its cause is what counts
+                cause = getattr(error, "cause", error)
+                if not isinstance(cause, AdmissionError):
+                    raise
+                index_map = positions[group_name] if len(fresh) > 1 else None
+                raise admission_refusal(cause, index_map=index_map) from None
+        return members
+
+    async def add_members(self, project: str, group: str, wires: list[MemberWire]) -> None:
+        """Hand the stored new members to their group's supervisor, and keep the status it gives."""
+        status = await self._supervisor_of((project, group)).add.remote(wires)
+        await self.take_status((project, group), status, {})
 
     # -- calls from the supervisor ----------------------------------------------------------
 
     async def group_snapshot(self, project: str, name: str) -> dict[str, Any]:
         """What a supervisor rebuilds admission from: limits, flags and every member's state."""
-        await self._ensure_started()
         key = (project, name)
         group = self._groups.get(key)
         if group is None:
@@ -480,14 +464,14 @@ class GroupControl:
                     run_name,
                     run["status"]["cost"].get("limitUSD") or "0",
                     run["spec"].get("dependsOn"),
-                    state=_admission_state(run),
+                    state=admission_state(run),
                     reason=run["status"].get("reason"),
                     spent=run["status"]["cost"].get("totalUSD") or "0",
                 )
             )
         spec = group["spec"]
         return {
-            "limits": self._limits_wire(spec),
+            "limits": limits_wire(spec),
             "sealed": bool(spec.get("sealed")),
             "cancelled": spec.get("state") == "Cancelled",
             "members": members,
@@ -500,36 +484,33 @@ class GroupControl:
         restarted one, which must have loaded its runs first: an unknown run would read as gone,
         and its admitted place would be held forever.
         """
-        await self._ensure_started()
         key = (project, name)
         async with self._locks[key]:
             run = self._runs.get(key)
-            if run is None or run["status"]["phase"] in TERMINAL_PHASES:
+            if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
                 return False
             if not run["status"].get("admittedAt"):
                 run["status"].update({"admittedAt": utc_now(), "reason": None, "message": None})
-                await self._persist_run(key)
-        self._supervise(key)
+                await self._registry.persist_run(key)
+        self._supervisor.supervise(key)
         return True
 
     async def cancel_member(self, project: str, name: str, reason: str) -> None:
         """Cancelled by its supervisor: a failed or cancelled dependency, or a group cancel."""
-        await self._ensure_started()
         messages = {
             "DependencyFailed": "a run it depends on failed",
             "DependencyCancelled": "a run it depends on was cancelled",
             "GroupCancelled": "its group was cancelled",
         }
         if (project, name) in self._runs:
-            await self._cancel((project, name), reason, messages.get(reason, reason))
+            await self._supervisor.cancel((project, name), reason, messages.get(reason, reason))
 
     async def group_status(
         self, project: str, name: str, status: dict[str, Any], queued_reasons: dict[str, str]
     ) -> None:
-        await self._ensure_started()
-        await self._take_status((project, name), status, queued_reasons)
+        await self.take_status((project, name), status, queued_reasons)
 
-    async def _take_status(self, key: Key, status: dict[str, Any], queued_reasons: dict[str, str]) -> None:
+    async def take_status(self, key: Key, status: dict[str, Any], queued_reasons: dict[str, str]) -> None:
         """Keep the supervisor's latest status; write it when the phase changes.
 
         Counts and cost between phase changes are not written: a restarted supervisor derives
@@ -544,7 +525,7 @@ class GroupControl:
             run = self._runs.get((project, run_name))
             if (
                 run is not None
-                and run["status"]["phase"] == "Pending"
+                and run["status"]["phase"] == RunPhase.PENDING
                 and not run["status"].get("admittedAt")
             ):
                 run["status"]["reason"] = why
@@ -552,9 +533,9 @@ class GroupControl:
         if previous in GROUP_TERMINAL_PHASES:
             return  # final; a late push from a supervisor that is being released changes nothing
         group["status"].update(status)
-        if key in self._evaluations:
+        if self._evaluations.has(key):
             # An evaluation ends when its cases do, not when its runs do: grading comes after.
-            group["status"].update(self._evaluation_status(key, status.get("phase")))
+            group["status"].update(self._evaluations.status(key, status.get("phase")))
         phase = group["status"].get("phase")
         if phase != previous:
             if phase in GROUP_TERMINAL_PHASES:
@@ -562,11 +543,11 @@ class GroupControl:
             await self._persist_group(key)
             if phase in GROUP_TERMINAL_PHASES:
                 self._release_supervisor(key)
-                self._release_grader(key)
+                self._evaluations.release_grader(key)
 
     # -- members' progress ------------------------------------------------------------------
 
-    async def _tell_group(self, run_key: Key) -> None:
+    async def tell_group(self, run_key: Key) -> None:
         """Forward a member's phase and spend to its supervisor (after the run was written)."""
         run = self._runs.get(run_key)
         group_name = run["spec"].get("group") if run else None
@@ -580,13 +561,13 @@ class GroupControl:
             or group["status"]["phase"] in GROUP_TERMINAL_PHASES
         ):
             return
-        state = _admission_state(run)
+        state = admission_state(run)
         if state == "Queued":
             return
-        if run["status"]["phase"] in TERMINAL_PHASES:
-            self._member_ended(key, run_key[1])
+        if run["status"]["phase"] in RUN_TERMINAL_PHASES:
+            self._evaluations.member_ended(key, run_key[1])
         try:
-            await self._supervisor(key).progressed.remote(
+            await self._supervisor_of(key).progressed.remote(
                 run_key[1], state, run["status"]["cost"].get("totalUSD") or "0", run["status"].get("reason")
             )
         except Exception:  # noqa: BLE001 - a restarted supervisor reads the same state from its snapshot

@@ -1,50 +1,28 @@
 """Messages to keep-alive runs: stored once, numbered, delivered once per message key.
 
-The control plane mixes this in. A message is written to the run's storage
-(``messages/<seq>.json``) before it is acknowledged, so it survives any restart; the run reads
-messages in sequence order as journaled steps (`conversation.Conversation`), so a replayed run
-reads the same messages in the same turns. A run parked waiting for a message holds no actor:
-storing a message for it starts one.
+A message is written to the run's storage (``messages/<seq>.json``) before it is acknowledged,
+so it survives any restart; the run reads messages in sequence order as journaled steps
+(`conversation.Conversation`), so a replayed run reads the same messages in the same turns. A
+run parked waiting for a message holds no actor: storing a message for it starts one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from nodus.errors import Conflict, Invalid, PayloadTooLarge
-from nodus.resources import MAX_INPUT_BYTES, TERMINAL_PHASES
-from nodus_ray.runtime.run_actor import run_storage_prefix
-from nodus_ray.store.storage import Storage
+from nodus.lifecycle import RUN_TERMINAL_PHASES, RunPhase, RunReason, run_transition
+from nodus.resources import MAX_INPUT_BYTES
+from nodus_ray.control.inbox import Inboxes
+from nodus_ray.control.registry import Registry
+from nodus_ray.control.run_supervisor import RunSupervisor
+from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
 
-__all__ = ["RunMessages", "Inbox"]
-
-Key = tuple[str, str]
+__all__ = ["MessageService"]
 
 _MAX_KEY_LENGTH = 255
-
-
-@dataclass
-class Inbox:
-    """One run's messages, in memory after the first read of its storage."""
-
-    messages: list[dict[str, Any]] = field(default_factory=list)  # in sequence order
-    by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def add(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-        if message.get("messageKey"):
-            self.by_key[message["messageKey"]] = message
-
-    @property
-    def last_seq(self) -> int:
-        return int(self.messages[-1]["seq"]) if self.messages else 0
-
-    def after(self, seq: int) -> dict[str, Any] | None:
-        return next((m for m in self.messages if int(m["seq"]) > seq), None)
 
 
 def _check(payload: Any, message_key: Any, name: Any) -> None:
@@ -66,29 +44,13 @@ def _check(payload: Any, message_key: Any, name: Any) -> None:
         )
 
 
-class RunMessages:
-    """Storing, reading and delivering messages; the control plane provides what is declared here."""
+class MessageService:
+    """Storing, reading and delivering a keep-alive run's messages."""
 
-    storage: Storage
-    _runs: dict[Key, dict[str, Any]]
-    _locks: Any
-    _inboxes: dict[Key, Inbox]
-    get_run: Callable[..., Any]
-    _persist_run: Callable[..., Any]
-    _supervise: Callable[[Key], None]
-
-    def _inbox(self, key: Key) -> Inbox:
-        inbox = self._inboxes.get(key)
-        if inbox is None:
-            inbox = Inbox()
-            prefix = f"{run_storage_prefix(*key)}/messages"
-            for entry in self.storage.list_dir(prefix):  # names are zero-padded: sorted is in order
-                inbox.add(self.storage.read_json(f"{prefix}/{entry}"))
-            self._inboxes[key] = inbox
-        return inbox
-
-    def _unread(self, key: Key, read_seq: int) -> bool:
-        return self._inbox(key).last_seq > read_seq
+    def __init__(self, registry: Registry, inboxes: Inboxes, supervisor: RunSupervisor) -> None:
+        self._registry = registry
+        self._inboxes = inboxes
+        self._supervisor = supervisor
 
     async def send_message(
         self,
@@ -104,7 +66,7 @@ class RunMessages:
         actor now. A finished run refuses it (``AgentRunFinished``).
         """
         _check(payload, message_key, message_name)
-        run = await self.get_run(project, name)
+        run = self._registry.run(project, name)
         key = (project, name)
         if not run["spec"].get("keepAlive"):
             raise Conflict(
@@ -113,12 +75,12 @@ class RunMessages:
                 code="NotKeepAlive",
                 details={"kind": "AgentRun", "name": name, "field": "spec.keepAlive"},
             )
-        async with self._locks[key]:
-            inbox = await asyncio.to_thread(self._inbox, key)
+        async with self._registry.locks[key]:
+            inbox = await asyncio.to_thread(self._inboxes.get, key)
             if message_key and message_key in inbox.by_key:
-                return {**self._receipt(name, inbox.by_key[message_key]), "duplicate": True}
+                return {**_receipt(name, inbox.by_key[message_key]), "duplicate": True}
             phase = run["status"]["phase"]
-            if phase in TERMINAL_PHASES:
+            if phase in RUN_TERMINAL_PHASES:
                 raise Conflict(
                     f"agentrun {name!r} has finished ({phase}) and takes no more messages",
                     code="AgentRunFinished",
@@ -132,36 +94,34 @@ class RunMessages:
                 "receivedAt": utc_now(),
             }
             await asyncio.to_thread(
-                self.storage.write_json,
-                f"{run_storage_prefix(*key)}/messages/{message['seq']:08d}.json",
-                message,
+                self._registry.storage.write_json, layout.message(*key, message["seq"]), message
             )
             inbox.add(message)
             status = run["status"]
             status["messages"] = {**(status.get("messages") or {}), "received": message["seq"]}
-            waiting = phase == "Waiting" and status.get("reason") == "AwaitingMessage"
+            waiting = phase == RunPhase.WAITING and status.get("reason") == RunReason.AWAITING_MESSAGE
             if waiting:
-                status.update({"phase": "Running", "reason": None, "message": "a message arrived"})
-            await self._persist_run(key)
+                status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
+            await self._registry.persist_run(key)
         if waiting:
-            self._supervise(key)
-        return {**self._receipt(name, message), "duplicate": False}
-
-    @staticmethod
-    def _receipt(name: str, message: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "run": name,
-            "seq": message["seq"],
-            "name": message["name"],
-            "messageKey": message.get("messageKey"),
-            "receivedAt": message["receivedAt"],
-        }
+            self._supervisor.supervise(key)
+        return {**_receipt(name, message), "duplicate": False}
 
     async def next_message(self, project: str, name: str, after_seq: int) -> dict[str, Any] | None:
         """The first message after ``after_seq`` (what a run reads next), or None."""
-        await self.get_run(project, name)
-        inbox = await asyncio.to_thread(self._inbox, (project, name))
+        self._registry.run(project, name)
+        inbox = await asyncio.to_thread(self._inboxes.get, (project, name))
         message = inbox.after(int(after_seq))
         if message is None:
             return None
         return {key: message[key] for key in ("seq", "name", "payload", "messageKey")}
+
+
+def _receipt(name: str, message: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run": name,
+        "seq": message["seq"],
+        "name": message["name"],
+        "messageKey": message.get("messageKey"),
+        "receivedAt": message["receivedAt"],
+    }

@@ -1,9 +1,9 @@
 """Resolving a step whose outcome is unknown: a person decides what happened.
 
 A sandbox command (or a model call on the user's own key) that was started and never ended
-parks its run with ``NeedsResolution`` (`durable`). The control plane mixes this in to take
-the decision, write it to the run's journal (the run holds no actor while it waits, so the
-control plane is the journal's only writer then) and start the run again:
+parks its run with ``NeedsResolution`` (`durable`). The resolution service takes the decision,
+writes it to the run's journal (the run holds no actor while it waits, so the control plane is
+the journal's only writer then) and starts the run again:
 
 * ``Completed``: the step did happen; the person records its result, and replay returns it;
 * ``NoEffect``: the step did nothing; replay runs it again as the next attempt;
@@ -16,18 +16,17 @@ looked at the same uncertain step, only the first decision is taken.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nodus.errors import Conflict, Invalid
+from nodus.lifecycle import RunPhase, RunReason, run_transition
+from nodus_ray.control.registry import Registry
+from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.durable.journal import Journal
-from nodus_ray.runtime.run_actor import run_storage_prefix
-from nodus_ray.store.storage import Storage
+from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
 
-__all__ = ["RunResolution", "DECISIONS"]
-
-Key = tuple[str, str]
+__all__ = ["ResolutionService", "DECISIONS"]
 
 DECISIONS = ("Completed", "NoEffect", "Cancelled")
 _MAX_TEXT = 64 * 1024
@@ -68,16 +67,12 @@ def _command_result(result: Any) -> dict[str, Any]:
     }
 
 
-class RunResolution:
-    """The ``resolve`` verb; the control plane provides what is declared here."""
+class ResolutionService:
+    """The ``resolve`` verb: a person's decision on a run's uncertain step."""
 
-    storage: Storage
-    _runs: dict[Key, dict[str, Any]]
-    _locks: Any
-    get_run: Callable[..., Awaitable[dict[str, Any]]]
-    _persist_run: Callable[[Key], Awaitable[None]]
-    _supervise: Callable[[Key], None]
-    _tell_group: Callable[[Key], Awaitable[None]]
+    def __init__(self, registry: Registry, supervisor: RunSupervisor) -> None:
+        self._registry = registry
+        self._supervisor = supervisor
 
     async def resolve_run(self, project: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Record a person's decision on the run's uncertain step, then let the run go on (or fail)."""
@@ -88,6 +83,7 @@ class RunResolution:
                 details={"field": unknown[0]},
             )
         step = _text(body.get("step"), "step", required=True)
+        assert step is not None  # required
         decision = body.get("decision")
         if decision not in DECISIONS:
             raise Invalid(
@@ -101,13 +97,13 @@ class RunResolution:
                 details={"field": "revision"},
             )
         evidence = _text(body.get("evidence"), "evidence", required=False)
-        run = await self.get_run(project, name)
+        run = self._registry.run(project, name)
         key = (project, name)
-        async with self._locks[key]:
+        async with self._registry.locks[key]:
             status = run["status"]
             uncertain = (
                 status.get("step")
-                if (status["phase"], status.get("reason")) == ("Waiting", "NeedsResolution")
+                if (status["phase"], status.get("reason")) == (RunPhase.WAITING, RunReason.NEEDS_RESOLUTION)
                 else None
             )
             if uncertain is None:
@@ -131,7 +127,7 @@ class RunResolution:
                     code="RevisionMismatch",
                     details={"kind": "AgentRun", "name": name, "field": "revision", "current": current},
                 )
-            journal = Journal(self.storage, f"{run_storage_prefix(*key)}/journal")
+            journal = Journal(self._registry.storage, layout.journal_folder(*key))
             records = await asyncio.to_thread(journal.load)
             last = next(record for record in reversed(records) if record.step_id == step)
             resolution = {"decision": decision, "evidence": evidence, "resolvedAt": utc_now()}
@@ -175,26 +171,16 @@ class RunResolution:
                     attempt=last.attempt,
                 )
             if decision == "Cancelled":
-                status.update(
-                    {
-                        "phase": "Failed",
-                        "reason": "StepCancelled",
-                        "finishedAt": utc_now(),
-                        "message": f"step {step} was resolved Cancelled"
-                        + (f": {evidence}" if evidence else ""),
-                    }
-                )
+                message = f"step {step} was resolved Cancelled" + (f": {evidence}" if evidence else "")
+                failed = run_transition(status, RunPhase.FAILED, RunReason.STEP_CANCELLED, message)
+                status.update({**failed, "finishedAt": utc_now()})
             else:
-                status.update(
-                    {
-                        "phase": "Running",
-                        "reason": None,
-                        "step": None,
-                        "message": f"step {step} was resolved {decision}",
-                    }
+                resumed = run_transition(
+                    status, RunPhase.RUNNING, None, f"step {step} was resolved {decision}"
                 )
-            await self._persist_run(key)
-        await self._tell_group(key)
+                status.update({**resumed, "step": None})
+            await self._registry.persist_run(key)
+        await self._registry.run_changed(key)
         if decision != "Cancelled":
-            self._supervise(key)
+            self._supervisor.supervise(key)
         return run

@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -32,12 +32,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig
 from nodus_ray.settings import NAMESPACE
 
-__all__ = ["RunActorPool", "Slot"]
+if TYPE_CHECKING:
+    from nodus_ray.control.agents import AgentService
+    from nodus_ray.control.secrets import SecretStore
+
+__all__ = ["RunActorPool", "RunPoolService", "Slot"]
 
 logger = logging.getLogger(__name__)
 
 _NODES_TTL = 10.0
 _REFILL_DELAY = 0.25
+_POOL_CHECK_SECONDS = 10.0  # how soon a node that joined gets parked run actors
 
 
 @dataclass
@@ -69,7 +74,7 @@ class RunActorPool:
         """Alive node ids, asked of Ray's GCS at most every ``_NODES_TTL`` seconds."""
         now = time.monotonic()
         if self._nodes is None or now - self._nodes[0] > _NODES_TTL:
-            self._nodes = (now, [node["NodeID"] for node in ray.nodes() if node.get("Alive")])
+            self._nodes = (now, [node["NodeID"] for node in ray.nodes() if node.get("Alive")])  # type: ignore[no-untyped-call]
         return self._nodes[1]
 
     @staticmethod
@@ -155,3 +160,34 @@ class RunActorPool:
         if slot.waiter is not None and not slot.waiter.done():
             slot.waiter.set_result(None)
         ray.kill(slot.handle, no_restart=True)
+
+
+class RunPoolService:
+    """The pool as the control plane runs it: filled at start, topped up as nodes join.
+
+    Parked actors import the Anthropic SDK ahead only when runs may use it: the server has a
+    key of its own, or an agent brings one (BYOK).
+    """
+
+    def __init__(self, pool: RunActorPool, secrets: SecretStore, agents: AgentService) -> None:
+        self.pool = pool
+        self._secrets = secrets
+        self._agents = agents
+
+    async def refill(self) -> None:
+        server_key = await asyncio.to_thread(self._secrets.server_key)
+        self.pool.warm_anthropic = self._agents.uses_byok() or bool(server_key)
+        self.pool.fill()
+
+    async def keep_filled(self) -> None:
+        """Nodes join and leave: every few seconds a node short of parked run actors gets them."""
+        while True:
+            await asyncio.sleep(_POOL_CHECK_SECONDS)
+            try:
+                await self.refill()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                logger.warning("could not check the run pool", exc_info=True)
+
+    async def claim_slot(self, slot: str) -> RunConfig | None:
+        """A pre-started run actor waits here (inside its ``__init__``) for the run it will serve."""
+        return await self.pool.claim(slot)

@@ -1,0 +1,82 @@
+"""Startup recovery, once, before the control plane serves a call.
+
+Ray restarts the control plane (``max_restarts``) while run actors, group supervisors and the
+Serve app keep calling it. Those calls must not see a half-loaded control plane (a
+``start_member`` that found no run would hold its admitted place forever), so every call of
+the facade passes through one `RecoveryGate`: the first one starts recovery (unless the actor's
+constructor could start it already), and every call waits until it has finished. A recovery
+that failed is tried again by the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
+
+__all__ = ["RecoveryGate", "Gated", "after_recovery"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class RecoveryGate:
+    """Runs ``recover`` once (again only after a failure) and lets callers wait for it."""
+
+    def __init__(self, recover: Callable[[], Awaitable[None]]) -> None:
+        self._recover = recover
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def recovered(self) -> bool:
+        task = self._task
+        return task is not None and task.done() and not task.cancelled() and task.exception() is None
+
+    def start(self) -> asyncio.Task[None]:
+        """Start recovery on the running loop unless it is under way or done."""
+        task = self._task
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._task = asyncio.get_running_loop().create_task(self._run())
+        return task
+
+    def start_if_possible(self) -> None:
+        """From a constructor: start now when it runs on an event loop, else on the first call."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.start()
+
+    async def _run(self) -> None:
+        await self._recover()
+
+    async def wait(self) -> None:
+        """Return once recovery has finished; raise what it raised (the next call tries again)."""
+        if self.recovered:
+            return
+        # Shielded: a caller that gives up must not cancel the recovery every caller waits for.
+        await asyncio.shield(self.start())
+
+
+class Gated(Protocol):
+    """What `after_recovery` needs of the object whose methods it gates."""
+
+    @property
+    def recovery(self) -> RecoveryGate: ...
+
+
+S = TypeVar("S", bound=Gated)
+
+
+def after_recovery(
+    method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+    """The facade's one gate: the method runs only after startup recovery has finished."""
+
+    async def gated(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        await self.recovery.wait()
+        return await method(self, *args, **kwargs)
+
+    # wraps keeps the name, docstring and signature Ray reads to build the actor's methods.
+    return cast(Callable[Concatenate[S, P], Coroutine[Any, Any, T]], functools.wraps(method)(gated))

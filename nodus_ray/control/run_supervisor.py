@@ -1,0 +1,387 @@
+"""Run supervision: one live actor per unfinished run, replaced when it dies.
+
+The supervisor awaits each run actor's outcome; when the actor dies it starts a replacement
+(named with the next attempt) that replays the run's journal, and however supervision ends it
+ends the actor, so a cancel that races an actor's start leaves nothing running. A parked or
+queued run has no actor to watch its deadline, so a timer here does. Ending a run (cancel,
+delete) is here too: it is ending the run's actor and sandbox.
+
+Creating and killing Ray actors goes through a `RunActorLauncher`, the one Ray boundary, so the
+supervisor is tested without Ray over a fake launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Protocol
+
+import ray
+from ray.exceptions import RayActorError
+
+from nodus.lifecycle import (
+    PARKED_REASONS,
+    RUN_TERMINAL_PHASES,
+    RunPhase,
+    RunReason,
+    check_run_transition,
+    run_transition,
+)
+from nodus_ray.control.inbox import Inboxes
+from nodus_ray.control.registry import Key, Registry, awaits_admission, merge_status, parked
+from nodus_ray.control.run_pool import RunActorPool
+from nodus_ray.faults import crash_point
+from nodus_ray.money.credits import CreditLedger
+from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig, run_actor_name
+from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
+from nodus_ray.settings import NAMESPACE, ServerSettings
+from nodus_ray.store import layout
+from nodus_ray.store.timestamps import parse_timestamp, utc_now
+
+__all__ = ["RunSupervisor", "RunActorLauncher", "RayRunActors"]
+
+logger = logging.getLogger(__name__)
+
+_CANCEL_GRACE_SECONDS = 15.0
+
+
+class RunActorLauncher(Protocol):
+    """Finding, starting and ending run actors (Ray's, or a test's fakes)."""
+
+    def find(self, name: str) -> Any | None: ...
+
+    def start(self, name: str, config: RunConfig) -> Any: ...
+
+    def kill(self, actor: Any) -> None: ...
+
+
+class RayRunActors:
+    """Run actors as detached, named Ray actors in the service's namespace."""
+
+    def find(self, name: str) -> Any | None:
+        try:
+            return ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return None
+
+    def start(self, name: str, config: RunConfig) -> Any:
+        return RemoteRunActor.options(
+            name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+        ).remote(config)
+
+    def kill(self, actor: Any) -> None:
+        ray.kill(actor, no_restart=True)
+
+
+class RunSupervisor:
+    """Actor lifecycle of runs: supervising, replacing, deadlines, cancelling and removing."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        settings: ServerSettings,
+        pool: RunActorPool,
+        launcher: RunActorLauncher,
+        inboxes: Inboxes,
+        credits: CreditLedger,
+    ) -> None:
+        self._registry = registry
+        self._settings = settings
+        self._pool = pool
+        self._launcher = launcher
+        self._inboxes = inboxes
+        self._credits = credits
+        self._tasks: dict[Key, asyncio.Task[None]] = {}
+        self._actors: dict[Key, Any] = {}
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a (re)start: re-attach every unfinished run to its actor, or arm its deadline."""
+        for key, run in self._registry.runs.items():
+            if run["status"]["phase"] in RUN_TERMINAL_PHASES:
+                continue
+            if parked(run) or awaits_admission(run):
+                self.arm_deadline(key)
+            else:
+                self.supervise(key)
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def hidden_paths(self) -> tuple[str, ...]:
+        """Host paths a sandbox must not see: every workspace, and the storage if it is local."""
+        storage = self._registry.storage
+        hidden = [self._settings.sandbox_root]
+        if storage.is_local:
+            hidden.append(storage.local_root)
+        return tuple(hidden)
+
+    def workspace(self, project: str, name: str) -> str:
+        return str(Path(self._settings.sandbox_root) / project / name)
+
+    def remove_workspace(self, project: str, name: str) -> None:
+        """The local directory and its marker; the snapshots go with the run's storage."""
+        workspace = Path(self.workspace(project, name))
+        shutil.rmtree(workspace, ignore_errors=True)
+        WorkspaceSnapshots.marker_of(workspace).unlink(missing_ok=True)
+
+    # -- supervising ------------------------------------------------------------------------
+
+    def supervise(self, key: Key) -> None:
+        """Keep one live actor on the run until it ends (a no-op when it is supervised already)."""
+        task = self._tasks.get(key)
+        if task is None or task.done():
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._supervise_run(key))
+
+    def _find_actor(self, run: dict[str, Any]) -> Any | None:
+        """The live actor of the run, by the name the run recorded for it (none after it was released)."""
+        actor_name = run["status"].get("actorName")
+        return self._launcher.find(actor_name) if actor_name else None
+
+    async def _note(self, key: Key, patch: dict[str, Any]) -> None:
+        """Record the run's attempt, actor name or losses (a finished run is left as it is)."""
+        async with self._registry.locks[key]:
+            run = self._registry.runs.get(key)
+            if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
+                return
+            merge_status(run["status"], patch)
+            await self._registry.persist_run(key)
+
+    async def _start_actor(self, key: Key) -> Any:
+        """A new actor for the run's next attempt: a pre-started one from the pool when one is
+        parked (no process start to wait for), else a fresh one. The attempt and the actor's
+        name are written before the actor gets the run, so a restarted control plane finds it."""
+        run = self._registry.runs[key]
+        project, name = key
+        attempt = int(run["status"].get("attempts") or 0) + 1
+        config = await self._run_config(key)
+        slot = self._pool.take()
+        if slot is not None:
+            await self._note(key, {"attempts": attempt, "actorName": slot.name})
+            assigned = self._pool.assign(slot, config)
+            self._pool.fill()
+            if assigned:
+                return slot.handle
+            self._pool.discard(slot)  # it died while parked: start a fresh one instead
+        actor_name = run_actor_name(project, name, attempt)
+        await self._note(key, {"attempts": attempt, "actorName": actor_name})
+        return self._launcher.start(actor_name, config)
+
+    async def _run_config(self, key: Key) -> RunConfig:
+        run = self._registry.runs[key]
+        project, name = key
+        pinned = await asyncio.to_thread(self._registry.storage.read_json, layout.run_agent(project, name))
+        settings = self._settings
+        return RunConfig(
+            project=project,
+            name=name,
+            agent=run["spec"]["agent"],
+            agent_revision=int(run["status"]["agentRevision"]),
+            agent_spec=pinned["spec"],
+            run_spec=run["spec"],
+            storage_uri=settings.storage_uri,
+            workspace=self.workspace(project, name),
+            deadline_at=run["status"].get("deadlineAt"),
+            offline_latency_seconds=settings.offline_latency_seconds,
+            sandbox_uid=run["status"].get("sandbox", {}).get("uid"),
+            hidden_paths=self.hidden_paths(),
+            cap_usd=run["status"]["cost"].get("limitUSD"),
+            prices_file=settings.prices_file,
+            group=run["spec"].get("group"),
+            workspace_snapshots=settings.workspace_snapshots,
+            workspace_seeded=bool(run["status"].get("workspaceSeeded")),
+            egress_private_networks=settings.egress_private_networks,
+        )
+
+    async def _supervise_run(self, key: Key) -> None:
+        """Keep one live actor on an unfinished run until it ends; replace actors that die."""
+        project, name = key
+        is_over = self._registry.is_over
+        try:
+            while not is_over(key):
+                run = self._registry.runs[key]
+                actor = self._find_actor(run)
+                if actor is None:
+                    if run["status"].get("actorName"):  # it had a live actor, and that one is gone
+                        losses = int(run["status"].get("actorLosses") or 0) + 1
+                        await self._note(key, {"actorLosses": losses, "actorName": None})
+                        if losses > self._settings.max_actor_restarts:
+                            await self._fail(
+                                key, RunReason.RUNNER_LOST, f"the run's actor was lost {losses} times"
+                            )
+                            return
+                    try:
+                        actor = await self._start_actor(key)
+                    except Exception:  # noqa: BLE001 - e.g. the run was deleted meanwhile
+                        if is_over(key):
+                            return
+                        logger.exception("could not start an actor for run %s/%s", project, name)
+                        await self._fail(
+                            key, RunReason.INTERNAL_ERROR, "the run's actor could not be started"
+                        )
+                        return
+                self._actors[key] = actor
+                if is_over(key):  # cancelled or deleted while the actor was starting
+                    return
+                try:
+                    outcome = await actor.run.remote()
+                except RayActorError:
+                    logger.warning(
+                        "actor of run %s/%s died; replaying its journal in a new actor", project, name
+                    )
+                    continue
+                except Exception as error:  # noqa: BLE001 - a bug in a run must fail that run only
+                    if is_over(key):
+                        return
+                    cause = getattr(error, "cause", None) or error
+                    logger.exception("run %s/%s failed inside its actor", project, name)
+                    first_line = str(cause).splitlines()[0][:400] if str(cause) else ""
+                    await self._fail(key, RunReason.INTERNAL_ERROR, f"{type(cause).__name__}: {first_line}")
+                    return
+                resumed = await self.finish(key, outcome)
+                after = self._registry.runs.get(key)
+                if resumed or (after is not None and not is_over(key) and not parked(after)):
+                    # A message or credits arrived while the actor was finishing (or while this
+                    # task reported the outcome, after which a sender found no task to start):
+                    # a new actor replays the journal and goes on.
+                    self._launcher.kill(actor)
+                    continue
+                return
+        finally:
+            await self._release_actor(key)
+
+    async def _release_actor(self, key: Key) -> None:
+        """End the run's actor once the run no longer needs one; a cancelled run loses its sandbox.
+
+        This runs however supervision ends, so a cancel that raced an actor's start still
+        leaves no actor running and no workspace behind.
+        """
+        actor = self._actors.pop(key, None)
+        if actor is not None:
+            self._launcher.kill(actor)
+        run = self._registry.runs.get(key)
+        if run is not None and run["status"]["phase"] == RunPhase.CANCELLED:
+            await asyncio.to_thread(self.remove_workspace, *key)
+
+    def _affordable(self, project: str, needed: str | None) -> bool:
+        return needed is not None and self._credits.project(project).available >= Decimal(needed)
+
+    async def _fail(self, key: Key, reason: RunReason, message: str) -> bool:
+        """Fail the run for a reason of the supervisor's own (its actor lost, its deadline passed)."""
+        outcome = {"phase": RunPhase.FAILED.value, "reason": reason.value, "message": message}
+        return await self.finish(key, outcome, checked=True)
+
+    async def finish(self, key: Key, outcome: dict[str, Any], *, checked: bool = False) -> bool:
+        """Record how the actor's program ended; True when the run must go on at once instead.
+
+        That is a keep-alive run that parked for a message while one arrived, or a run that
+        parked for credits while they were added: the message (or the grant) came either before
+        this check (then it is seen here) or after (then the run is parked already, and the
+        sender, or `add_credits`, starts it).
+        """
+        resume = False
+        async with self._registry.locks[key]:
+            run = self._registry.runs.get(key)
+            if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
+                return False
+            outcome = dict(outcome)
+            if checked:  # a phase the supervisor decided (an actor's outcome is the actor's)
+                check_run_transition(run["status"]["phase"], outcome["phase"])
+            if outcome.get("phase") in RUN_TERMINAL_PHASES:
+                outcome.setdefault("finishedAt", utc_now())
+            read = int((outcome.get("messages") or {}).get("read") or 0)
+            if outcome.get("reason") == RunReason.AWAITING_MESSAGE and await asyncio.to_thread(
+                self._inboxes.unread, key, read
+            ):
+                resume = True
+            needed = outcome.pop("creditsNeededUSD", None)
+            if outcome.get("reason") == RunReason.INSUFFICIENT_CREDITS and self._affordable(key[0], needed):
+                resume = True  # credits were added while the actor was finishing
+            if resume:
+                outcome.update({"phase": RunPhase.RUNNING.value, "reason": None, "message": None})
+            if resume or (
+                outcome.get("phase") == RunPhase.WAITING and outcome.get("reason") in PARKED_REASONS
+            ):
+                outcome["actorName"] = None  # given back on purpose: not a lost actor
+            merge_status(run["status"], outcome)
+            await self._registry.persist_run(key)
+        crash_point("run-ended-untold", f"{key[0]}/{key[1]}")
+        await self._registry.run_changed(key)
+        if parked(run):
+            self.arm_deadline(key)
+        return resume
+
+    # -- deadlines --------------------------------------------------------------------------
+
+    def arm_deadline(self, key: Key) -> None:
+        """A parked or queued run has no actor to watch its deadline; a timer does, without polling."""
+        run = self._registry.runs.get(key)
+        deadline_at = run["status"].get("deadlineAt") if run else None
+        if deadline_at:
+            asyncio.get_running_loop().create_task(self._expire_when_due(key, deadline_at))
+
+    async def _expire_when_due(self, key: Key, deadline_at: str) -> None:
+        due = parse_timestamp(deadline_at)
+        await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
+        run = self._registry.runs.get(key)
+        if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
+            return
+        if not (parked(run) or awaits_admission(run)):
+            return  # it has an actor, which watches its own deadline
+        deadline = run["spec"].get("deadline") or run["status"].get("deadlineAt")
+        await self._fail(
+            key,
+            RunReason.DEADLINE_EXCEEDED,
+            f"the run passed its deadline ({deadline}) while waiting ({run['status'].get('reason')})",
+        )
+        await asyncio.to_thread(self.remove_workspace, *key)
+
+    # -- ending runs ------------------------------------------------------------------------
+
+    async def cancel(self, key: Key, reason: str, message: str) -> dict[str, Any]:
+        """Cancel the run (a finished one stays as it is): its command is killed, its sandbox deleted."""
+        run = self._registry.runs[key]
+        async with self._registry.locks[key]:
+            if run["status"]["phase"] in RUN_TERMINAL_PHASES:
+                return run
+            # Terminal first, so neither the supervisor nor a late report revives the run.
+            patch = run_transition(run["status"], RunPhase.CANCELLED, reason, message)
+            run["status"].update({**patch, "finishedAt": utc_now()})
+            await self._registry.persist_run(key)
+        await self._registry.run_changed(key)
+        await self.stop_actor(key, run)
+        return run
+
+    async def stop_actor(self, key: Key, run: dict[str, Any]) -> None:
+        """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""
+        project, name = key
+        actor = self._actors.get(key) or self._find_actor(run)
+        if actor is not None:
+            try:
+                await asyncio.wait_for(actor.cancel.remote(), timeout=_CANCEL_GRACE_SECONDS)
+            except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
+                logger.warning("actor of run %s/%s did not cancel cleanly", project, name)
+            self._launcher.kill(actor)
+        if run["status"]["phase"] == RunPhase.CANCELLED:
+            await asyncio.to_thread(self.remove_workspace, project, name)
+
+    async def remove(self, key: Key) -> None:
+        """Cancel the run if unfinished, end its actor, then remove its workspace, journal and resource."""
+        registry = self._registry
+        run = registry.runs.get(key)
+        if run is None:
+            return
+        if run["status"]["phase"] not in RUN_TERMINAL_PHASES:
+            await self.cancel(key, RunReason.CANCELLED.value, "cancelled because it was deleted")
+        else:
+            await self.stop_actor(key, run)
+        async with registry.locks[key]:
+            await asyncio.to_thread(self.remove_workspace, *key)
+            await asyncio.to_thread(registry.storage.delete_tree, layout.run_prefix(*key))
+            await asyncio.to_thread(self._credits.forget_run, *key)
+            registry.runs.pop(key, None)
+            self._inboxes.forget(key)
