@@ -263,6 +263,10 @@ def server(
     # `--address auto` and the `ray` CLI of a test mean this session's Ray, as for a user whose
     # shell points RAY_ADDRESS at their cluster.
     env["RAY_ADDRESS"] = cluster["ray_address"]
+    # This process too (Ray's state API, `ray.util.state.list_actors`, finds its cluster through
+    # RAY_ADDRESS, else through /tmp/ray: a user's cluster, or none).
+    previous_address = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = cluster["ray_address"]
     try:
         yield Server(
             api_url=f"http://127.0.0.1:{PORT}",
@@ -277,6 +281,10 @@ def server(
     finally:
         subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
         shutil.rmtree(base, ignore_errors=True)
+        if previous_address is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = previous_address
 
 
 @pytest.fixture
