@@ -79,4 +79,6 @@ def after_recovery(
         return await method(self, *args, **kwargs)
 
     # wraps keeps the name, docstring and signature Ray reads to build the actor's methods.
-    return cast(Callable[Concatenate[S, P], Coroutine[Any, Any, T]], functools.wraps(method)(gated))
+    wrapper = functools.wraps(method)(gated)
+    wrapper.after_recovery = True  # type: ignore[attr-defined]  # what a test checks the facade by
+    return cast(Callable[Concatenate[S, P], Coroutine[Any, Any, T]], wrapper)

@@ -1,0 +1,173 @@
+"""Startup recovery happens once, before the facade serves a call; the facade only delegates.
+
+A control plane that Ray has just restarted is called at once by run actors and group
+supervisors; those calls must wait for it to have read storage (a report or a start_member
+that reached an empty control plane used to be dropped), and recovery runs once however many
+calls wait. Ray's own launchers are replaced by fakes, so nothing here starts Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from pathlib import Path
+
+import pytest
+import ray
+
+from nodus_ray.control import plane as plane_module
+from nodus_ray.control.plane import ControlPlane
+from nodus_ray.control.recovery import RecoveryGate
+from nodus_ray.settings import ServerSettings
+from tests.unit.test_control_support import FakeGroupSupervisors, FakeRunActors, agent_doc, group_doc, run_doc
+
+# The facade's contract with Serve, the run actors, the group supervisors and `nodus up`.
+FACADE = {
+    "ready": "(self)",
+    "claim_slot": "(self, slot: 'str')",
+    "running_settings": "(self)",
+    "apply_agent": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'apply')",
+    "patch_agent": "(self, project: 'str', name: 'str', patch: 'dict[str, Any]')",
+    "get_agent": "(self, project: 'str', name: 'str')",
+    "list_agents": "(self, project: 'str')",
+    "delete_agent": "(self, project: 'str', name: 'str')",
+    "price_table": "(self)",
+    "create_run": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'create')",
+    "create_runs": "(self, project: 'str', document: 'dict[str, Any]', idempotency_key: 'str | None' = None)",
+    "get_run": "(self, project: 'str', name: 'str')",
+    "list_runs": "(self, project: 'str', agent: 'str | None' = None, group: 'str | None' = None)",
+    "run_steps": "(self, project: 'str', name: 'str')",
+    "run_events": "(self, project: 'str', name: 'str', after_seq: 'int')",
+    "run_answer": "(self, project: 'str', name: 'str')",
+    "cancel_run": "(self, project: 'str', name: 'str')",
+    "delete_run": "(self, project: 'str', name: 'str')",
+    "report": "(self, project: 'str', name: 'str', patch: 'dict[str, Any]')",
+    "resolve_run": "(self, project: 'str', name: 'str', body: 'dict[str, Any]')",
+    "send_message": "(self, project: 'str', name: 'str', payload: 'Any', message_key: 'str | None' = None, "
+    "message_name: 'str' = 'message')",
+    "next_message": "(self, project: 'str', name: 'str', after_seq: 'int')",
+    "get_group": "(self, project: 'str', name: 'str')",
+    "list_groups": "(self, project: 'str')",
+    "apply_group": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'apply')",
+    "patch_group": "(self, project: 'str', name: 'str', patch: 'dict[str, Any]')",
+    "cancel_group": "(self, project: 'str', name: 'str')",
+    "delete_group": "(self, project: 'str', name: 'str')",
+    "group_snapshot": "(self, project: 'str', name: 'str')",
+    "start_member": "(self, project: 'str', name: 'str')",
+    "cancel_member": "(self, project: 'str', name: 'str', reason: 'str')",
+    "group_status": "(self, project: 'str', name: 'str', status: 'dict[str, Any]', queued_reasons: 'dict[str, str]')",
+    "group_results": "(self, project: 'str', name: 'str')",
+    "list_environments": "(self, project: 'str')",
+    "apply_secret": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'apply')",
+    "get_secret": "(self, project: 'str', name: 'str')",
+    "list_secrets": "(self, project: 'str')",
+    "delete_secret": "(self, project: 'str', name: 'str')",
+    "configure_model_key": "(self, key: 'str | None')",
+    "model_access": "(self, project: 'str', name: 'str')",
+    "run_secrets": "(self, project: 'str', name: 'str')",
+    "get_credits": "(self, project: 'str')",
+    "add_credits": "(self, project: 'str', amount: 'str')",
+    "reserve_credits": "(self, project: 'str', name: 'str', amount: 'str')",
+    "authenticate": "(self, digest: 'str')",
+    "create_token": "(self, project: 'str', document: 'dict[str, Any]', created_by: 'str')",
+    "get_token": "(self, project: 'str', name: 'str')",
+    "list_tokens": "(self, project: 'str')",
+    "revoke_token": "(self, project: 'str', name: 'str')",
+    "ensure_operator_token": "(self, current: 'str | None')",
+}
+# Answered without waiting: they read no resource (settings, prices, installed environments),
+# or are a parked actor of an earlier control plane asking for a run (it is told to end).
+UNGATED = {"claim_slot", "running_settings", "price_table", "list_environments"}
+
+
+def test_the_facade_keeps_every_public_method_and_signature_and_gates_all_that_read_resources() -> None:
+    public = {
+        name: member
+        for name, member in inspect.getmembers(ControlPlane, inspect.iscoroutinefunction)
+        if not name.startswith("_")
+    }
+    # Ray's tracing adds a keyword of its own to an actor class's methods once it is made remote.
+    signatures = {
+        name: str(inspect.signature(method)).split(" ->")[0].replace(", *, _ray_trace_ctx=None", "")
+        for name, method in public.items()
+    }
+    assert signatures == FACADE
+    gated = {name for name, method in public.items() if _is_gated(method)}
+    assert gated == set(FACADE) - UNGATED
+
+
+def _is_gated(method: object) -> bool:
+    while method is not None:
+        if getattr(method, "after_recovery", False):
+            return True
+        method = getattr(method, "__wrapped__", None)
+    return False
+
+
+def test_recovery_runs_once_for_every_waiting_call_and_again_only_after_a_failure() -> None:
+    async def scenario() -> None:
+        runs: list[int] = []
+        release = asyncio.Event()
+
+        async def recover() -> None:
+            runs.append(len(runs))
+            await release.wait()
+            if len(runs) == 1:
+                raise RuntimeError("storage unreachable")
+
+        gate = RecoveryGate(recover)
+        waiters = [asyncio.ensure_future(gate.wait()) for _ in range(5)]
+        impatient = asyncio.ensure_future(gate.wait())
+        await asyncio.sleep(0)
+        impatient.cancel()  # a caller that gives up does not cancel the recovery
+        await asyncio.sleep(0)
+        assert runs == [0] and not gate.recovered
+        release.set()
+        results = await asyncio.gather(*waiters, return_exceptions=True)
+        assert all(isinstance(result, RuntimeError) for result in results)
+        await gate.wait()  # tried again, and it succeeds this time
+        await gate.wait()
+        assert runs == [0, 1] and gate.recovered
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture
+def no_ray_actors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plane_module, "RayRunActors", FakeRunActors)
+    monkeypatch.setattr(plane_module, "RayGroupSupervisors", FakeGroupSupervisors)
+
+
+def test_calls_to_a_just_restarted_control_plane_wait_for_it_to_load(
+    tmp_path: Path, no_ray_actors: None
+) -> None:
+    settings = ServerSettings(
+        storage_uri=str(tmp_path / "storage"),
+        sandbox_root=str(tmp_path / "sandboxes"),
+        secret_key_file=str(tmp_path / "secret.key"),
+        run_pool_per_node=0,
+    )
+
+    async def scenario() -> None:
+        first = ControlPlane(settings)
+        await first.apply_agent("demo", agent_doc())
+        await first.apply_group("demo", group_doc("g"))
+        await first.create_run("demo", run_doc("g-t1", group="g", taskKey="t1"))
+
+        restarted = ControlPlane(settings)  # constructed on a running loop: recovery starts now
+        # The first calls a supervisor and a run actor make, before anything else asked it:
+        started, _ = await asyncio.gather(
+            restarted.start_member("demo", "g-t1"),
+            restarted.report("demo", "g-t1", {"phase": "Running"}),
+        )
+        assert started is True  # the run was known: its admitted place is not held forever
+        run = await restarted.get_run("demo", "g-t1")
+        assert run["status"]["admittedAt"] and run["status"]["phase"] == "Running"
+        assert restarted.recovery.recovered
+        assert (await restarted.ready())["runs"] == 1
+        assert repr(restarted).startswith("ControlPlane(storage=")
+        for task in first._background + restarted._background:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert not ray.is_initialized()

@@ -1,0 +1,110 @@
+"""ResolutionService over a real journal: who may decide, what is written, how the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodus.errors import Conflict, Invalid
+from nodus_ray.durable.journal import Journal
+from nodus_ray.store import layout
+from tests.unit.test_control_support import Plane, agent_doc, make_plane, run_doc, settle
+
+
+async def _uncertain(plane: Plane, name: str = "r1", kind: str = "command") -> dict[str, Any]:
+    """A run parked on an uncertain step ``s1`` of ``kind``, as its actor leaves it."""
+    await plane.services.agents.apply_agent("demo", agent_doc())
+    await plane.services.runs.create_run("demo", run_doc(name))
+    await settle()
+    journal = Journal(plane.storage, layout.journal_folder("demo", name))
+    await asyncio.to_thread(journal.load)
+    await asyncio.to_thread(journal.append, "s1", kind, "Started", {"command": "make deploy"})
+    await asyncio.to_thread(journal.append, "s1", kind, "NeedsResolution", {})
+    plane.run_actors.of(name)[0].end({"phase": "Waiting", "reason": "NeedsResolution", "step": "s1"})
+    await settle()
+    return await plane.services.runs.get_run("demo", name)
+
+
+def test_a_completed_decision_is_journaled_and_the_run_goes_on(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        run = await _uncertain(plane)
+        revision = run["metadata"]["resourceVersion"]
+        body = {
+            "step": "s1",
+            "decision": "Completed",
+            "revision": revision,
+            "result": {"exitCode": 0, "output": "ok"},
+        }
+        resolved = await plane.services.resolution.resolve_run("demo", "r1", body)
+        assert resolved["status"]["phase"] == "Running" and resolved["status"]["step"] is None
+        records = await asyncio.to_thread(Journal(plane.storage, layout.journal_folder("demo", "r1")).load)
+        assert (records[-1].state, records[-1].payload["result"]["exit_code"]) == ("Resolved", 0)
+        await settle()
+        assert len(plane.run_actors.of("r1")) == 2  # a new actor replays the journal with the result
+        with pytest.raises(Conflict) as twice:  # the step is decided: a second decision is refused
+            await plane.services.resolution.resolve_run("demo", "r1", body)
+        assert twice.value.code == "StepNotUncertain"
+
+    asyncio.run(scenario())
+
+
+def test_a_stale_revision_or_another_step_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        run = await _uncertain(plane)
+        revision = run["metadata"]["resourceVersion"]
+        resolution = plane.services.resolution
+        with pytest.raises(Conflict) as stale:
+            await resolution.resolve_run(
+                "demo", "r1", {"step": "s1", "decision": "NoEffect", "revision": revision - 1}
+            )
+        assert stale.value.code == "RevisionMismatch"
+        with pytest.raises(Conflict) as other:
+            await resolution.resolve_run(
+                "demo", "r1", {"step": "s2", "decision": "NoEffect", "revision": revision}
+            )
+        assert other.value.code == "StepNotUncertain"
+        with pytest.raises(Invalid) as decision:
+            await resolution.resolve_run(
+                "demo", "r1", {"step": "s1", "decision": "Maybe", "revision": revision}
+            )
+        assert decision.value.details["field"] == "decision"
+        with pytest.raises(Invalid) as unknown:
+            await resolution.resolve_run(
+                "demo", "r1", {"step": "s1", "decision": "NoEffect", "revision": 1, "x": 1}
+            )
+        assert unknown.value.details["field"] == "x"
+        records = await asyncio.to_thread(Journal(plane.storage, layout.journal_folder("demo", "r1")).load)
+        assert records[-1].state == "NeedsResolution"
+        assert (await plane.services.runs.get_run("demo", "r1"))["status"]["phase"] == "Waiting"
+
+    asyncio.run(scenario())
+
+
+def test_cancelled_fails_the_run_and_a_model_step_cannot_be_completed(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        run = await _uncertain(plane, kind="model")
+        revision = run["metadata"]["resourceVersion"]
+        resolution = plane.services.resolution
+        with pytest.raises(Invalid, match="NoEffect or Cancelled"):
+            await resolution.resolve_run(
+                "demo", "r1", {"step": "s1", "decision": "Completed", "revision": revision, "result": {}}
+            )
+        failed = await resolution.resolve_run(
+            "demo",
+            "r1",
+            {"step": "s1", "decision": "Cancelled", "revision": revision, "evidence": "rolled back"},
+        )
+        assert (failed["status"]["phase"], failed["status"]["reason"]) == ("Failed", "StepCancelled")
+        assert failed["status"]["message"].endswith(": rolled back") and failed["status"]["finishedAt"]
+        stored = plane.storage.read_json("projects/demo/agentruns/r1/run.json")
+        assert stored["status"]["reason"] == "StepCancelled"
+        await settle()
+        assert len(plane.run_actors.of("r1")) == 1  # a failed run gets no actor
+
+    asyncio.run(scenario())
