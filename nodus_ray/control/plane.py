@@ -47,6 +47,7 @@ class ControlPlane:
         self.agents = services.agents
         self.runs = services.runs
         self.groups = services.groups
+        self.group_link = services.group_link
         self.evaluations = services.evaluations
         self.messages = services.messages
         self.resolution = services.resolution
@@ -228,21 +229,21 @@ class ControlPlane:
 
     @after_recovery
     async def group_snapshot(self, project: str, name: str) -> dict[str, Any]:
-        return await self.groups.group_snapshot(project, name)
+        return await self.group_link.group_snapshot(project, name)
 
     @after_recovery
     async def start_member(self, project: str, name: str) -> bool:
-        return await self.groups.start_member(project, name)
+        return await self.group_link.start_member(project, name)
 
     @after_recovery
     async def cancel_member(self, project: str, name: str, reason: str) -> None:
-        await self.groups.cancel_member(project, name, reason)
+        await self.group_link.cancel_member(project, name, reason)
 
     @after_recovery
     async def group_status(
         self, project: str, name: str, status: dict[str, Any], queued_reasons: dict[str, str]
     ) -> None:
-        await self.groups.group_status(project, name, status, queued_reasons)
+        await self.group_link.group_status(project, name, status, queued_reasons)
 
     @after_recovery
     async def group_results(self, project: str, name: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from nodus_ray import metrics
 from nodus_ray.control.batches import BatchRecords, request_digest
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
-from nodus_ray.control.groups import GroupService, NewRun, run_cap
+from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
 from nodus_ray.control.registry import Key, Registry, check_project, merge_status
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.durable.journal import Journal, record_view, step_views
@@ -56,7 +56,7 @@ class RunService:
         registry: Registry,
         batches: BatchRecords,
         supervisor: RunSupervisor,
-        groups: GroupService,
+        groups: GroupLink,
         evaluations: EvaluationService,
         credits: CreditService,
     ) -> None:

@@ -18,6 +18,7 @@ from nodus_ray.control.batches import BatchRecords
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
 from nodus_ray.control.group_actors import Graders, GroupSupervisors, RayGraders
+from nodus_ray.control.group_link import GroupLink
 from nodus_ray.control.groups import GroupService
 from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.messages import MessageService
@@ -49,6 +50,7 @@ class Services:
     run_pool: RunPoolService
     supervisor: RunSupervisor
     evaluations: EvaluationService
+    group_link: GroupLink
     groups: GroupService
     credits: CreditService
     runs: RunService
@@ -96,10 +98,11 @@ def compose(
         grading_root = str(Path(settings.sandbox_root) / ".grading")
         graders = RayGraders(storage, grading_root, supervisor.hidden_paths())
     evaluations = EvaluationService(registry, settings.sandbox_root, group_actors, graders)
-    groups = GroupService(registry, supervisor, group_actors, evaluations)
+    link = GroupLink(registry, supervisor, group_actors, evaluations)
+    groups = GroupService(registry, supervisor, group_actors, evaluations, link)
     credits = CreditService(registry, ledger, supervisor)
-    runs = RunService(registry, batches, supervisor, groups, evaluations, credits)
-    evaluations.connect(create_runs=runs.create_members, take_status=groups.take_status)
+    runs = RunService(registry, batches, supervisor, link, evaluations, credits)
+    evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
     return Services(
         registry=registry,
         secret_store=secret_store,
@@ -108,6 +111,7 @@ def compose(
         run_pool=run_pool,
         supervisor=supervisor,
         evaluations=evaluations,
+        group_link=link,
         groups=groups,
         credits=credits,
         runs=runs,

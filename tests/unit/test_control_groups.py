@@ -1,4 +1,4 @@
-"""GroupService over real local storage, with fake supervisors: groups, updates, members."""
+"""GroupService and GroupLink over real local storage, with fake supervisors: groups, updates, members."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_one_way_switches_and_the_cap_refuse_going_back(tmp_path: Path) -> None:
 def test_a_member_waits_queued_until_its_supervisor_admits_it(tmp_path: Path) -> None:
     async def scenario() -> None:
         plane = await make_plane(tmp_path)
-        groups, runs = plane.services.groups, plane.services.runs
+        groups, runs, link = plane.services.groups, plane.services.runs, plane.services.group_link
         await plane.services.agents.apply_agent("demo", agent_doc())
         await groups.apply_group("demo", group_doc("g"))
         created = await runs.create_run("demo", run_doc("g-t1", group="g", taskKey="t1"))
@@ -82,14 +82,14 @@ def test_a_member_waits_queued_until_its_supervisor_admits_it(tmp_path: Path) ->
         supervisor = plane.group_actors.supervisors[("demo", "g")]
         (wires,) = supervisor.called("add")[0]
         assert [(w.key, w.run, w.cap) for w in wires] == [("t1", "g-t1", "1.00")]
-        assert await groups.start_member("demo", "g-t1") is True
+        assert await link.start_member("demo", "g-t1") is True
         assert plane.storage.read_json("projects/demo/agentruns/g-t1/run.json")["status"]["admittedAt"]
-        assert await groups.start_member("demo", "g-t1") is True  # idempotent: a retried start
+        assert await link.start_member("demo", "g-t1") is True  # idempotent: a retried start
         await settle()
         assert len(plane.run_actors.of("g-t1")) == 1
         await runs.report("demo", "g-t1", {"phase": "Running"})
         assert supervisor.called("progressed")[-1] == ("g-t1", "Active", "0", None)
-        snapshot = await groups.group_snapshot("demo", "g")
+        snapshot = await link.group_snapshot("demo", "g")
         assert [(m.run, m.state) for m in snapshot["members"]] == [("g-t1", "Active")]
         with pytest.raises(Conflict) as member:
             await runs.delete_run("demo", "g-t1")
@@ -133,12 +133,12 @@ def test_deleting_a_group_deletes_its_runs_and_a_restart_resumes_only_admitted_m
 ) -> None:
     async def scenario() -> None:
         plane = await make_plane(tmp_path)
-        groups, runs = plane.services.groups, plane.services.runs
+        groups, runs, link = plane.services.groups, plane.services.runs, plane.services.group_link
         await plane.services.agents.apply_agent("demo", agent_doc())
         await groups.apply_group("demo", group_doc("g"))
         await runs.create_run("demo", run_doc("g-a", group="g", taskKey="a"))
         await runs.create_run("demo", run_doc("g-q", group="g", taskKey="q"))
-        await groups.start_member("demo", "g-a")
+        await link.start_member("demo", "g-a")
         await settle()
         plane.run_actors.live.clear()  # the cluster went down with the control plane
         restarted = await plane.restart()

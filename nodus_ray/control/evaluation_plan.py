@@ -1,0 +1,97 @@
+"""An evaluation group's plan and its book of cases: what the evaluation service works from.
+
+`plan_evaluation` resolves the Environment and generates the task batch when the group is
+created, refusing anything that could not run before a byte is stored; `Evaluation` is one live
+evaluation's cases in memory (rebuilt after a restart from the Environment and the stored case
+records).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodus.errors import Invalid, NotFound
+from nodus.resources import EvaluationStatus, parse_duration
+from nodus_ray.core.evaluation import Case, plan_cases
+from nodus_ray.environments import EnvironmentNotFound, Task, resolve
+from nodus_ray.store.timestamps import format_timestamp, parse_timestamp
+
+__all__ = ["Evaluation", "plan_evaluation"]
+
+
+@dataclass
+class Evaluation:
+    """One live evaluation group's cases: the final records and what is being graded now."""
+
+    cases: list[Case]
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)  # run name -> final record
+    grading: set[str] = field(default_factory=set)
+    tasks: list[Task] = field(default_factory=list, repr=False)  # in this process only; never stored
+    seeded: set[str] = field(default_factory=set)  # runs whose task gives files (a seed in storage)
+    runs_phase: str | None = None  # the phase the supervisor last gave for the runs alone
+
+    def by_run(self, run: str) -> Case | None:
+        return next((case for case in self.cases if case.run == run), None)
+
+
+async def plan_evaluation(name: str, spec: dict[str, Any], created: str) -> tuple[dict[str, Any], list[Task]]:
+    """Resolve the Environment and generate the batch; refused before anything is stored."""
+    evaluation = spec["evaluation"]
+    ref = evaluation["environment"]
+    field_name = "spec.evaluation.environment"
+    try:
+        environment = await asyncio.to_thread(resolve, ref)
+    except EnvironmentNotFound as error:
+        raise NotFound(
+            f"{field_name}: {error}",
+            code="EnvironmentNotFound",
+            details={"field": field_name, "kind": "Environment", "name": ref},
+        ) from None
+    except ValueError as error:
+        raise Invalid(f"{field_name}: {error}", details={"field": field_name}) from None
+    split = evaluation.get("split", "test")
+    if split not in environment.splits:
+        raise Invalid(
+            f"spec.evaluation.split: {ref} has no split {split!r} (splits: {', '.join(environment.splits)})",
+            details={"field": "spec.evaluation.split"},
+        )
+    count = int(evaluation["tasks"])
+    if count > environment.max_tasks:
+        raise Invalid(
+            f"spec.evaluation.tasks: {ref} has {environment.max_tasks} tasks in a split, not {count}",
+            details={"field": "spec.evaluation.tasks"},
+        )
+    tasks = await asyncio.to_thread(environment.tasks, split, int(evaluation.get("seed", 0)), count)
+    repetitions = int(evaluation.get("repetitions", 1))
+    cases = plan_cases(name, [task.id for task in tasks], repetitions)
+    longest = max(cases, key=lambda case: len(case.run)).run
+    if len(longest) > 63:
+        raise Invalid(
+            f"metadata.name: an evaluation's runs are named <group>-<case> ({longest[:70]!r}...), "
+            f"which must fit in 63 characters; use a group name of at most "
+            f"{63 - (len(longest) - len(name))} characters",
+            details={"field": "metadata.name"},
+        )
+    max_pending = int((spec.get("limits") or {}).get("maxPending", 10000))
+    if len(cases) > max_pending:
+        raise Invalid(
+            f"spec.limits.maxPending: the evaluation runs {len(cases)} cases, more than the group's "
+            f"maxPending {max_pending}",
+            details={"field": "spec.limits.maxPending"},
+        )
+    deadline = parse_timestamp(created) + parse_duration(evaluation.get("timeout", "30m"))
+    status = EvaluationStatus(
+        environment=ref,
+        version=environment.version,
+        imageDigest=None,
+        split=split,
+        seed=int(evaluation.get("seed", 0)),
+        tasks=count,
+        repetitions=repetitions,
+        cases=len(cases),
+        deadlineAt=format_timestamp(deadline),
+        pending=len(cases),
+    ).model_dump(mode="json")
+    return status, tasks
