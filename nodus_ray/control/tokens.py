@@ -117,7 +117,7 @@ class TokenStore:
         expires_at = None
         if token.spec.expiresIn:
             expires_at = format_timestamp(parse_timestamp(created) + parse_duration(token.spec.expiresIn))
-        resource = {
+        resource: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": "Token",
             "metadata": {
@@ -146,7 +146,8 @@ class TokenStore:
             raise NotFound(
                 f"token {name!r} not found in project {project!r}", details={"kind": "Token", "name": name}
             )
-        return record["resource"]
+        resource: dict[str, Any] = record["resource"]
+        return resource
 
     def list(self, project: str) -> list[dict[str, Any]]:
         return [record["resource"] for (p, _), record in sorted(self._records.items()) if p == project]
