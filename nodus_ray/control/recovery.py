@@ -36,8 +36,12 @@ class RecoveryGate:
     def start(self) -> asyncio.Task[None]:
         """Start recovery on the running loop unless it is under way or done."""
         task = self._task
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        failed = task is not None and task.done() and (task.cancelled() or task.exception() is not None)
+        # A task started on another loop (a constructor run on a loop that is not the one that
+        # serves calls) would never be awaited here: start it again on this one.
+        if task is None or failed or (not task.done() and task.get_loop() is not loop):
+            task = self._task = loop.create_task(self._run())
         return task
 
     def start_if_possible(self) -> None:
