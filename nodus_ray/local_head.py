@@ -14,7 +14,9 @@ Where the head lives comes from `settings.HeadSettings` (``NODUS_RAY_TEMP_DIR``,
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ import psutil
 from nodus.errors import Unavailable
 from nodus_ray.settings import HeadSettings
 
-__all__ = ["HeadPorts", "start_head", "stop_head", "head_processes"]
+__all__ = ["HeadPorts", "free_port_block", "start_head", "stop_head", "head_processes"]
 
 # The server's secrets reach the control plane over RPC; no Ray worker inherits them.
 _WITHHELD_FROM_WORKERS = ("ANTHROPIC_API_KEY", "NODUS_SECRET_KEY")
@@ -63,8 +65,35 @@ class HeadPorts:
             f"--node-manager-port={b + 7}",
             f"--object-manager-port={b + 8}",
             f"--min-worker-port={b + 100}",
-            f"--max-worker-port={b + 999}",
+            f"--max-worker-port={b + PORT_SPAN - 1}",
         ]
+
+
+PORT_SPAN = 1000  # a head's ports: the base and the 999 after it
+
+
+def _block_is_free(base: int) -> bool:
+    """Whether nothing listens on the block's fixed ports (Ray skips busy worker ports itself)."""
+    for port in (*range(base, base + 30), base + 100, base + PORT_SPAN - 1):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_block(low: int = 20000, high: int = 32000) -> int:
+    """A base for ``NODUS_RAY_PORTS`` whose block is free: for a second service on a machine
+    (a test session, a benchmark). The default range lies below Linux's ephemeral ports and
+    above Ray's default worker ports, so neither a client socket nor another head takes them."""
+    blocks = list(range(low, high, PORT_SPAN))
+    random.shuffle(blocks)
+    for base in blocks:
+        if _block_is_free(base):
+            return base
+    raise RuntimeError(f"no free block of {PORT_SPAN} ports between {low} and {high}")
 
 
 def _ray_executable() -> str:

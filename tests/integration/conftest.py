@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,33 +32,10 @@ from typing import Any
 import httpx
 import pytest
 
+from nodus_ray.local_head import free_port_block
+
 NODUS = str(Path(sys.executable).parent / "nodus")
-_RAY_PORTS_SPAN = 1000  # the head's ports are the base and the 999 after it (nodus_ray.local_head)
-
-
-def _block_is_free(base: int) -> bool:
-    """Whether nothing listens on the block's fixed ports (the worker range is checked by Ray)."""
-    for port in (*range(base, base + 30), base + 100, base + 999):
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("0.0.0.0", port))
-            except OSError:
-                return False
-    return True
-
-
-def _free_port_block() -> int:
-    """A block of ports below Linux's ephemeral range and above Ray's default worker ports."""
-    blocks = list(range(20000, 32000, _RAY_PORTS_SPAN))
-    random.shuffle(blocks)
-    for base in blocks:
-        if _block_is_free(base):
-            return base
-    raise RuntimeError("no free block of 1,000 ports between 20000 and 32000 for the test cluster")
-
-
-RAY_PORTS = int(os.environ.get("NODUS_TEST_RAY_PORTS") or _free_port_block())
+RAY_PORTS = int(os.environ.get("NODUS_TEST_RAY_PORTS") or free_port_block())
 PORT = int(os.environ.get("NODUS_TEST_PORT") or RAY_PORTS + 20)  # the API (Serve's HTTP proxy)
 DASHBOARD_URL = f"http://127.0.0.1:{RAY_PORTS + 1}"
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodus_ray.local_head import head_processes
+from nodus_ray.local_head import free_port_block, head_processes
 
-from .conftest import NODUS, Server, _free_port_block, wait_for
+from .conftest import NODUS, Server, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hello"
 
@@ -59,7 +59,7 @@ def users_service(server: Server) -> Iterator[Service]:
     base.chmod(0o711)  # the sandbox's uid traverses down to its workspaces
     for part in ("home", "storage", "sandboxes"):
         (base / part).mkdir(mode=0o711)
-    block = _free_port_block()
+    block = free_port_block()
     env = {
         key: value
         for key, value in server.env.items()
