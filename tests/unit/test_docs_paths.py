@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_PATH = re.compile(r"(?<![\w/.-])((?:nodus_ray|sdk|serve|tests|benchmarks|examples|dashboards)/[\w./-]*[\w/])")
+_PATH = re.compile(
+    r"(?<![\w/.-])((?:nodus_ray|sdk|serve|tests|benchmarks|examples|dashboards)/[\w./-]*[\w/])"
+)
 
 
 def _mentioned() -> dict[str, set[str]]:
