@@ -7,6 +7,9 @@ answer and the workspace the agent left. Environments are found through the
 as Python packages. The built-ins are :class:`~.arithmetic.ArithmeticV2` and
 :class:`~.python_fix.PythonFix`; they are loaded through their entry points like any other,
 so importing this package does not import them.
+
+May import: ``sandbox`` (a grader runs checks in one), ``models.base``, ``store``. Not Ray,
+``control`` or ``runtime``: the grader actor (``runtime.grader``) calls an Environment.
 """
 
 from __future__ import annotations

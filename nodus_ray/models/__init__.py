@@ -1,4 +1,12 @@
-"""Model providers behind one interface, and the choice of which one serves a run."""
+"""Model providers behind one interface, and the choice of which one serves a run.
+
+``base`` is the interface (requests, responses, usage), ``catalog`` which model serves each
+family, ``anthropic_provider`` the official SDK and ``offline`` the deterministic model that
+needs no key.
+
+May import: ``core`` and the standard library, the ``anthropic`` SDK. Not ``money`` (prices
+read the catalogue, not the providers), not Ray, not the sandbox.
+"""
 
 from __future__ import annotations
 

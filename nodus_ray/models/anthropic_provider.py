@@ -49,12 +49,12 @@ import anthropic
 from anthropic.lib.streaming import MessageStream
 
 from nodus_ray.models.base import ModelError, ModelRequest, ModelResponse, Usage
-from nodus_ray.money.prices import DEFAULT_PRICE_TABLE
+from nodus_ray.models.catalog import CLAUDE_FAMILY_MODELS
 
 __all__ = ["AnthropicProvider", "DEFAULT_FAMILY_MODELS"]
 
 # The price table decides which Claude model serves each family; this is its default.
-DEFAULT_FAMILY_MODELS: dict[str, str] = dict(DEFAULT_PRICE_TABLE.family_models)
+DEFAULT_FAMILY_MODELS: dict[str, str] = dict(CLAUDE_FAMILY_MODELS)
 
 _EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 _MAX_CACHE_BREAKPOINTS = 4  # the API refuses a request with more blocks carrying cache_control

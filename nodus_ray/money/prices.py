@@ -57,7 +57,7 @@ from typing import Any
 import yaml
 
 from nodus_ray.models.base import Usage
-from nodus_ray.models.offline import OFFLINE_MODELS
+from nodus_ray.models.catalog import CLAUDE_FAMILY_MODELS, FAMILIES, OFFLINE_MODELS
 
 __all__ = [
     "DEFAULT_PRICE_TABLE",
@@ -82,7 +82,7 @@ ROUTER_MAX_OUTPUT_TOKENS = 8
 # ceiling to a microdollar (token counts < 1e18, prices with any sane number of places).
 _PRECISION = 80
 _FIELDS = {"input": "input", "output": "output", "cacheWrite": "cache_write", "cacheRead": "cache_read"}
-_FAMILIES = ("haiku", "sonnet", "opus", "fable")
+_FAMILIES = FAMILIES
 _OFFLINE_FRACTION = Decimal("0.1")
 
 
@@ -344,12 +344,13 @@ def _price(input: str, output: str, cache_write: str, cache_read: str) -> ModelP
 
 
 def _default_table() -> PriceTable:
-    claude = {
-        "haiku": ("claude-haiku-5-5", _price("1", "5", "1.25", "0.10")),
-        "sonnet": ("claude-sonnet-5-5", _price("3", "15", "3.75", "0.30")),
-        "opus": ("claude-opus-5-5", _price("15", "75", "18.75", "1.50")),
-        "fable": ("claude-fable-5-5", _price("30", "150", "37.50", "3.00")),
+    family_prices = {
+        "haiku": _price("1", "5", "1.25", "0.10"),
+        "sonnet": _price("3", "15", "3.75", "0.30"),
+        "opus": _price("15", "75", "18.75", "1.50"),
+        "fable": _price("30", "150", "37.50", "3.00"),
     }
+    claude = {family: (CLAUDE_FAMILY_MODELS[family], price) for family, price in family_prices.items()}
     prices: dict[str, ModelPrice] = {model: price for model, price in claude.values()}
     for family, (_, price) in claude.items():
         prices[OFFLINE_MODELS[family]] = price.scaled(_OFFLINE_FRACTION)

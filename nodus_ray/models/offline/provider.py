@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from nodus_ray.models.base import ModelRequest, ModelResponse, Usage
+from nodus_ray.models.catalog import OFFLINE_MODELS
 from nodus_ray.models.offline.arithmetic import _arithmetic_answer
 from nodus_ray.models.offline.messages import (
     _content_chars,
@@ -28,13 +29,6 @@ from nodus_ray.models.offline.shell import _plan_commands, _tool_call_content
 
 __all__ = ["OfflineProvider", "OFFLINE_MODELS"]
 
-# Model ids say they are offline, so nobody mistakes a recorded offline run for Claude.
-OFFLINE_MODELS: dict[str, str] = {
-    "haiku": "offline-haiku",
-    "sonnet": "offline-sonnet",
-    "opus": "offline-opus",
-    "fable": "offline-fable",
-}
 
 _RESTATE_LIMIT = 120  # characters of the prompt quoted back
 _CAPABILITIES = (
