@@ -224,7 +224,7 @@ class RunService:
         idempotency_key: str | None,
         digest: str | None,
     ) -> list[tuple[Key, dict[str, Any]]]:
-        """Store the runs, all or none: several go behind a batch record (see `run_batches`)."""
+        """Store the runs, all or none: several go behind a batch record (see `batches`)."""
         names = [run.metadata.name for _, run, _ in fresh]
         record = None
         if len(fresh) > 1 or idempotency_key:

@@ -10,7 +10,7 @@ A journaled program (the Claude conversation today, durable Python agents later)
   ``external`` step (a sandbox command, a model call on the user's key) is not repeated
   blindly: the journal records ``NeedsResolution`` and the run parks until someone decides.
 - Nothing in the journal: write ``Started``, execute, write ``Completed`` or ``Failed``.
-- A person resolves an uncertain step (`run_resolution`): ``Resolved`` returns the result they
+- A person resolves an uncertain step (`control.resolution`): ``Resolved`` returns the result they
   recorded, ``NoEffect`` runs the step again as a new attempt.
 
 Step ids are deterministic positions in the program (``turn-1/command-2``), never random,

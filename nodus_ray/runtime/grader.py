@@ -3,7 +3,7 @@
 Grading is isolated from the agent it judges. It runs in its own Ray worker process, never in
 a run actor (which holds the agent's model access and its sandbox), never calls a model, and
 works on its own copy of the agent's workspace: the snapshot the run left in storage (see
-`workspace_snapshots`), unpacked under the sandbox root's ``.grading`` folder. An
+`sandbox.snapshots`), unpacked under the sandbox root's ``.grading`` folder. An
 Environment's commands (hidden tests, say) run in a fresh sandbox over that copy, so nothing
 the grader writes ever reaches the run, and nothing the agent left can reach the grader's
 process except through a sandboxed command.

@@ -88,7 +88,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
 
     def make(name: str = "run-1", limits: SandboxLimits | None = None, **kwargs: object) -> Sandbox:
         kwargs.setdefault("uid", unused_uid() if os.geteuid() == 0 else None)
-        kwargs.setdefault("hidden_paths", (sandboxes, storage))  # as run_supervision passes them
+        kwargs.setdefault("hidden_paths", (sandboxes, storage))  # as control.run_supervisor passes them
         box = create_sandbox(
             sandboxes / "default" / name, limits or SandboxLimits(timeout_seconds=30), **kwargs
         )  # type: ignore[arg-type]

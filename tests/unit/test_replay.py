@@ -166,7 +166,7 @@ def test_an_interrupted_command_parks_and_after_no_effect_reruns_in_its_position
     journal.append("turn-1/command-1-1", "command", "Started", {"command": "make"})
     with pytest.raises(NeedsResolution):
         replay(tmp_path, RECORDED)
-    # A person decides it had no effect (as `run_resolution` writes it): it runs again.
+    # A person decides it had no effect (as `control.resolution` writes it): it runs again.
     journal = journal_at(tmp_path)
     journal.append("turn-1/command-1-1", "command", "NoEffect", {"summary": "no effect"}, attempt=1)
     results, executed = replay(tmp_path, RECORDED)
