@@ -264,13 +264,13 @@ class TimedConversation(Conversation):
         finally:
             self._bound_seconds += time.perf_counter() - started
 
-    async def _model_call(self, step_id: str, model: str) -> tuple[ModelResponse, Decimal]:
+    async def _model_call(self, step_id: str, model: str, family: str) -> tuple[ModelResponse, Decimal]:
         provider: TimedProvider = self.provider  # type: ignore[assignment]
         journal: TimedJournal = self.steps.journal  # type: ignore[assignment]
         done = len(provider.durations)
         journal_before, self._bound_seconds = journal.append_seconds, 0.0
         started = time.perf_counter()
-        result = await super()._model_call(step_id, model)
+        result = await super()._model_call(step_id, model, family)
         elapsed = time.perf_counter() - started
         assert len(provider.durations) == done + 1
         self._pending = (

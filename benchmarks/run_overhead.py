@@ -11,8 +11,9 @@ processes count too).
 
     python benchmarks/run_overhead.py --runs 20
 
-It starts nodus with `nodus up` on a temporary storage directory (or uses NODUS_API_URL's
-server when --reuse is given) and prints a Markdown row for benchmarks/RESULTS.md.
+It starts nodus with `nodus up` on a temporary home, storage and Ray head of its own (or uses
+NODUS_API_URL's server, and the Ray at RAY_ADDRESS, when --reuse is given) and prints a Markdown
+row for benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 import ray
+from support import NODUS, api_port, ray_address, temporary_service
 
 import nodus
 
@@ -120,20 +122,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--reuse", action="store_true", help="use the server at NODUS_API_URL")
+    parser.add_argument(
+        "--reuse", action="store_true", help="use the server at NODUS_API_URL on the Ray at RAY_ADDRESS"
+    )
     args = parser.parse_args()
 
-    if not args.reuse:
-        from nodus_ray.cluster import up
+    if args.reuse:
+        _bench(args, dict(os.environ))
+        return
+    with temporary_service("nodus-bench-overhead-", NODUS_OFFLINE_LATENCY="0") as env:
+        port = api_port(env)
+        subprocess.run([NODUS, "up", "--port", str(port)], env=env, check=True, capture_output=True)
+        # The SDK in this process reads the service's URL and its operator token (under HOME).
+        os.environ.update(HOME=env["HOME"], NODUS_API_URL=f"http://127.0.0.1:{port}")
+        os.environ.pop("NODUS_CREDENTIALS_FILE", None)
+        _bench(args, env)
 
-        base = Path(tempfile.mkdtemp(prefix="nodus-bench-"))
-        base.chmod(0o711)
-        os.environ["NODUS_STORAGE"] = str(base / "storage")
-        os.environ["NODUS_SANDBOX_ROOT"] = str(base / "sandboxes")
-        os.environ["NODUS_OFFLINE_LATENCY"] = "0"
-        info = up(port=int(os.environ.get("NODUS_BENCH_PORT", "8000")))
-        os.environ["NODUS_API_URL"] = info.api_url
-    ray.init(address="auto", namespace="nodus-bench", logging_level="ERROR", log_to_driver=False)
+
+def _bench(args: argparse.Namespace, env: dict[str, str]) -> None:
+    ray.init(address=ray_address(env), namespace="nodus-bench", logging_level="ERROR", log_to_driver=False)
 
     agent = nodus.ClaudeAgent("bench-trivial", system="Answer briefly.", families=["haiku"])
     agent.deploy()
@@ -161,11 +168,7 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print(_row(measured, bare, args.runs, args.concurrency, server))
-    ray.shutdown()
-    if not args.reuse:
-        from nodus_ray.cluster import down
-
-        down()
+    ray.shutdown()  # temporary_service's `nodus down` stops the service and its head
 
 
 if __name__ == "__main__":
