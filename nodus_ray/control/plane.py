@@ -56,8 +56,9 @@ class ControlPlane:
         self.access = services.access
         self.run_pool = services.run_pool
         self._background: list[asyncio.Task[None]] = []
+        # Started by the first call, not here: Ray may run a constructor on a loop other than the
+        # one that serves calls, and a recovery there raced the one the calls waited for.
         self._recovery = RecoveryGate(self._recover)
-        self._recovery.start_if_possible()
 
     def __repr__(self) -> str:
         return (

@@ -3,9 +3,9 @@
 Ray restarts the control plane (``max_restarts``) while run actors, group supervisors and the
 Serve app keep calling it. Those calls must not see a half-loaded control plane (a
 ``start_member`` that found no run would hold its admitted place forever), so every call of
-the facade passes through one `RecoveryGate`: the first one starts recovery (unless the actor's
-constructor could start it already), and every call waits until it has finished. A recovery
-that failed is tried again by the next call.
+the facade passes through one `RecoveryGate`: the first one starts recovery (``nodus up``'s
+``ready``, or whichever actor calls first after a restart), and every call waits until it has
+finished. A recovery that failed is tried again by the next call.
 """
 
 from __future__ import annotations
@@ -43,14 +43,6 @@ class RecoveryGate:
         if task is None or failed or (not task.done() and task.get_loop() is not loop):
             task = self._task = loop.create_task(self._run())
         return task
-
-    def start_if_possible(self) -> None:
-        """From a constructor: start now when it runs on an event loop, else on the first call."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self.start()
 
     async def _run(self) -> None:
         await self._recover()

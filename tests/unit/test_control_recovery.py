@@ -154,7 +154,7 @@ def test_calls_to_a_just_restarted_control_plane_wait_for_it_to_load(
         await first.apply_group("demo", group_doc("g"))
         await first.create_run("demo", run_doc("g-t1", group="g", taskKey="t1"))
 
-        restarted = ControlPlane(settings)  # constructed on a running loop: recovery starts now
+        restarted = ControlPlane(settings)  # recovery starts with the first call
         # The first calls a supervisor and a run actor make, before anything else asked it:
         started, _ = await asyncio.gather(
             restarted.start_member("demo", "g-t1"),
