@@ -63,16 +63,18 @@ class Services:
         """Reload every resource from storage, then bring back what runs: supervision, groups, pool.
 
         In this order: the resources first (everything after reads them), spend before any run
-        goes on (a resumed run reserves credits), runs before groups (a woken supervisor asks
-        for its members), the pool last.
+        goes on (a resumed run reserves credits), the groups' supervisors woken and the pool
+        filled, and the runs' actors last: they start once recovery is over, as they did when
+        each start waited for the control plane to have started (started mid-recovery, the
+        fault suite's `ray stop --force`-then-`nodus up` test failed: a command run twice).
         """
         await asyncio.to_thread(self.registry.load)
         await asyncio.to_thread(self.secret_store.load)
         await asyncio.to_thread(self.token_store.load)
         self.credits.recover()
-        self.supervisor.recover()
         await self.groups.recover()
         await self.run_pool.refill()
+        self.supervisor.recover()
 
 
 def compose(
