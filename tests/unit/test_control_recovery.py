@@ -18,8 +18,17 @@ import ray
 from nodus_ray.control import plane as plane_module
 from nodus_ray.control.plane import ControlPlane
 from nodus_ray.control.recovery import RecoveryGate
+from nodus_ray.control.services import compose
 from nodus_ray.settings import ServerSettings
-from tests.unit.test_control_support import FakeGroupSupervisors, FakeRunActors, agent_doc, group_doc, run_doc
+from tests.unit.test_control_support import (
+    FakeGroupSupervisors,
+    FakeRunActors,
+    agent_doc,
+    group_doc,
+    make_plane,
+    run_doc,
+    settle,
+)
 
 # The facade's contract with Serve, the run actors, the group supervisors and `nodus up`.
 FACADE = {
@@ -171,3 +180,36 @@ def test_calls_to_a_just_restarted_control_plane_wait_for_it_to_load(
 
     asyncio.run(scenario())
     assert not ray.is_initialized()
+
+
+def test_runs_get_their_actors_only_once_recovery_is_over(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.groups.apply_group("demo", group_doc("g"))
+        await plane.services.runs.create_run("demo", run_doc("r1"))
+        await settle()
+        plane.run_actors.live.clear()  # `ray stop --force`: every actor is gone
+        services = compose(
+            plane.settings,
+            run_actors=plane.run_actors,
+            group_actors=plane.group_actors,
+            graders=plane.graders,
+        )
+        loads = len(plane.group_actors.supervisors[("demo", "g")].called("load"))
+        refill = services.run_pool.refill
+
+        async def slow_refill() -> None:  # Ray's GCS answering slowly: recovery takes a while
+            await asyncio.sleep(0.2)
+            await refill()
+
+        services.run_pool.refill = slow_refill  # type: ignore[method-assign]
+        await services.recover()
+        # Nothing started while recovery ran (each start used to wait for the control plane to
+        # have started; started mid-recovery, a restarted run ran a command twice).
+        assert len(plane.run_actors.of("r1")) == 1
+        await settle()
+        assert len(plane.run_actors.of("r1")) == 2
+        assert len(plane.group_actors.supervisors[("demo", "g")].called("load")) == loads + 1
+
+    asyncio.run(scenario())
