@@ -480,11 +480,14 @@ class EvaluationService:
         summary = summarize(self._case_records(key))
         out: dict[str, Any] = {"evaluation": {**group["status"]["evaluation"], **summary}}
         runs_phase = book.runs_phase or group["status"].get("phase")
+        # Cancelled by a user: the evaluation ends Cancelled, also when its runs had all finished
+        # and only grading was left (it showed Cancelling meanwhile, which only Cancelled follows).
+        cancelling = group["spec"].get("state") == "Cancelled"
         if runs_phase in GROUP_TERMINAL_PHASES and summary["pending"] == 0:
-            phase, reason, message = final_phase(summary, cancelled=runs_phase == GroupPhase.CANCELLED)
+            cancelled = runs_phase == GroupPhase.CANCELLED or cancelling
+            phase, reason, message = final_phase(summary, cancelled=cancelled)
             out.update({"phase": phase, "reason": reason, "message": message})
         elif runs_phase in GROUP_TERMINAL_PHASES or runs_phase == GroupPhase.RUNNING:
-            cancelling = group["spec"].get("state") == "Cancelled"
             out.update(
                 {
                     "phase": (GroupPhase.CANCELLING if cancelling else GroupPhase.RUNNING).value,

@@ -16,7 +16,13 @@ import logging
 from typing import Any
 
 from nodus.errors import Conflict, Invalid, NotFound
-from nodus.lifecycle import GROUP_TERMINAL_PHASES, RUN_TERMINAL_PHASES, RunPhase
+from nodus.lifecycle import (
+    GROUP_TERMINAL_PHASES,
+    RUN_TERMINAL_PHASES,
+    GroupPhase,
+    RunPhase,
+    check_group_transition,
+)
 from nodus.resources import AgentRun
 from nodus_ray.control.evaluations import EvaluationService
 from nodus_ray.control.group_actors import GroupSupervisors, admission_refusal, limits_wire
@@ -257,10 +263,13 @@ class GroupLink:
         previous = group["status"].get("phase")
         if previous in GROUP_TERMINAL_PHASES:
             return  # final; a late push from a supervisor that is being released changes nothing
-        group["status"].update(status)
+        update = dict(status)
         if self._evaluations.has(key):
             # An evaluation ends when its cases do, not when its runs do: grading comes after.
-            group["status"].update(self._evaluations.status(key, status.get("phase")))
+            update.update(self._evaluations.status(key, status.get("phase")))
+        if "phase" in update:  # every change of a group's phase is checked against the lifecycle
+            check_group_transition(str(previous or GroupPhase.RUNNING), str(update["phase"]))
+        group["status"].update(update)
         phase = group["status"].get("phase")
         if phase != previous:
             if phase in GROUP_TERMINAL_PHASES:

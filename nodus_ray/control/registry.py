@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nodus.errors import Invalid, NotFound
-from nodus.lifecycle import PARKED_REASONS, RUN_TERMINAL_PHASES, RunPhase
+from nodus.lifecycle import PARKED_REASONS, RUN_TERMINAL_PHASES, RunPhase, check_run_transition
 from nodus.resources import validate_dns_label
 from nodus_ray.control.batches import BatchRecords
 from nodus_ray.store import layout
@@ -77,7 +77,14 @@ def admission_state(run: Resource) -> str:
 
 
 def merge_status(status: dict[str, Any], patch: dict[str, Any]) -> None:
-    """Merge a status patch: nested objects (cost, messages, sandbox) are merged one level deep."""
+    """Merge a run's status patch: nested objects (cost, messages, sandbox) are merged one level deep.
+
+    Every change of a run's status goes through here (a run actor's reports and outcome, the
+    supervisor's own decisions), so a phase change is checked against the lifecycle here once:
+    an illegal one raises `IllegalTransition` and changes nothing.
+    """
+    if "phase" in patch:
+        check_run_transition(str(status.get("phase") or RunPhase.PENDING), str(patch["phase"]))
     for field, value in patch.items():
         if isinstance(value, dict) and isinstance(status.get(field), dict):
             status[field].update(value)

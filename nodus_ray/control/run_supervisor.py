@@ -26,6 +26,7 @@ from ray.exceptions import RayActorError
 from nodus.lifecycle import (
     PARKED_REASONS,
     RUN_TERMINAL_PHASES,
+    IllegalTransition,
     RunPhase,
     RunReason,
     check_run_transition,
@@ -242,7 +243,12 @@ class RunSupervisor:
                     first_line = str(cause).splitlines()[0][:400] if str(cause) else ""
                     await self._fail(key, RunReason.INTERNAL_ERROR, f"{type(cause).__name__}: {first_line}")
                     return
-                resumed = await self.finish(key, outcome)
+                try:
+                    resumed = await self.finish(key, outcome)
+                except IllegalTransition as illegal:  # a bug, made visible: the run fails, it never hangs
+                    logger.error("run %s/%s: %s", project, name, illegal)
+                    await self._fail(key, RunReason.INTERNAL_ERROR, str(illegal))
+                    return
                 after = self._registry.runs.get(key)
                 if resumed or (after is not None and not is_over(key) and not parked(after)):
                     # A message or credits arrived while the actor was finishing (or while this
@@ -273,9 +279,9 @@ class RunSupervisor:
     async def _fail(self, key: Key, reason: RunReason, message: str) -> bool:
         """Fail the run for a reason of the supervisor's own (its actor lost, its deadline passed)."""
         outcome = {"phase": RunPhase.FAILED.value, "reason": reason.value, "message": message}
-        return await self.finish(key, outcome, checked=True)
+        return await self.finish(key, outcome)
 
-    async def finish(self, key: Key, outcome: dict[str, Any], *, checked: bool = False) -> bool:
+    async def finish(self, key: Key, outcome: dict[str, Any]) -> bool:
         """Record how the actor's program ended; True when the run must go on at once instead.
 
         That is a keep-alive run that parked for a message while one arrived, or a run that
@@ -289,8 +295,7 @@ class RunSupervisor:
             if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
                 return False
             outcome = dict(outcome)
-            if checked:  # a phase the supervisor decided (an actor's outcome is the actor's)
-                check_run_transition(run["status"]["phase"], outcome["phase"])
+            check_run_transition(run["status"]["phase"], outcome["phase"])  # before anything changes
             if outcome.get("phase") in RUN_TERMINAL_PHASES:
                 outcome.setdefault("finishedAt", utc_now())
             read = int((outcome.get("messages") or {}).get("read") or 0)
