@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from support import NODUS, auth_headers, temporary_service, wait_until
+from support import NODUS, api_port, auth_headers, ray_address, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -37,7 +37,7 @@ RUNS = "/v1/projects/default/agentruns"
 
 _UVICORN = """
 import ray, uvicorn
-ray.init(address="auto", namespace="nodus", logging_level="ERROR", log_to_driver=False)
+ray.init(address={address!r}, namespace="nodus", logging_level="ERROR", log_to_driver=False)
 from nodus_serve.app import create_app
 uvicorn.run(create_app(), host="127.0.0.1", port={port}, log_level="warning")
 """
@@ -79,17 +79,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--port", type=int, default=18400)
+    parser.add_argument("--port", type=int, default=0, help="default: a free one (the next for uvicorn)")
     args = parser.parse_args()
 
-    serve_url, plain_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
     with temporary_service(
         "nodus-bench-api-", NODUS_OFFLINE_LATENCY="600", NODUS_INITIAL_CREDITS="10000"
     ) as env:
-        subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
+        port = args.port or api_port(env)
+        serve_url, plain_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+        subprocess.run([NODUS, "up", "--port", str(port)], env=env, check=True, capture_output=True)
         _prepare(serve_url, auth_headers(env))
         plain = subprocess.Popen(
-            [sys.executable, "-c", _UVICORN.format(port=args.port + 1)],
+            [sys.executable, "-c", _UVICORN.format(port=port + 1, address=ray_address(env))],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from support import NODUS, auth_headers, temporary_service, wait_until
+from support import NODUS, api_port, auth_headers, temporary_service, wait_until
 
 V1 = "nodus.dev/v1"
 ENVIRONMENT = "nodus/arithmetic-v2@2.0.0"
@@ -53,12 +52,6 @@ RUN_TERMINAL = {"Succeeded", "Failed", "Cancelled"}
 
 def _epoch(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _wait_group(http: httpx.Client, name: str) -> tuple[dict[str, Any], float]:
@@ -231,11 +224,11 @@ def main() -> None:
     from nodus_ray.environments import resolve
 
     prompts = [(task.id, task.prompt) for task in resolve(ENVIRONMENT).tasks("test", SEED, args.cases)]
-    port = args.port or _free_port()
     rows: list[dict[str, Any]] = []
     with temporary_service(
         "nodus-bench-evaluation-", NODUS_OFFLINE_LATENCY="0", NODUS_INITIAL_CREDITS="1000"
     ) as env:
+        port = args.port or api_port(env)
         up = subprocess.run(
             [NODUS, "up", "--port", str(port)],
             env=env,

@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,7 +36,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import httpx
-from support import auth_headers, wait_until
+from support import api_port, auth_headers, temporary_service, wait_until
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
@@ -82,32 +81,19 @@ def _up(env: dict[str, str], port: int) -> None:
         sys.exit(f"nodus up failed: {result.stderr}")
 
 
-def _down(env: dict[str, str]) -> None:
-    subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
-
-
 def _phase(name: str, pool: int, runs: int, max_active: int, latency: float, port: int) -> Phase:
-    base = Path(tempfile.mkdtemp(prefix="nodus-bench-"))
-    base.chmod(0o711)
-    env = {
-        **os.environ,
-        "HOME": str(base),
-        "NODUS_STORAGE": str(base / "storage"),
-        "NODUS_SANDBOX_ROOT": str(base / "sandboxes"),
-        "NODUS_OFFLINE_LATENCY": str(latency),
-        "NODUS_RUN_POOL": str(pool),
-        "NODUS_INITIAL_CREDITS": "100",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    env.pop("ANTHROPIC_API_KEY", None)
-    _up(env, port)
-    try:
+    with temporary_service(
+        "nodus-bench-makespan-",
+        NODUS_OFFLINE_LATENCY=str(latency),
+        NODUS_RUN_POOL=str(pool),
+        NODUS_INITIAL_CREDITS="100",
+    ) as env:
+        port = port or api_port(env)
+        _up(env, port)
         with httpx.Client(
             base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=60, headers=auth_headers(env)
         ) as http:
             return _measure(http, name, runs, max_active)
-    finally:
-        _down(env)
 
 
 def _measure(http: httpx.Client, name: str, runs: int, max_active: int) -> Phase:
@@ -210,7 +196,7 @@ def main() -> None:
         "--pool", type=int, default=2, help="pre-started run actors per node (the measured phase)"
     )
     parser.add_argument("--admission-runs", type=int, default=2000)
-    parser.add_argument("--port", type=int, default=int(os.environ.get("NODUS_BENCH_PORT", "8000")))
+    parser.add_argument("--port", type=int, default=0, help="default: a free one")
     args = parser.parse_args()
 
     phases = [

@@ -3,12 +3,13 @@
 The whole service runs on a Ray cluster of its own (a temporary HOME, storage and sandbox root,
 ``nodus up`` on ``--port``), exactly as a user starts it. Then:
 
-1. **Baseline**: ``ray stop --force`` and ``nodus up`` on empty storage: what any restart costs
+1. **Baseline**: the head killed and ``nodus up`` on empty storage: what any restart costs
    (a Ray head, the control plane, the router, the Serve app, the pool).
 2. An AgentGroup of ``--runs`` members (AgentRunList batches of 100) with ``maxActive`` 4, on the
    offline model with a 120 s latency, so that when the cluster is stopped 4 runs are in the
    middle of a model call and the rest are queued: every one of them unfinished.
-3. ``ray stop --force`` (every process of the cluster killed at once), then ``nodus up`` again,
+3. The head killed (every process of the cluster at once, what ``ray stop --force`` does), then
+   ``nodus up`` again,
    timed from the start of ``nodus up`` to:
    * **API ready**: ``nodus up`` returned; the control plane has read every resource and the
      API answers;
@@ -17,8 +18,10 @@ The whole service runs on a Ray cluster of its own (a temporary HOME, storage an
      replayed its journal and is calling the model again; the group's supervisor was rebuilt
      from its members (its status shows the same counts).
 
-Run it on an idle machine: it starts and stops its own Ray cluster (``ray stop --force`` stops
-every Ray process of this user on the machine).
+It starts and kills its own Ray head (its own temp dir and ports), never another Ray on the
+machine: ``ray stop --force`` would end every Ray process there, so the kill is
+`nodus_ray.local_head.stop_head` of this head's session (`support.kill_head`). Run it on an idle
+machine all the same: its figures are mostly process starts.
 
     .venv/bin/python benchmarks/recovery.py --runs 1000
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support import auth_headers, temporary_service, wait_until
+from support import api_port, auth_headers, kill_head, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -60,20 +63,18 @@ def _phases(http: httpx.Client) -> dict[str, str]:
 
 def recovery(runs: int, port: int) -> dict[str, float]:
     with temporary_service(
-        "nodus-bench-recovery-",
-        NODUS_OFFLINE_LATENCY="120",
-        NODUS_INITIAL_CREDITS="10000",
-        NODUS_API_URL=f"http://127.0.0.1:{port}",
+        "nodus-bench-recovery-", NODUS_OFFLINE_LATENCY="120", NODUS_INITIAL_CREDITS="10000"
     ) as env:
+        port = port or api_port(env)
+        env["NODUS_API_URL"] = f"http://127.0.0.1:{port}"
         return _recover(env, runs, port)
 
 
 def _recover(env: dict[str, str], runs: int, port: int) -> dict[str, float]:
-    nodus, ray = str(BIN / "nodus"), str(BIN / "ray")
-    up = [nodus, "up", "--port", str(port)]
+    up = [str(BIN / "nodus"), "up", "--port", str(port)]
     figures: dict[str, float] = {}
     _run(up, env)
-    _run([ray, "stop", "--force"], env)
+    kill_head(env)
     figures["baseline: nodus up, empty storage"] = _run(up, env)
 
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120, headers=auth_headers(env))
@@ -116,7 +117,7 @@ def _recover(env: dict[str, str], runs: int, port: int) -> dict[str, float]:
     before = _phases(http)
     running = sorted(name for name, phase in before.items() if phase == "Running")
 
-    _run([ray, "stop", "--force"], env)
+    kill_head(env)
     restarted = time.perf_counter()
     _run(up, env)
     figures[f"API ready ({runs} unfinished runs)"] = time.perf_counter() - restarted
@@ -135,7 +136,7 @@ def _recover(env: dict[str, str], runs: int, port: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--port", type=int, default=18300)
+    parser.add_argument("--port", type=int, default=0, help="default: a free one")
     args = parser.parse_args()
     figures = recovery(args.runs, args.port)
     print("| date | runs | measure | seconds |\n| --- | --- | --- | --- |")

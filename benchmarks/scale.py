@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 import psutil
-from support import NODUS, auth_headers, temporary_service, wait_until
+from support import NODUS, api_port, auth_headers, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
 V1 = "nodus.dev/v1"
@@ -132,16 +132,17 @@ def main() -> None:
     parser.add_argument("--baseline-runs", type=int, default=100)
     parser.add_argument("--max-active", type=int, default=20)
     parser.add_argument("--latency", type=float, default=0.0)
-    parser.add_argument("--port", type=int, default=18500)
+    parser.add_argument("--port", type=int, default=0, help="default: a free one")
     args = parser.parse_args()
 
     results = []
     with temporary_service(
         "nodus-bench-scale-", NODUS_OFFLINE_LATENCY=str(args.latency), NODUS_INITIAL_CREDITS="100000"
     ) as env:
-        subprocess.run([NODUS, "up", "--port", str(args.port)], env=env, check=True, capture_output=True)
+        port = args.port or api_port(env)
+        subprocess.run([NODUS, "up", "--port", str(port)], env=env, check=True, capture_output=True)
         with httpx.Client(
-            base_url=f"http://127.0.0.1:{args.port}/v1/projects/default",
+            base_url=f"http://127.0.0.1:{port}/v1/projects/default",
             timeout=120,
             headers=auth_headers(env),
         ) as http:

@@ -13,7 +13,8 @@ created the same way in the same run (what a waiting run would cost if it kept i
 
     python benchmarks/waiting_runs.py --runs 1000
 
-It starts nodus with `nodus up` on a temporary storage directory and stops it after.
+It starts nodus with `nodus up` on a temporary home, storage and Ray head of its own and stops
+it after.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import ray
-from support import auth_headers, wait_until
+from support import api_port, auth_headers, ray_address, temporary_service, wait_until
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
@@ -82,22 +82,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--wave", type=int, default=16, help="runs started at once")
     parser.add_argument("--baseline-actors", type=int, default=20)
-    parser.add_argument("--port", type=int, default=int(os.environ.get("NODUS_BENCH_PORT", "8000")))
+    parser.add_argument("--port", type=int, default=0, help="default: a free one")
     args = parser.parse_args()
 
-    base = Path(tempfile.mkdtemp(prefix="nodus-bench-"))
-    base.chmod(0o711)
-    env = {
-        **os.environ,
-        "HOME": str(base),
-        "NODUS_STORAGE": str(base / "storage"),
-        "NODUS_SANDBOX_ROOT": str(base / "sandboxes"),
-        "NODUS_INITIAL_CREDITS": "1000",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    env.pop("ANTHROPIC_API_KEY", None)
+    with temporary_service("nodus-bench-waiting-", NODUS_INITIAL_CREDITS="1000") as env:
+        _bench(env, args)
+
+
+def _bench(env: dict[str, str], args: argparse.Namespace) -> None:
+    port = args.port or api_port(env)
     up = subprocess.run(
-        [NODUS, "up", "--port", str(args.port)],
+        [NODUS, "up", "--port", str(port)],
         env=env,
         capture_output=True,
         text=True,
@@ -107,14 +102,17 @@ def main() -> None:
     if up.returncode != 0:
         sys.exit(f"nodus up failed: {up.stderr}")
     try:
-        ray.init(address="auto", namespace="nodus-bench", logging_level="ERROR", log_to_driver=False)
+        address = ray_address(env)  # the state API, like ray.init, would otherwise find "auto"
+        ray.init(address=address, namespace="nodus-bench", logging_level="ERROR", log_to_driver=False)
         from ray.util.state import list_actors
 
         per_idle_actor = _baseline(args.baseline_actors)
         time.sleep(10)  # let the killed baseline actors' memory go back before measuring from here
-        control_plane = list_actors(filters=[("name", "=", "nodus-control-plane")], detail=True)[0]
+        control_plane = list_actors(
+            address=address, filters=[("name", "=", "nodus-control-plane")], detail=True
+        )[0]
         cp_before, used_before = _rss_mb(int(control_plane.pid)), _used_memory_mb()
-        api = f"http://127.0.0.1:{args.port}/v1/projects/default"
+        api = f"http://127.0.0.1:{port}/v1/projects/default"
         started = time.monotonic()
         with httpx.Client(base_url=api, timeout=60, headers=auth_headers(env)) as http:
             http.put(
@@ -158,11 +156,14 @@ def main() -> None:
             elapsed = time.monotonic() - started
             time.sleep(3)
             actors = list_actors(
-                filters=[("state", "=", "ALIVE"), ("class_name", "=", "RunActor")], limit=10000, detail=True
+                address=address,
+                filters=[("state", "=", "ALIVE"), ("class_name", "=", "RunActor")],
+                limit=10000,
+                detail=True,
             )
             cp_after, used_after = _rss_mb(int(control_plane.pid)), _used_memory_mb()
-            storage = _tree_bytes(base / "storage" / "projects" / "default" / "agentruns")
-            sandboxes = _tree_bytes(base / "sandboxes")
+            storage = _tree_bytes(Path(env["NODUS_STORAGE"]) / "projects" / "default" / "agentruns")
+            sandboxes = _tree_bytes(Path(env["NODUS_SANDBOX_ROOT"]))
             # A message still wakes a waiting run.
             woke = time.monotonic()
             http.post("/agentruns/w-0/messages", json={"payload": "What is 2 + 3?"}).raise_for_status()
@@ -185,8 +186,7 @@ def main() -> None:
             f"(x {args.runs} = {per_idle_actor * args.runs / 1024:.0f} GB) | {wake_seconds:.2f} s |"
         )
     finally:
-        ray.shutdown()
-        subprocess.run([NODUS, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
+        ray.shutdown()  # temporary_service's `nodus down` stops the service and its head
 
 
 if __name__ == "__main__":
