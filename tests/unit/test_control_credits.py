@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nodus.errors import Invalid
-from tests.unit.test_control_support import agent_doc, make_plane, run_doc, settle
+from tests.unit.test_control_support import agent_doc, make_plane, run_doc, until
 
 
 def test_amounts_are_checked_and_grants_are_stored(tmp_path: Path) -> None:
@@ -46,18 +46,17 @@ def test_adding_credits_resumes_the_runs_parked_for_them(tmp_path: Path) -> None
         plane = await make_plane(tmp_path, initial_credits_usd="0.01")
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1"))
-        await settle()
-        plane.run_actors.of("r1")[0].end(
-            {"phase": "Waiting", "reason": "InsufficientCredits", "creditsNeededUSD": "0.50"}
-        )
-        await settle()
+        (first,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
+        first.end({"phase": "Waiting", "reason": "InsufficientCredits", "creditsNeededUSD": "0.50"})
+        await until(lambda: plane.stored_phase("r1") == "Waiting", what="the run parked for credits")
+        await until(lambda: first.killed, what="the parked run's actor given back")
         run = await plane.services.runs.get_run("demo", "r1")
         assert (run["status"]["phase"], run["status"]["actorName"]) == ("Waiting", None)
         assert "creditsNeededUSD" not in run["status"]
         await plane.services.credits.add_credits("demo", "1")
         stored = plane.storage.read_json("projects/demo/agentruns/r1/run.json")
         assert (stored["status"]["phase"], stored["status"]["message"]) == ("Running", "credits were added")
-        await settle()
+        await until(lambda: plane.run_actors.of("r1")[1:], what="a new actor for the resumed run")
         assert len(plane.run_actors.of("r1")) == 2
 
     asyncio.run(scenario())

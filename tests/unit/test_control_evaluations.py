@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodus.errors import Conflict, Invalid, NotFound
-from tests.unit.test_control_support import agent_doc, group_doc, make_plane, settle
+from tests.unit.test_control_support import agent_doc, group_doc, make_plane, until
 
 ENVIRONMENT = "nodus/arithmetic-v2@2.0.0"
 
@@ -77,11 +77,14 @@ def test_cases_are_created_graded_recorded_and_read_back_after_a_restart(tmp_pat
         first, second = (run["metadata"]["name"] for run in members)
         plane.storage.write_bytes(f"projects/demo/agentruns/{first}/answer.txt", b"42")
         await plane.services.group_link.start_member("demo", first)
-        await settle()
-        plane.run_actors.of(first)[0].end(
-            {"phase": "Succeeded", "reason": "Completed", "answer": {"preview": "42"}}
+        (actor,) = await until(lambda: plane.run_actors.of(first), what="the started case's actor")
+        actor.end({"phase": "Succeeded", "reason": "Completed", "answer": {"preview": "42"}})
+        case = f"projects/demo/agentgroups/e/evaluation/cases/{first}.json"
+        results_file = "projects/demo/agentgroups/e/evaluation/results.parquet"
+        await until(
+            lambda: plane.storage.exists(case) and plane.storage.exists(results_file),
+            what="the graded case recorded, and the results written",
         )
-        await settle()
         assert plane.graders.requests[0]["answer"] == "42" and plane.graders.requests[0]["run"] == first
         record = plane.storage.read_json(f"projects/demo/agentgroups/e/evaluation/cases/{first}.json")
         assert record["state"] == "Scored" and record["reward"] == 1.0

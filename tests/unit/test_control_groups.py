@@ -9,7 +9,7 @@ import pytest
 
 from nodus.errors import Conflict, Invalid, NotFound
 from nodus_ray.core.admission import AdmissionError
-from tests.unit.test_control_support import agent_doc, group_doc, make_plane, run_doc, settle
+from tests.unit.test_control_support import agent_doc, group_doc, make_plane, run_doc, until
 
 
 def test_a_group_is_stored_and_its_supervisor_loaded(tmp_path: Path) -> None:
@@ -77,7 +77,9 @@ def test_a_member_waits_queued_until_its_supervisor_admits_it(tmp_path: Path) ->
         created = await runs.create_run("demo", run_doc("g-t1", group="g", taskKey="t1"))
         assert created["resource"]["status"]["reason"] == "GroupWait"
         assert created["resource"]["status"]["groupIndex"] == 0
-        await settle()
+        # An ungrouped run created after it gets its actor: by then a queued one would have had its own.
+        await runs.create_run("demo", run_doc("alone"))
+        await until(lambda: plane.run_actors.of("alone"), what="the ungrouped run's actor")
         assert plane.run_actors.of("g-t1") == []  # queued: no actor
         supervisor = plane.group_actors.supervisors[("demo", "g")]
         (wires,) = supervisor.called("add")[0]
@@ -85,7 +87,7 @@ def test_a_member_waits_queued_until_its_supervisor_admits_it(tmp_path: Path) ->
         assert await link.start_member("demo", "g-t1") is True
         assert plane.storage.read_json("projects/demo/agentruns/g-t1/run.json")["status"]["admittedAt"]
         assert await link.start_member("demo", "g-t1") is True  # idempotent: a retried start
-        await settle()
+        await until(lambda: plane.run_actors.of("g-t1"), what="the admitted member's actor")
         assert len(plane.run_actors.of("g-t1")) == 1
         await runs.report("demo", "g-t1", {"phase": "Running"})
         assert supervisor.called("progressed")[-1] == ("g-t1", "Active", "0", None)
@@ -139,10 +141,10 @@ def test_deleting_a_group_deletes_its_runs_and_a_restart_resumes_only_admitted_m
         await runs.create_run("demo", run_doc("g-a", group="g", taskKey="a"))
         await runs.create_run("demo", run_doc("g-q", group="g", taskKey="q"))
         await link.start_member("demo", "g-a")
-        await settle()
+        await until(lambda: plane.stored_phase("g-a") == "Running", what="the started member's report")
         plane.run_actors.live.clear()  # the cluster went down with the control plane
         restarted = await plane.restart()
-        await settle()
+        await until(lambda: plane.run_actors.of("g-a")[1:], what="the started member's actor replaced")
         assert len(plane.run_actors.of("g-a")) == 2 and plane.run_actors.of("g-q") == []
         supervisor = plane.group_actors.supervisors[("demo", "g")]
         assert supervisor.called("reconcile")[-1][0][0]["run"] == "g-a"  # started members re-reported

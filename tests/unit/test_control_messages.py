@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nodus.errors import Conflict, Invalid, PayloadTooLarge
-from tests.unit.test_control_support import agent_doc, make_plane, run_doc, settle
+from tests.unit.test_control_support import agent_doc, make_plane, run_doc, until
 
 
 def test_a_message_is_stored_numbered_and_delivered_once_per_key(tmp_path: Path) -> None:
@@ -75,13 +75,14 @@ def test_a_message_wakes_a_run_parked_for_one(tmp_path: Path) -> None:
         plane = await make_plane(tmp_path)
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("chat", keepAlive=True))
-        await settle()
-        plane.run_actors.of("chat")[0].end({"phase": "Waiting", "reason": "AwaitingMessage"})
-        await settle()
+        (first,) = await until(lambda: plane.run_actors.of("chat"), what="the run's actor")
+        first.end({"phase": "Waiting", "reason": "AwaitingMessage"})
+        await until(lambda: plane.stored_phase("chat") == "Waiting", what="the run parked for a message")
+        await until(lambda: first.killed, what="the parked run's actor given back")
         await plane.services.messages.send_message("demo", "chat", "wake up")
         stored = plane.storage.read_json("projects/demo/agentruns/chat/run.json")
         assert (stored["status"]["phase"], stored["status"]["message"]) == ("Running", "a message arrived")
-        await settle()
+        await until(lambda: plane.run_actors.of("chat")[1:], what="a new actor for the woken run")
         assert len(plane.run_actors.of("chat")) == 2
 
     asyncio.run(scenario())

@@ -27,7 +27,7 @@ from tests.unit.test_control_support import (
     group_doc,
     make_plane,
     run_doc,
-    settle,
+    until,
 )
 
 # The facade's contract with Serve, the run actors, the group supervisors and `nodus up`.
@@ -188,7 +188,7 @@ def test_runs_get_their_actors_only_once_recovery_is_over(tmp_path: Path) -> Non
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.groups.apply_group("demo", group_doc("g"))
         await plane.services.runs.create_run("demo", run_doc("r1"))
-        await settle()
+        await until(lambda: plane.stored_phase("r1") == "Running", what="the first actor's Running report")
         plane.run_actors.live.clear()  # `ray stop --force`: every actor is gone
         services = compose(
             plane.settings,
@@ -208,7 +208,7 @@ def test_runs_get_their_actors_only_once_recovery_is_over(tmp_path: Path) -> Non
         # Nothing started while recovery ran (each start used to wait for the control plane to
         # have started; started mid-recovery, a restarted run ran a command twice).
         assert len(plane.run_actors.of("r1")) == 1
-        await settle()
+        await until(lambda: plane.run_actors.of("r1")[1:], what="the run's actor after recovery")
         assert len(plane.run_actors.of("r1")) == 2
         assert len(plane.group_actors.supervisors[("demo", "g")].called("load")) == loads + 1
 

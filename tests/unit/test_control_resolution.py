@@ -11,20 +11,21 @@ import pytest
 from nodus.errors import Conflict, Invalid
 from nodus_ray.durable.journal import Journal
 from nodus_ray.store import layout
-from tests.unit.test_control_support import Plane, agent_doc, make_plane, run_doc, settle
+from tests.unit.test_control_support import Plane, agent_doc, make_plane, run_doc, until
 
 
 async def _uncertain(plane: Plane, name: str = "r1", kind: str = "command") -> dict[str, Any]:
     """A run parked on an uncertain step ``s1`` of ``kind``, as its actor leaves it."""
     await plane.services.agents.apply_agent("demo", agent_doc())
     await plane.services.runs.create_run("demo", run_doc(name))
-    await settle()
+    (actor,) = await until(lambda: plane.run_actors.of(name), what="the run's actor")
     journal = Journal(plane.storage, layout.journal_folder("demo", name))
     await asyncio.to_thread(journal.load)
     await asyncio.to_thread(journal.append, "s1", kind, "Started", {"command": "make deploy"})
     await asyncio.to_thread(journal.append, "s1", kind, "NeedsResolution", {})
-    plane.run_actors.of(name)[0].end({"phase": "Waiting", "reason": "NeedsResolution", "step": "s1"})
-    await settle()
+    actor.end({"phase": "Waiting", "reason": "NeedsResolution", "step": "s1"})
+    await until(lambda: plane.stored_phase(name) == "Waiting", what="the run parked on its step")
+    await until(lambda: actor.killed, what="the parked run's actor given back")
     return await plane.services.runs.get_run("demo", name)
 
 
@@ -43,7 +44,7 @@ def test_a_completed_decision_is_journaled_and_the_run_goes_on(tmp_path: Path) -
         assert resolved["status"]["phase"] == "Running" and resolved["status"]["step"] is None
         records = await asyncio.to_thread(Journal(plane.storage, layout.journal_folder("demo", "r1")).load)
         assert (records[-1].state, records[-1].payload["result"]["exit_code"]) == ("Resolved", 0)
-        await settle()
+        await until(lambda: plane.run_actors.of("r1")[1:], what="a new actor for the resolved run")
         assert len(plane.run_actors.of("r1")) == 2  # a new actor replays the journal with the result
         with pytest.raises(Conflict) as twice:  # the step is decided: a second decision is refused
             await plane.services.resolution.resolve_run("demo", "r1", body)
@@ -104,7 +105,9 @@ def test_cancelled_fails_the_run_and_a_model_step_cannot_be_completed(tmp_path: 
         assert failed["status"]["message"].endswith(": rolled back") and failed["status"]["finishedAt"]
         stored = plane.storage.read_json("projects/demo/agentruns/r1/run.json")
         assert stored["status"]["reason"] == "StepCancelled"
-        await settle()
+        # A run created after it gets its actor: by then the failed one would have had one too.
+        await plane.services.runs.create_run("demo", run_doc("r2"))
+        await until(lambda: plane.run_actors.of("r2"), what="the later run's actor")
         assert len(plane.run_actors.of("r1")) == 1  # a failed run gets no actor
 
     asyncio.run(scenario())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nodus.errors import Conflict, NotFound
-from tests.unit.test_control_support import agent_doc, make_plane, run_doc, settle
+from tests.unit.test_control_support import agent_doc, make_plane, run_doc, until
 
 
 def test_a_run_is_stored_pinned_to_its_agent_then_given_an_actor(tmp_path: Path) -> None:
@@ -26,8 +26,7 @@ def test_a_run_is_stored_pinned_to_its_agent_then_given_an_actor(tmp_path: Path)
             == run["metadata"]["uid"]
         )
         assert plane.storage.read_json("projects/demo/agentruns/r1/agent.json")["status"]["revision"] == 1
-        await settle()
-        (actor,) = plane.run_actors.of("r1")
+        (actor,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
         live = await plane.services.runs.get_run("demo", "r1")  # the answer was a copy, as written
         assert actor.name == live["status"]["actorName"] and live["status"]["attempts"] == 1
         assert (
@@ -147,10 +146,11 @@ def test_cancel_stops_the_actor_and_delete_removes_everything(tmp_path: Path) ->
         runs = plane.services.runs
         await plane.services.agents.apply_agent("demo", agent_doc())
         await runs.create_run("demo", run_doc("r1"))
-        await settle()
-        (actor,) = plane.run_actors.of("r1")
+        (actor,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
+        await until(lambda: actor.run.calls, what="the supervisor awaiting the actor's program")
         await runs.cancel_run("demo", "r1")
-        await settle()
+        # Killed by the cancel, then again by its supervision as that ended, without a replacement.
+        await until(lambda: plane.run_actors.kills.count(actor.name) == 2, what="the run's supervision over")
         assert actor.cancelled and actor.killed and plane.run_actors.live == {}
         assert len(plane.run_actors.of("r1")) == 1  # no replacement for a cancelled run
         with pytest.raises(Conflict) as no_answer:
@@ -172,13 +172,13 @@ def test_a_restarted_control_plane_reattaches_to_the_live_actor(tmp_path: Path) 
         plane = await make_plane(tmp_path)
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1"))
-        await settle()
-        (actor,) = plane.run_actors.of("r1")
+        (actor,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
+        await until(lambda: plane.stored_phase("r1") == "Running", what="the actor's Running report stored")
         restarted = await plane.restart()
-        await settle()
+        await until(lambda: actor.run.calls == 2, what="the restarted control plane awaiting the actor")
         assert plane.run_actors.of("r1") == [actor]  # found by its recorded name, not replaced
         actor.end({"phase": "Succeeded", "reason": "Completed", "answer": {"preview": "hi"}})
-        await settle()
+        await until(lambda: plane.stored_phase("r1") == "Succeeded", what="the outcome stored")
         run = await restarted.services.runs.get_run("demo", "r1")
         assert run["status"]["phase"] == "Succeeded" and run["status"]["finishedAt"]
         assert (

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from nodus_ray.store.timestamps import utc_now
-from tests.unit.test_control_support import agent_doc, make_plane, run_doc, settle
+from tests.unit.test_control_support import agent_doc, make_plane, run_doc, until
 
 
 def test_an_ended_program_is_recorded_and_its_actor_ended(tmp_path: Path) -> None:
@@ -14,12 +14,12 @@ def test_an_ended_program_is_recorded_and_its_actor_ended(tmp_path: Path) -> Non
         plane = await make_plane(tmp_path)
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1"))
-        await settle()
-        (actor,) = plane.run_actors.of("r1")
+        (actor,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
         assert actor.config.workspace == str(tmp_path / "sandboxes" / "demo" / "r1")
         assert str(tmp_path / "storage") in actor.config.hidden_paths  # the sandbox cannot see storage
         actor.end({"phase": "Succeeded", "reason": "Completed"})
-        await settle()
+        await until(lambda: plane.stored_phase("r1") == "Succeeded", what="the outcome stored")
+        await until(lambda: actor.killed, what="the ended run's actor killed")
         stored = plane.storage.read_json("projects/demo/agentruns/r1/run.json")
         assert stored["status"]["phase"] == "Succeeded" and stored["status"]["finishedAt"]
         assert actor.killed and plane.run_actors.live == {}
@@ -32,16 +32,14 @@ def test_a_dead_actor_is_replaced_by_the_next_attempt_until_the_run_is_lost(tmp_
         plane = await make_plane(tmp_path, max_actor_restarts=1)
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1"))
-        await settle()
-        first = plane.run_actors.of("r1")[0]
+        first = (await until(lambda: plane.run_actors.of("r1"), what="the first actor"))[0]
         plane.run_actors.kill(first)  # the node died
-        await settle()
-        second = plane.run_actors.of("r1")[1]
+        second = (await until(lambda: plane.run_actors.of("r1")[1:], what="the second actor"))[0]
         run = await plane.services.runs.get_run("demo", "r1")
         assert run["status"]["attempts"] == 2 and run["status"]["actorLosses"] == 1
         assert run["status"]["actorName"] == second.name != first.name
         plane.run_actors.kill(second)
-        await settle()
+        await until(lambda: plane.phase("r1") == "Failed", what="the run failed")
         run = await plane.services.runs.get_run("demo", "r1")
         assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "RunnerLost")
         assert len(plane.run_actors.of("r1")) == 2
@@ -54,16 +52,16 @@ def test_a_run_that_parks_gives_its_actor_back_and_a_message_brings_a_new_one(tm
         plane = await make_plane(tmp_path)
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1", keepAlive=True))
-        await settle()
-        first = plane.run_actors.of("r1")[0]
+        first = (await until(lambda: plane.run_actors.of("r1"), what="the first actor"))[0]
         first.end({"phase": "Waiting", "reason": "AwaitingMessage", "messages": {"read": 0}})
-        await settle()
+        await until(lambda: plane.phase("r1") == "Waiting", what="the run parked")
+        await until(lambda: first.killed, what="the parked run's actor given back")
         run = await plane.services.runs.get_run("demo", "r1")
         assert run["status"]["phase"] == "Waiting" and run["status"]["actorName"] is None
         assert first.killed and len(plane.run_actors.of("r1")) == 1
         receipt = await plane.services.messages.send_message("demo", "r1", "go on")
         assert receipt["seq"] == 1
-        await settle()
+        await until(lambda: plane.run_actors.of("r1")[1:], what="a new actor for the woken run")
         assert run["status"]["phase"] == "Running"
         assert len(plane.run_actors.of("r1")) == 2  # a new actor replays the journal
 
@@ -75,12 +73,12 @@ def test_a_message_that_came_while_the_actor_was_ending_resumes_the_run_at_once(
         plane = await make_plane(tmp_path)
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1", keepAlive=True))
-        await settle()
+        await until(lambda: plane.run_actors.of("r1"), what="the first actor")
         await plane.services.messages.send_message("demo", "r1", "early")  # seq 1, not read yet
         plane.run_actors.of("r1")[0].end(
             {"phase": "Waiting", "reason": "AwaitingMessage", "messages": {"read": 0}}
         )
-        await settle()
+        await until(lambda: plane.run_actors.of("r1")[1:], what="the next actor, at once")
         run = await plane.services.runs.get_run("demo", "r1")
         assert run["status"]["phase"] == "Running" and run["status"]["reason"] is None
         assert len(plane.run_actors.of("r1")) == 2
@@ -93,11 +91,11 @@ def test_a_parked_run_past_its_deadline_fails_without_an_actor(tmp_path: Path) -
         plane = await make_plane(tmp_path)
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1"))
-        await settle()
+        await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
         run = plane.services.registry.runs[("demo", "r1")]
         run["status"]["deadlineAt"] = utc_now()  # already due
         plane.run_actors.of("r1")[0].end({"phase": "Waiting", "reason": "NeedsResolution", "step": "s1"})
-        await settle()
+        await until(lambda: plane.stored_phase("r1") == "Failed", what="the parked run failed, stored")
         assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "DeadlineExceeded")
         assert "while waiting (NeedsResolution)" in run["status"]["message"]
         stored = plane.storage.read_json("projects/demo/agentruns/r1/run.json")
@@ -112,13 +110,15 @@ def test_after_a_restart_a_parked_run_waits_and_an_unfinished_one_gets_an_actor(
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("parked", keepAlive=True))
         await plane.services.runs.create_run("demo", run_doc("working"))
-        await settle()
-        plane.run_actors.of("parked")[0].end({"phase": "Waiting", "reason": "AwaitingMessage"})
-        await settle()
+        await until(lambda: plane.stored_phase("working") == "Running", what="the working run's report")
+        parked = (await until(lambda: plane.run_actors.of("parked"), what="the parked run's actor"))[0]
+        parked.end({"phase": "Waiting", "reason": "AwaitingMessage"})
+        await until(lambda: plane.stored_phase("parked") == "Waiting", what="the run parked, stored")
+        await until(lambda: parked.killed, what="the parked run's actor given back")
         for actor in list(plane.run_actors.live.values()):
             plane.run_actors.live.pop(actor.name)  # the whole cluster went down (nothing reports)
         restarted = await plane.restart()
-        await settle()
+        await until(lambda: plane.run_actors.of("working")[1:], what="the working run's actor replaced")
         assert len(plane.run_actors.of("parked")) == 1  # still parked: no actor for it
         assert len(plane.run_actors.of("working")) == 2  # replaced: attempt 2
         working = await restarted.services.runs.get_run("demo", "working")

@@ -10,10 +10,11 @@ the same storage, recovered, while the old actors live on in the same launchers.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
 
@@ -34,8 +35,10 @@ __all__ = [
     "agent_doc",
     "run_doc",
     "group_doc",
-    "settle",
+    "until",
 ]
+
+T = TypeVar("T")
 
 
 class _Remote:
@@ -43,17 +46,27 @@ class _Remote:
 
     def __init__(self, call: Callable[..., Awaitable[Any]]) -> None:
         self._call = call
+        self.calls = 0  # how often it was called (a test waits for a call it expects)
 
     def remote(self, *args: Any) -> Awaitable[Any]:
+        self.calls += 1
         return asyncio.ensure_future(self._call(*args))
 
 
-class FakeRunActor:
-    """A run actor whose program ends with whatever the test gives `end` (or dies by `die`)."""
+Report = Callable[[str, str, dict[str, Any]], Awaitable[None]]
 
-    def __init__(self, name: str, config: RunConfig) -> None:
+
+class FakeRunActor:
+    """A run actor whose program ends with whatever the test gives `end` (or dies by `die`).
+
+    Like the real one it reports Running to the control plane before its program starts, so an
+    outcome always follows the phase the lifecycle expects.
+    """
+
+    def __init__(self, name: str, config: RunConfig, report: Report | None = None) -> None:
         self.name = name
         self.config = config
+        self._report = report
         self.cancelled = False
         self.killed = False
         self._outcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -61,6 +74,9 @@ class FakeRunActor:
         self.cancel = _Remote(self._cancel)
 
     async def _run(self) -> dict[str, Any]:
+        if self._report is not None:
+            patch = {"phase": "Running", "reason": None, "message": None, "startedAt": "2026-12-01T00:00:00Z"}
+            await self._report(self.config.project, self.config.name, patch)
         return await asyncio.shield(self._outcome)
 
     async def _cancel(self) -> None:
@@ -83,6 +99,8 @@ class FakeRunActors:
     def __init__(self) -> None:
         self.started: list[FakeRunActor] = []
         self.live: dict[str, FakeRunActor] = {}
+        self.kills: list[str] = []  # every kill's actor name, in order (an actor may be killed twice)
+        self.report: Report | None = None  # the control plane's `report`, set once it is composed
 
     def find(self, name: str) -> Any | None:
         return self.live.get(name)
@@ -90,13 +108,14 @@ class FakeRunActors:
     def start(self, name: str, config: RunConfig) -> Any:
         actor = self.live.get(name)
         if actor is None:  # get_if_exists, as Ray's
-            actor = FakeRunActor(name, config)
+            actor = FakeRunActor(name, config, self.report)
             self.started.append(actor)
             self.live[name] = actor
         return actor
 
     def kill(self, actor: Any) -> None:
         assert isinstance(actor, FakeRunActor)
+        self.kills.append(actor.name)
         self.live.pop(actor.name, None)
         actor.die()
 
@@ -185,11 +204,22 @@ class Plane:
     def storage(self) -> Storage:
         return self.services.registry.storage
 
+    def phase(self, run: str, project: str = "demo") -> str | None:
+        """The run's phase as the registry holds it now (None while there is no such run)."""
+        found = self.services.registry.runs.get((project, run))
+        return None if found is None else str(found["status"]["phase"])
+
+    def stored_phase(self, run: str, project: str = "demo") -> str | None:
+        """The run's phase as storage holds it (what a restarted control plane would read back)."""
+        path = f"projects/{project}/agentruns/{run}/run.json"
+        return str(self.storage.read_json(path)["status"]["phase"]) if self.storage.exists(path) else None
+
     async def restart(self) -> Plane:
         """A restarted control plane: new services over the same storage, recovered; actors live on."""
         services = compose(
             self.settings, run_actors=self.run_actors, group_actors=self.group_actors, graders=self.graders
         )
+        self.run_actors.report = services.runs.report
         await services.recover()
         return replace(self, services=services)
 
@@ -205,16 +235,31 @@ async def make_plane(tmp_path: Path, **overrides: Any) -> Plane:
     )
     run_actors, group_actors, graders = FakeRunActors(), FakeGroupSupervisors(), FakeGraders()
     services = compose(settings, run_actors=run_actors, group_actors=group_actors, graders=graders)
+    run_actors.report = services.runs.report
     await services.recover()
     return Plane(settings, services, run_actors, group_actors, graders)
 
 
-async def settle(rounds: int = 10) -> None:
-    """Let the tasks the services started (supervision, timers, storage threads) take their steps."""
-    for _ in range(rounds):
-        for _ in range(10):
-            await asyncio.sleep(0)
-        await asyncio.sleep(0.01)
+async def until(condition: Callable[[], T | Awaitable[T]], *, timeout: float = 10.0, what: str) -> T:
+    """Wait until ``condition()`` (called, and awaited when it gives an awaitable) is truthy; return it.
+
+    The services move runs on in tasks of their own (supervision, timers, storage threads), so a
+    test waits for the state it is about to assert or use, never for an amount of time: between
+    polls it only yields to the loop (then, after a while, naps a millisecond so storage threads
+    get the CPU). After ``timeout`` seconds it fails naming ``what`` it waited for.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    polls = 0
+    while True:
+        value = condition()
+        result: T = await value if inspect.isawaitable(value) else value
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"waited {timeout}s for {what}; last saw {result!r}")
+        polls += 1
+        await asyncio.sleep(0 if polls < 100 else 0.001)
 
 
 def agent_doc(name: str = "helper", **spec: Any) -> dict[str, Any]:
