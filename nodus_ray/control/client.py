@@ -41,7 +41,7 @@ from nodus.errors import NodusError, Unavailable
 from nodus.lifecycle import RunPhase
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 
-__all__ = ["ControlPlaneClient", "FailFast", "RideOutRestarts", "CallPolicy", "RunReport"]
+__all__ = ["ControlPlaneClient", "FailFast", "RideOutRestarts", "CallPolicy", "RunReport", "RunOutcome"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,36 @@ class RunReport(BaseModel):
         }
         if patch.get("phase") is not None:
             patch["phase"] = str(patch["phase"])
+        return patch
+
+
+class RunOutcome(BaseModel):
+    """How a run's program ended, as its actor answers ``run()``: the other half of the seam.
+
+    A terminal phase, or Waiting with the reason it parked on (and what resuming needs:
+    ``step`` to resolve, ``messages.read``, ``creditsNeededUSD``). The supervisor checks the
+    phase change against the lifecycle and merges `to_patch` into the run's status.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: RunPhase
+    reason: str
+    message: str | None = None
+    turns: list[dict[str, Any]] | None = None
+    cost: dict[str, Any] | None = None
+    answer: dict[str, Any] | None = None
+    finishedAt: str | None = None
+    step: str | None = None  # NeedsResolution: the step a person resolves
+    messages: dict[str, int] | None = None  # AwaitingMessage: {"read": seq of the last message read}
+    creditsNeededUSD: str | None = None  # InsufficientCredits: what the next call needs
+
+    def to_patch(self) -> dict[str, Any]:
+        """The outcome as the status patch the supervisor merges (set fields, plain strings)."""
+        patch = {
+            field: getattr(self, field) for field in type(self).model_fields if field in self.model_fields_set
+        }
+        patch["phase"] = str(self.phase)
         return patch
 
 

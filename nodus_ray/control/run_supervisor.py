@@ -244,7 +244,7 @@ class RunSupervisor:
                     await self._fail(key, RunReason.INTERNAL_ERROR, f"{type(cause).__name__}: {first_line}")
                     return
                 try:
-                    resumed = await self.finish(key, outcome)
+                    resumed = await self.finish(key, outcome.to_patch())
                 except IllegalTransition as illegal:  # a bug, made visible: the run fails, it never hangs
                     logger.error("run %s/%s: %s", project, name, illegal)
                     await self._fail(key, RunReason.INTERNAL_ERROR, str(illegal))

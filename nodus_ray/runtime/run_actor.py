@@ -25,7 +25,7 @@ import ray
 from nodus.errors import NodusError
 from nodus.lifecycle import RunPhase, RunReason
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
-from nodus_ray.control.client import ControlPlaneClient, RunReport
+from nodus_ray.control.client import ControlPlaneClient, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps
@@ -92,7 +92,7 @@ class RunActor:
             config = self._claim(config, warm_anthropic)
         self.config = config
         self.phase: RunPhase = RunPhase.PENDING
-        self._task: asyncio.Task[dict[str, Any]] | None = None
+        self._task: asyncio.Task[RunOutcome] | None = None
         self._sandbox: Sandbox | None = None
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
@@ -137,7 +137,7 @@ class RunActor:
         group = f", group={c.group}" if c.group else ""
         return f"RunActor(run={c.project}/{c.name}{group}, agent={c.agent}@{c.agent_revision}, phase={self.phase})"
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RunOutcome:
         """Start the program if it has not started, and return its outcome when it ends."""
         if self._task is None:
             self._task = asyncio.create_task(self._execute())
@@ -204,7 +204,7 @@ class RunActor:
         if not await self._control_plane.reserve_credits(self.config.project, self.config.name, str(amount)):
             raise CreditsExhausted(amount)
 
-    async def _execute(self) -> dict[str, Any]:
+    async def _execute(self) -> RunOutcome:
         try:
             outcome = await self._program()
         finally:
@@ -219,7 +219,7 @@ class RunActor:
                 logger.warning("run %s: could not compact its journal", self.config.name, exc_info=True)
         return outcome
 
-    async def _program(self) -> dict[str, Any]:
+    async def _program(self) -> RunOutcome:
         config = self.config
         journal = self._journal = Journal(self._storage, layout.journal_folder(config.project, config.name))
         await asyncio.to_thread(journal.load)
@@ -233,12 +233,9 @@ class RunActor:
             secrets = await self._control_plane.run_secrets(config.project, config.name)
         except NodusError as refused:
             self.phase = RunPhase.FAILED
-            return {
-                "phase": str(RunPhase.FAILED),
-                "reason": refused.code,
-                "message": refused.message,
-                "finishedAt": utc_now(),
-            }
+            return RunOutcome(
+                phase=RunPhase.FAILED, reason=refused.code, message=refused.message, finishedAt=utc_now()
+            )
         budget = RunBudget(cap=Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None)
         conversation = Conversation(
             steps=steps,
@@ -289,14 +286,13 @@ class RunActor:
         except CapExceeded as reached:
             return self._outcome(RunPhase.WAITING, RunReason.MAX_COST_REACHED, str(reached), conversation)
         except CreditsExhausted as short:
-            outcome = self._outcome(
+            return self._outcome(
                 RunPhase.WAITING,
                 RunReason.INSUFFICIENT_CREDITS,
                 f"{short}; it continues when credits are added",
                 conversation,
+                credits_needed=str(short.needed),
             )
-            outcome["creditsNeededUSD"] = str(short.needed)
-            return outcome
         except AwaitingMessage as waiting:
             return self._outcome(
                 RunPhase.WAITING,
@@ -377,30 +373,30 @@ class RunActor:
         answer: str | None = None,
         step: str | None = None,
         read_seq: int | None = None,
-    ) -> dict[str, Any]:
+        credits_needed: str | None = None,
+    ) -> RunOutcome:
         self.phase = phase
-        status: dict[str, Any] = {
-            "phase": str(phase),  # plain strings on the wire, as stored
-            "reason": str(reason),
-            "message": message,
+        fields: dict[str, Any] = {
             "turns": [turn.model_dump() for turn in conversation.turns],
             "cost": {"totalUSD": str(conversation.cost_usd)},
         }
         if phase != RunPhase.WAITING:
-            status["finishedAt"] = utc_now()
+            fields["finishedAt"] = utc_now()
         if step is not None:
-            status["step"] = step
+            fields["step"] = step
         if read_seq is not None:
-            status["messages"] = {"read": read_seq}
+            fields["messages"] = {"read": read_seq}
+        if credits_needed is not None:
+            fields["creditsNeededUSD"] = credits_needed
         if answer is not None:
             encoded = answer.encode("utf-8")
             preview = encoded[:ANSWER_PREVIEW_BYTES].decode("utf-8", errors="ignore")
-            status["answer"] = {
+            fields["answer"] = {
                 "preview": preview,
                 "bytes": len(encoded),
                 "truncated": len(encoded) > ANSWER_PREVIEW_BYTES,
             }
-        return status
+        return RunOutcome(phase=phase, reason=str(reason), message=message, **fields)
 
 
 def _command_attempts(records: list[JournalRecord]) -> list[tuple[int, bool]]:

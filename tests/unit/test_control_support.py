@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
 
+from nodus_ray.control.client import RunOutcome
 from nodus_ray.control.services import Services, compose
 from nodus_ray.core.admission import AdmissionError
 from nodus_ray.runtime.run_actor import RunConfig
@@ -73,11 +74,13 @@ class FakeRunActor:
         self.run = _Remote(self._run)
         self.cancel = _Remote(self._cancel)
 
-    async def _run(self) -> dict[str, Any]:
+    async def _run(self) -> RunOutcome:
         if self._report is not None:
             patch = {"phase": "Running", "reason": None, "message": None, "startedAt": "2026-12-01T00:00:00Z"}
             await self._report(self.config.project, self.config.name, patch)
-        return await asyncio.shield(self._outcome)
+        # What crosses from the actor is a RunOutcome, as from the real one: a test's outcome
+        # that is not one fails here.
+        return RunOutcome.model_validate(await asyncio.shield(self._outcome))
 
     async def _cancel(self) -> None:
         self.cancelled = True

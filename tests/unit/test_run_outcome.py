@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+from nodus.lifecycle import RunPhase
 from nodus.resources import ANSWER_PREVIEW_BYTES
 from nodus_ray.runtime.run_actor import RunActor, RunConfig
 
@@ -28,21 +29,23 @@ def _actor(tmp_path: Path) -> RunActor:
 def test_long_answers_are_previewed_and_flagged(tmp_path: Path) -> None:
     answer = "é" * ANSWER_PREVIEW_BYTES  # 2 bytes each: twice the preview
     outcome = _actor(tmp_path)._outcome(
-        "Succeeded", "Completed", None, SimpleNamespace(turns=[], cost_usd=0), answer=answer
+        RunPhase.SUCCEEDED, "Completed", None, SimpleNamespace(turns=[], cost_usd=0), answer=answer
     )
-    preview = outcome["answer"]["preview"]
+    assert outcome.answer is not None
+    preview = outcome.answer["preview"]
     assert len(preview.encode()) <= ANSWER_PREVIEW_BYTES
     assert len(preview.encode()) >= ANSWER_PREVIEW_BYTES - 1
     assert answer.startswith(preview)
-    assert outcome["answer"] == {"preview": preview, "bytes": 2 * ANSWER_PREVIEW_BYTES, "truncated": True}
-    assert outcome["finishedAt"]
+    assert outcome.answer == {"preview": preview, "bytes": 2 * ANSWER_PREVIEW_BYTES, "truncated": True}
+    assert outcome.finishedAt
+    assert outcome.to_patch()["answer"] == outcome.answer and outcome.to_patch()["phase"] == "Succeeded"
 
 
 def test_short_answers_are_whole(tmp_path: Path) -> None:
     outcome = _actor(tmp_path)._outcome(
-        "Succeeded", "Completed", None, SimpleNamespace(turns=[], cost_usd=0), answer="4"
+        RunPhase.SUCCEEDED, "Completed", None, SimpleNamespace(turns=[], cost_usd=0), answer="4"
     )
-    assert outcome["answer"] == {"preview": "4", "bytes": 1, "truncated": False}
+    assert outcome.answer == {"preview": "4", "bytes": 1, "truncated": False}
 
 
 def test_the_actor_names_itself_for_the_dashboard(tmp_path: Path) -> None:
