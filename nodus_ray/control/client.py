@@ -31,7 +31,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 from pydantic import BaseModel, ConfigDict
@@ -40,6 +40,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from nodus.errors import NodusError, Unavailable
 from nodus.lifecycle import RunPhase
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
+
+if TYPE_CHECKING:  # the run actor's module imports this one
+    from nodus_ray.runtime.run_actor import RunConfig
 
 __all__ = ["ControlPlaneClient", "FailFast", "RideOutRestarts", "CallPolicy", "RunReport", "RunOutcome"]
 
@@ -202,6 +205,15 @@ class ControlPlaneClient:
 
     async def ready(self) -> dict[str, Any]:
         return await self._call(lambda h: h.ready.remote())
+
+    def claim_slot(self, slot: str) -> RunConfig | None:
+        """Blocking, and the one call that is: a pre-started run actor waits inside its
+        ``__init__`` for the run it will serve (Ray shows an actor's repr once ``__init__``
+        returns, so the actor returns only with its run); None when its slot was retired."""
+        if self._handle is None:
+            self._handle = self._locate()
+        claimed: RunConfig | None = ray.get(self._handle.claim_slot.remote(slot))
+        return claimed
 
     async def price_table(self) -> dict[str, Any]:
         return await self._call(lambda h: h.price_table.remote())

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import ray
 
 from nodus.errors import NodusError
 from nodus.lifecycle import RunPhase, RunReason
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
-from nodus_ray.control.client import ControlPlaneClient, RunOutcome, RunReport
+from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps
@@ -38,7 +38,7 @@ from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, Conver
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
 from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
-from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
+from nodus_ray.settings import NAMESPACE
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import parse_timestamp, utc_now
@@ -124,8 +124,7 @@ class RunActor:
         PriceTable.load()
         if warm_anthropic:  # the SDK takes about 1 s to import here; a run on Claude needs it
             importlib.import_module("nodus_ray.models.anthropic_provider")
-        control_plane = ray.get_actor(CONTROL_PLANE_NAME, namespace=NAMESPACE)
-        config = cast("RunConfig | None", ray.get(control_plane.claim_slot.remote(slot)))
+        config = ControlPlaneClient(FailFast()).claim_slot(slot)  # no retry: a slot outlives no control plane
         if config is None:
             raise RuntimeError(f"run slot {slot} was retired without a run")
         return config
