@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from nodus_ray.local_head import free_port_block, stop_head
+from nodus_ray.local_head import HeadPorts, free_port_block, stop_head
 
 __all__ = [
     "NODUS",
@@ -79,8 +79,8 @@ def kill_head(env: dict[str, str]) -> int:
 
 def api_port(env: dict[str, str], offset: int = 0) -> int:
     """A free port for the API: in the service's own block, which Ray leaves unused (its base
-    +20..+29 were checked free with the block; the tests' session uses base +20 the same way)."""
-    return int(env["NODUS_RAY_PORTS"]) + 20 + offset
+    +20..+29 were checked free with the block; the tests' session uses the same port)."""
+    return HeadPorts(int(env["NODUS_RAY_PORTS"])).api + offset
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:

@@ -45,18 +45,20 @@ class HeadPorts:
     base: int
 
     @property
-    def gcs(self) -> int:
-        return self.base
-
-    @property
     def dashboard(self) -> int:
         return self.base + 1
+
+    @property
+    def api(self) -> int:
+        """A port of the block Ray leaves alone (+20..+29 are checked free with the block): for
+        the service's own HTTP API, so a second service needs only its base to be apart."""
+        return self.base + 20
 
     def args(self) -> list[str]:
         b = self.base
         return [
             f"--port={b}",
-            f"--dashboard-port={b + 1}",
+            f"--dashboard-port={self.dashboard}",
             f"--ray-client-server-port={b + 2}",
             f"--dashboard-agent-listen-port={b + 3}",
             f"--dashboard-agent-grpc-port={b + 4}",

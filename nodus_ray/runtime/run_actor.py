@@ -43,7 +43,7 @@ from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import parse_timestamp, utc_now
 
-__all__ = ["RunConfig", "RunActor", "run_actor_name", "run_storage_prefix"]
+__all__ = ["RunConfig", "RunActor", "run_actor_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +54,6 @@ _CONTROL_PLANE_PATIENCE_SECONDS = 120.0
 def run_actor_name(project: str, name: str, attempt: int) -> str:
     """Unique per attempt, so a replacement never races the dead actor's name."""
     return f"run.{project}.{name}.{attempt}"
-
-
-# Where a run's objects live: `layout.run_prefix`, named here too for the code that imports it from here.
-run_storage_prefix = layout.run_prefix
 
 
 @dataclass(frozen=True)

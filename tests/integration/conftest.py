@@ -32,12 +32,12 @@ from typing import Any
 import httpx
 import pytest
 
-from nodus_ray.local_head import free_port_block
+from nodus_ray.local_head import HeadPorts, free_port_block
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 RAY_PORTS = int(os.environ.get("NODUS_TEST_RAY_PORTS") or free_port_block())
-PORT = int(os.environ.get("NODUS_TEST_PORT") or RAY_PORTS + 20)  # the API (Serve's HTTP proxy)
-DASHBOARD_URL = f"http://127.0.0.1:{RAY_PORTS + 1}"
+PORT = int(os.environ.get("NODUS_TEST_PORT") or HeadPorts(RAY_PORTS).api)  # Serve's HTTP proxy
+DASHBOARD_URL = f"http://127.0.0.1:{HeadPorts(RAY_PORTS).dashboard}"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodus_ray.local_head import free_port_block, head_processes
+from nodus_ray.local_head import HeadPorts, free_port_block, head_processes
 
 from .conftest import NODUS, Server, wait_for
 
@@ -72,10 +72,10 @@ def users_service(server: Server) -> Iterator[Service]:
         NODUS_RAY_TEMP_DIR=str(base / "ray"),
         NODUS_RAY_PORTS=str(block),
         NODUS_RUN_POOL="0",
-        NODUS_API_URL=f"http://127.0.0.1:{block + 20}",
+        NODUS_API_URL=f"http://127.0.0.1:{HeadPorts(block).api}",
     )
     service = Service(env=env, home=base / "home")
-    up = service.cli("up", "--port", str(block + 20))
+    up = service.cli("up", "--port", str(HeadPorts(block).api))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield service
