@@ -227,6 +227,13 @@ def server(
     }
     if with_faults:
         env["NODUS_FAULTS"] = str(faults)
+        # A node that stops answering (SIGSTOP: a partition, a frozen VM) is declared dead in
+        # seconds rather than Ray's default minute, so the zombie test's replacement starts soon.
+        env |= {
+            "RAY_health_check_period_ms": "1000",
+            "RAY_health_check_timeout_ms": "2000",
+            "RAY_health_check_failure_threshold": "4",
+        }
     up = subprocess.run(
         [NODUS, "up", "--port", str(PORT)], env=env, capture_output=True, text=True, timeout=300, check=False
     )
