@@ -10,12 +10,22 @@ TiKV's fail-rs) and a test arms one:
   substring the point's context must contain, e.g. a run name;
 * the first process that reaches the armed point with a matching context claims the file (an
   atomic rename, so exactly one process fires) and kills itself with SIGKILL: no ``finally``,
-  no flush, exactly what a power cut or the OOM killer does.
+  no flush, exactly what a power cut or the OOM killer does;
+* armed with ``action="stop"`` instead, it stops itself with SIGSTOP: a process frozen at a
+  known moment (a partitioned node, a paused VM), which goes on from there when sent SIGCONT.
+  That is how a test makes a *zombie*: an actor Ray gave up on that later wakes up.
+
+The context a point matches against ends with `` node=<Ray node id>`` in a Ray worker, so a
+test can arm a point for the runs of one node. The fired file (``.<point>.fired.<pid>``)
+holds the context that fired it, so the test knows which run it stopped.
 
 Without ``NODUS_FAULTS`` a point costs one dictionary lookup. The points:
 
+``step-started``        a journaled step's ``Started`` is written, its effect not begun
+                        (context: ``<journal prefix>/<step id>``)
 ``step-effect-done``    a journaled step's effect happened, its ``Completed`` is not written
                         (context: ``<journal prefix>/<step id>``)
+``step-recorded``       a journaled step's ``Completed`` is written (context: as above)
 ``admission-decided``   a group supervisor decided to start a run, before the control plane
                         heard of it (context: ``<project>/<group>/<run>``)
 ``batch-half-written``  the control plane stored the first run of a batch and not the rest
@@ -32,15 +42,21 @@ Without ``NODUS_FAULTS`` a point costs one dictionary lookup. The points:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
+from typing import Literal
 
-__all__ = ["POINTS", "crash_point", "arm", "enabled"]
+__all__ = ["POINTS", "crash_point", "arm", "enabled", "fired_context"]
+
+Action = Literal["kill", "stop"]
 
 POINTS = frozenset(
     {
+        "step-started",
         "step-effect-done",
+        "step-recorded",
         "admission-decided",
         "batch-half-written",
         "api-answering",
@@ -58,28 +74,61 @@ def enabled() -> bool:
 
 
 def crash_point(point: str, context: str) -> None:
-    """Die here, at once, if a test armed ``point`` for a context like this one."""
+    """Die (or freeze) here, at once, if a test armed ``point`` for a context like this one."""
     directory = os.environ.get(_ENV)
     if not directory:
         return
     armed = Path(directory) / point
     try:
-        wanted = armed.read_text()
+        content = armed.read_text()
     except OSError:
         return
-    if wanted.strip() not in context:
+    wanted, action = _parse(content)
+    context = f"{context} node={_node_id()}"
+    if wanted not in context:
         return
+    fired = armed.with_name(f".{point}.fired.{os.getpid()}")
     try:  # exactly one process fires an armed point
-        armed.rename(armed.with_name(f".{point}.fired.{os.getpid()}"))
+        armed.rename(fired)
     except OSError:
         return
-    os.kill(os.getpid(), signal.SIGKILL)
+    fired.write_text(context)
+    os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
-def arm(directory: str | Path, point: str, context: str = "") -> Path:
+def _parse(content: str) -> tuple[str, Action]:
+    if content.startswith("{"):
+        armed = json.loads(content)
+        return str(armed.get("context", "")).strip(), "stop" if armed.get("action") == "stop" else "kill"
+    return content.strip(), "kill"
+
+
+def _node_id() -> str:
+    """The Ray node this process runs on ("" outside a Ray worker or driver)."""
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - a point must never fail the code it sits in
+        return ""
+
+
+def arm(directory: str | Path, point: str, context: str = "", action: Action = "kill") -> Path:
     """Arm ``point`` under ``directory`` (what a test does); returns the armed file."""
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(POINTS))}")
     path = Path(directory) / point
-    path.write_text(context)
+    path.write_text(json.dumps({"context": context, "action": action}) if action != "kill" else context)
     return path
+
+
+def fired_context(directory: str | Path, point: str) -> str | None:
+    """The context that fired ``point`` (None while it has not fired)."""
+    for fired in Path(directory).glob(f".{point}.fired.*"):
+        try:
+            context = fired.read_text()
+        except OSError:
+            continue
+        if context:  # written just after the claiming rename
+            return context
+    return None

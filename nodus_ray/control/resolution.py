@@ -22,6 +22,7 @@ from nodus.errors import Conflict, Invalid
 from nodus.lifecycle import RunPhase, RunReason, run_transition
 from nodus_ray.control.registry import Registry
 from nodus_ray.control.run_supervisor import RunSupervisor
+from nodus_ray.durable.fencing import JournalConflict
 from nodus_ray.durable.journal import Journal
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
@@ -41,6 +42,19 @@ def _text(value: Any, field: str, *, required: bool) -> str | None:
             details={"field": field},
         )
     return value
+
+
+async def _append(journal: Journal, name: str, *args: Any, **kwargs: Any) -> None:
+    """Write the decision; a record another writer put at that seq first means the run moved on."""
+    try:
+        await asyncio.to_thread(journal.append, *args, **kwargs)
+    except JournalConflict:
+        raise Conflict(
+            f"agentrun {name!r} wrote its journal while the decision was being recorded; "
+            "read it again before deciding",
+            code="RevisionMismatch",
+            details={"kind": "AgentRun", "name": name, "field": "revision"},
+        ) from None
 
 
 def _command_result(result: Any) -> dict[str, Any]:
@@ -139,8 +153,9 @@ class ResolutionService:
                         details={"field": "decision"},
                     )
                 recorded = _command_result(body.get("result"))
-                await asyncio.to_thread(
-                    journal.append,
+                await _append(
+                    journal,
+                    name,
                     step,
                     last.kind,
                     "Resolved",
@@ -152,8 +167,9 @@ class ResolutionService:
                     attempt=last.attempt,
                 )
             elif decision == "NoEffect":
-                await asyncio.to_thread(
-                    journal.append,
+                await _append(
+                    journal,
+                    name,
                     step,
                     last.kind,
                     "NoEffect",
@@ -162,8 +178,9 @@ class ResolutionService:
                 )
             else:
                 error = {"reason": "StepCancelled", "message": f"step {step} was resolved Cancelled"}
-                await asyncio.to_thread(
-                    journal.append,
+                await _append(
+                    journal,
+                    name,
                     step,
                     last.kind,
                     "Failed",

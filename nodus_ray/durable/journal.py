@@ -11,6 +11,11 @@ merges the single-record segments into one *chunk* named by its range (``{first}
 and merges the chunks into one when there are many. A chunk is written before the segments it
 replaces are deleted, so a crash in between leaves both, and `load` reads each seq once.
 
+Segments are written create-only (`Storage.create_bytes`): a seq is written once, by one
+writer, and a second writer of it gets `JournalConflict` instead of replacing the first. With
+the epoch the writer is given (``fence``, see `durable.fencing`) checked before each write, a
+zombie actor of the run stops at its next write and never overwrites the live actor's records.
+
 Records are facts about steps: ``Started`` before an external effect, ``Completed`` or
 ``Failed`` with its result after, ``NeedsResolution`` when a restart found a step started
 and never ended. Conversation messages are records of their own (kind ``message``), each
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -31,8 +37,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from nodus_ray import metrics
+from nodus_ray.durable.fencing import JournalConflict
 from nodus_ray.store import layout
-from nodus_ray.store.storage import Storage
+from nodus_ray.store.storage import AlreadyExists, Storage
 from nodus_ray.store.timestamps import format_timestamp
 
 __all__ = ["StepState", "JournalRecord", "Journal", "JOURNAL_SCHEMA", "record_view", "step_views"]
@@ -81,14 +88,24 @@ class JournalRecord:
 
 
 class Journal:
-    """One writer per run (its actor); any number of readers (the control plane's ``steps``)."""
+    """One writer per run (its actor); any number of readers (the control plane's ``steps``).
 
-    def __init__(self, storage: Storage, prefix: str):
+    ``fence`` raises when this writer may no longer write (`durable.fencing.Epoch.check`); it
+    is called before every write, and by `check_fence` before a step's effect.
+    """
+
+    def __init__(self, storage: Storage, prefix: str, fence: Callable[[], None] | None = None):
         self._storage = storage
         self._prefix = prefix.rstrip("/")
         self._records: list[JournalRecord] = []
         self._next_seq = 0
         self._lock = threading.Lock()
+        self._fence = fence
+
+    def check_fence(self) -> None:
+        """Raise (`durable.fencing.Fenced`) when a newer actor of the run has taken over."""
+        if self._fence is not None:
+            self._fence()
 
     @property
     def prefix(self) -> str:
@@ -149,8 +166,12 @@ class Journal:
                 cost_usd=cost_usd,
                 at=datetime.now(UTC),
             )
+            self.check_fence()
             began = time.perf_counter()
-            self._storage.write_bytes(self._segment_key(record.seq), _encode_segment([record]))
+            try:
+                self._storage.create_bytes(self._segment_key(record.seq), _encode_segment([record]))
+            except AlreadyExists:
+                raise JournalConflict(self._prefix, record.seq) from None
             metrics.journal_write(time.perf_counter() - began)
             self._records.append(record)
             self._next_seq += 1
@@ -163,6 +184,7 @@ class Journal:
         """Merge single-record segments into a chunk, and many chunks into one; return how many
         objects were replaced. Only the journal's writer calls this, when it appends no more."""
         with self._lock:
+            self.check_fence()
             spans = {
                 name: span
                 for name in self._storage.list_dir(self._prefix)
@@ -195,7 +217,10 @@ class Journal:
             return None
         key = layout.journal_chunk(self._prefix, first, last)
         name = key.rsplit("/", 1)[-1]
-        self._storage.write_bytes(key, _encode_segment(records))
+        try:
+            self._storage.create_bytes(key, _encode_segment(records))
+        except AlreadyExists:
+            pass  # left by a compaction that crashed before its deletes: the same records
         for old in names:
             if old != name:
                 self._storage.delete(f"{self._prefix}/{old}")

@@ -181,6 +181,10 @@ class Steps:
                 raise NeedsResolution(step_id, kind)
         attempt = self._attempts.get(step_id, 0) + 1
         await self._append(step_id, kind, "Started", dict(started or {}), attempt=attempt)
+        crash_point("step-started", f"{self.journal.prefix}/{step_id}")
+        # A newer actor may have taken the run over while this one wrote Started (this one
+        # froze, or its node was cut off): then it stops here, before the effect (`fencing`).
+        await asyncio.to_thread(self.journal.check_fence)
         try:
             result = await action()
         except StepFailed as failure:
@@ -198,4 +202,5 @@ class Steps:
             payload["summary"] = summary_of(result)
         cost = cost_of(result) if cost_of is not None else "0"
         await self._append(step_id, kind, "Completed", payload, attempt=attempt, cost_usd=cost)
+        crash_point("step-recorded", f"{self.journal.prefix}/{step_id}")
         return result

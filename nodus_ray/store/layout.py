@@ -20,6 +20,7 @@ test checks this list against it)::
     projects/{project}/agentruns/{name}/messages/{seq:08d}.json               message
     projects/{project}/agentruns/{name}/workspace/{seq:012d}.tar.gz           workspace_snapshot
     projects/{project}/agentruns/{name}/seed.tar.gz                           seed
+    projects/{project}/agentruns/{name}/epochs/{attempt:09d}                  run_epoch
     projects/{project}/agentgroups/{name}/group.json                          group_document
     projects/{project}/agentgroups/{name}/evaluation/cases/{run}.json         evaluation_case
     projects/{project}/agentgroups/{name}/evaluation/results.parquet          evaluation_results
@@ -65,6 +66,8 @@ __all__ = [
     "workspace_folder",
     "workspace_snapshot",
     "seed",
+    "epochs_folder",
+    "run_epoch",
     "groups_folder",
     "group_prefix",
     "group_document",
@@ -88,6 +91,7 @@ _PROJECTS = "projects"
 _SYSTEM = "system"
 _JOURNAL_DIGITS = 12  # journal segments and chunks: ``{seq:012d}.arrow``, ``{a:012d}-{b:012d}.arrow``
 _WORKSPACE_DIGITS = 12  # workspace snapshots: ``{seq:012d}.tar.gz``
+_EPOCH_DIGITS = 9  # run epochs: ``{attempt:09d}``
 _MESSAGE_DIGITS = 8  # a keep-alive run's inbox: ``{seq:08d}.json``
 _REVISION_DIGITS = 6  # an agent's revisions: ``{rev:06d}.json``
 
@@ -182,6 +186,16 @@ def workspace_snapshot(prefix: str, seq: int) -> str:
 def seed(prefix: str) -> str:
     """A seeded run's first workspace (an evaluation task's files, a tar.gz)."""
     return f"{prefix}/seed.tar.gz"
+
+
+def epochs_folder(prefix: str) -> str:
+    """The epochs actors of the run claimed (``prefix`` is the run's, from `run_prefix`)."""
+    return f"{prefix}/epochs"
+
+
+def run_epoch(prefix: str, attempt: int) -> str:
+    """The claim of the actor serving ``attempt``, created once (see `durable.fencing`)."""
+    return f"{epochs_folder(prefix)}/{attempt:0{_EPOCH_DIGITS}d}"
 
 
 # -- groups and evaluations ------------------------------------------------------------------
@@ -326,6 +340,12 @@ LAYOUT: tuple[Key, ...] = (
         "an evaluation task's files: the run's first workspace",
         "control plane (evaluations)",
         seed,
+    ),
+    Key(
+        f"{_RUN}/epochs/{{attempt:09d}}",
+        "the claim of the actor serving that attempt (fencing)",
+        "run actor",
+        run_epoch,
     ),
     Key(f"{_GROUP}/group.json", "an AgentGroup: spec, last status", "control plane (groups)", group_document),
     Key(

@@ -6,7 +6,9 @@ journals and answers. Ray's own memory is a cache. The URI is whatever
 ``file:///...``) on one machine, ``s3://bucket/prefix`` on a cluster.
 
 Writes are whole-object and atomic: on a local disk through a temporary name and a rename,
-on S3 because a PUT is. Nothing appends in place, because S3 cannot.
+on S3 because a PUT is. Nothing appends in place, because S3 cannot. What must never be
+replaced once written (journal segments, fencing epochs) is written with `Storage.create_bytes`,
+which refuses when the object exists (`store.create_only`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
-__all__ = ["Storage", "default_storage_uri", "redact_uri"]
+from nodus_ray.store.create_only import AlreadyExists, CreateOnlyUnsupported, S3CreateOnly, create_local
+
+__all__ = ["Storage", "AlreadyExists", "CreateOnlyUnsupported", "default_storage_uri", "redact_uri"]
 
 _SECRET_QUERY_KEYS = ("secret", "key", "token", "password", "credential", "session")
 
@@ -61,6 +65,7 @@ class Storage:
             if isinstance(self._fs, pafs.LocalFileSystem):
                 Path(self._root).mkdir(parents=True, exist_ok=True)
         self._local = isinstance(self._fs, pafs.LocalFileSystem)
+        self._s3_create = S3CreateOnly(uri) if isinstance(self._fs, pafs.S3FileSystem) else None
 
     def __repr__(self) -> str:
         return f"Storage({redact_uri(self.uri)!r})"
@@ -107,6 +112,22 @@ class Storage:
         # compression=None: pyarrow would otherwise (de)compress by extension, e.g. ``.tar.gz``.
         with self._fs.open_output_stream(full, compression=None) as stream:
             stream.write(data)
+
+    def create_bytes(self, key: str, data: bytes) -> None:
+        """Write a new object, durably; raise `AlreadyExists` (and change nothing) if it exists.
+
+        Two writers of one key: exactly one succeeds, on local disk and on S3 alike.
+        """
+        full = self._full(key)
+        if self._local:
+            create_local(full, data)
+        elif self._s3_create is not None:
+            self._s3_create.create(full, data)
+        else:
+            raise CreateOnlyUnsupported(
+                f"storage {redact_uri(self.uri)} cannot refuse to replace an object: use a local "
+                "directory or s3:// (NODUS_STORAGE)"
+            )
 
     def read_bytes(self, key: str) -> bytes:
         """Raises FileNotFoundError when the object does not exist."""

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -76,14 +76,21 @@ class Server:
 
         return Storage(self.storage_uri)  # NODUS_FAULTS of the service: arm a crash point with `arm`
 
-    def arm(self, point: str, context: str) -> Path:
-        """Make the first process of the service that reaches ``point`` for ``context`` die there."""
+    def arm(self, point: str, context: str, action: Literal["kill", "stop"] = "kill") -> Path:
+        """Make the first process of the service that reaches ``point`` for ``context`` die
+        there (``stop``: freeze there, until sent SIGCONT)."""
         from nodus_ray.faults import arm
 
         if "NODUS_FAULTS" not in self.env:
             raise RuntimeError("crash points are armed only in a session that runs test_faults.py")
 
-        return arm(self.faults, point, context)
+        return arm(self.faults, point, context, action)
+
+    def fired_context(self, point: str) -> str | None:
+        """The context (ending `` node=<id>``) of the process that fired ``point``, once it has."""
+        from nodus_ray.faults import fired_context
+
+        return fired_context(self.faults, point)
 
     def fired(self, point: str) -> bool:
         return any(self.faults.glob(f".{point}.fired.*"))

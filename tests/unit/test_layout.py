@@ -51,6 +51,8 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
         f"{RUN}/workspace/000000000007.tar.gz",
     ),
     "seed": (lambda: layout.seed(RUN), f"{RUN}/seed.tar.gz"),
+    "epochs_folder": (lambda: layout.epochs_folder(RUN), f"{RUN}/epochs"),
+    "run_epoch": (lambda: layout.run_epoch(RUN, 7), f"{RUN}/epochs/000000007"),
     "groups_folder": (lambda: layout.groups_folder("p"), "projects/p/agentgroups"),
     "group_prefix": (lambda: layout.group_prefix("p", "n"), GROUP),
     "group_document": (lambda: layout.group_document("p", "n"), f"{GROUP}/group.json"),
@@ -80,7 +82,7 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
 }
 
 # The values the samples above use, by the names the `LAYOUT` patterns give them.
-VALUES = {"project": "p", "name": "n", "rev": 3, "seq": 7, "first": 0, "last": 7, "run": "r", "id": "b1"}
+VALUES = {"project": "p", "name": "n", "rev": 3, "seq": 7, "first": 0, "last": 7, "run": "r", "id": "b1", "attempt": 7}
 
 _NOT_KEYS = {"Key", "LAYOUT", "layout_table"}
 

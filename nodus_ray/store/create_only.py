@@ -1,0 +1,128 @@
+"""Create-only writes: an object that exists is never replaced, on local disk and on S3.
+
+A run's journal is the one record of what its steps did, and a journal segment is named by its
+sequence number. Two actors of one run alive at once (a zombie on a partitioned node, a
+replacement started while the old one was frozen) would both write segment N; with a plain
+write the later one silently replaces the earlier, and a Completed step can vanish. A
+create-only write makes the second writer fail instead (`AlreadyExists`), which is what lets
+fencing (`durable.fencing`) stop the older actor.
+
+* Local disk: the bytes go to a temporary file, are fsync'd, then *linked* to the final name.
+  ``link(2)`` fails with ``EEXIST`` when the name exists, atomically, which ``rename(2)`` (it
+  replaces) does not.
+* S3: a conditional ``PutObject`` with ``If-None-Match: *`` (AWS since 2024, MinIO, Ceph,
+  moto), answered ``412 Precondition Failed`` when the key exists. pyarrow's S3 filesystem
+  cannot send that header, so this one request goes through boto3, configured from the same
+  URI (``endpoint_override``, ``scheme``, ``region``, ``access_key``/``secret_key`` in the
+  query, else the standard AWS environment and files).
+* Any other filesystem: refused (`CreateOnlyUnsupported`): nodus cannot keep its promise there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = ["AlreadyExists", "CreateOnlyUnsupported", "create_local", "S3CreateOnly"]
+
+# A concurrent conditional write to the same key may be answered 409 (AWS asks to retry).
+_CONFLICT_RETRIES = 5
+_CONFLICT_BACKOFF_SECONDS = 0.05
+
+
+class AlreadyExists(FileExistsError):
+    """The key exists: a create-only write never replaces an object."""
+
+
+class CreateOnlyUnsupported(RuntimeError):
+    """The storage's filesystem cannot refuse to replace an object (only local disk and S3 can)."""
+
+
+def create_local(full: str, data: bytes) -> None:
+    """Create ``full`` with ``data``, durably, or raise `AlreadyExists` and leave it unchanged."""
+    parent = os.path.dirname(full)
+    os.makedirs(parent, exist_ok=True)
+    temporary = f"{parent}/.{os.path.basename(full)}.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(temporary, full)
+    except FileExistsError:
+        raise AlreadyExists(full) from None
+    finally:
+        os.unlink(temporary)
+    directory = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)  # the new name is durable only once its directory entry is
+    finally:
+        os.close(directory)
+
+
+@dataclass(frozen=True)
+class _S3Target:
+    endpoint_url: str | None
+    region: str | None
+    access_key: str | None
+    secret_key: str | None
+    session_token: str | None
+
+
+def _s3_target(uri: str) -> _S3Target:
+    query = {key: values[-1] for key, values in parse_qs(urlsplit(uri).query).items()}
+    endpoint = query.get("endpoint_override")
+    if endpoint and "://" not in endpoint:
+        endpoint = f"{query.get('scheme', 'https')}://{endpoint}"
+    netloc = urlsplit(uri).netloc
+    access, secret = query.get("access_key"), query.get("secret_key")
+    if "@" in netloc and ":" in netloc.split("@", 1)[0]:  # s3://KEY:SECRET@bucket/...
+        access, secret = netloc.split("@", 1)[0].split(":", 1)
+    return _S3Target(endpoint, query.get("region"), access, secret, query.get("session_token"))
+
+
+class S3CreateOnly:
+    """Conditional puts to the bucket of one ``s3://`` storage URI (boto3, made on first use)."""
+
+    def __init__(self, uri: str) -> None:
+        self._target = _s3_target(uri)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def _s3(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                import boto3  # only a storage on S3 needs it
+
+                target = self._target
+                self._client = boto3.client(
+                    "s3",
+                    endpoint_url=target.endpoint_url,
+                    region_name=target.region,
+                    aws_access_key_id=target.access_key,
+                    aws_secret_access_key=target.secret_key,
+                    aws_session_token=target.session_token,
+                )
+            return self._client
+
+    def create(self, full: str, data: bytes) -> None:
+        """``full`` is ``bucket/key`` as pyarrow names it; raise `AlreadyExists` if the key exists."""
+        from botocore.exceptions import ClientError
+
+        bucket, _, key = full.partition("/")
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                self._s3().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+                return
+            except ClientError as error:
+                status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status == 412:
+                    raise AlreadyExists(full) from None
+                if status != 409 or attempt == _CONFLICT_RETRIES - 1:
+                    raise
+                time.sleep(_CONFLICT_BACKOFF_SECONDS * (attempt + 1))  # another create in flight
