@@ -13,7 +13,6 @@ import copy
 import pickle
 import socket
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -573,14 +572,13 @@ def test_concurrent_calls_share_one_provider(api: FakeMessagesAPI) -> None:
         results[n] = provider.complete(_request([{"role": "user", "content": f"n={n}"}])).text()
 
     threads = [threading.Thread(target=call, args=(n,)) for n in range(8)]
-    start = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
     assert results == {n: f"Echo: n={n}" for n in range(8)}
     assert len(api.requests) == 8
-    assert time.monotonic() - start < 10
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from nodus.errors import TooManyRequests
 from nodus_serve.app import create_app
 from nodus_serve.load_shedding import max_inflight_from_env
 from tests.fakes.control_plane import client_over
+from tests.unit.test_control_support import until
 
 
 class _HeldControlPlane:
@@ -39,12 +40,16 @@ async def _burst(limit: int, requests: int) -> tuple[list[httpx.Response], _Held
         headers={"Authorization": "Bearer nodus_test"},
     ) as http:
         pending = [asyncio.ensure_future(http.get("/v1/projects/default/agents")) for _ in range(requests)]
-        while cp.calls < limit:  # the first `limit` are in flight, held by the control plane
-            await asyncio.sleep(0.01)
+        # The first `limit` are in flight, held by the control plane; the rest are answered
+        # while those are still held.
+        await until(
+            lambda: cp.calls >= limit and sum(task.done() for task in pending) >= requests - limit,
+            what=f"{limit} requests held and the other {requests - limit} answered",
+        )
         health = await http.get("/healthz")  # not counted: still answers
         assert health.status_code == 200
         shed = [task for task in pending if task.done()]
-        assert len(shed) == requests - limit
+        assert len(shed) == requests - limit and cp.calls == limit
         cp.release.set()
         return [await task for task in pending], cp
 

@@ -540,8 +540,7 @@ def test_fork_bomb_is_held_to_the_process_limit_then_killed(make_sandbox: Callab
         assert peak <= limits.processes
         assert _wait_until(lambda: not processes_of(uid), timeout=10), "fork bomb survived its command"
     assert result.timed_out and result.exit_code is None
-    assert result.limit == "processes"
-    assert result.duration_seconds < 10
+    assert result.limit == "processes"  # how fast the kill comes: benchmarks/sandbox_hardening.py --stops
     assert "process limit" in result.for_model()
     assert box.run("echo alive").output == "alive\n"
 
@@ -560,7 +559,7 @@ def test_runaway_loop_is_stopped_by_the_timeout(make_sandbox: Callable[..., Sand
     box = make_sandbox()
     result = box.run("while true; do :; done", timeout=2)
     assert result.timed_out and result.exit_code is None and result.limit == "timeout"
-    assert 1.9 <= result.duration_seconds < 6
+    # The runner reports the time it let the command run; how close to 2 s: the --stops benchmark.
     assert result.for_model().startswith("killed: timeout after 2.")
     assert box.run("echo next").exit_code == 0
 
@@ -606,7 +605,7 @@ def test_endless_output_is_killed_and_memory_stays_bounded(make_sandbox: Callabl
     assert len(result.output) < (64 << 10) + 100
 
     forever = make_sandbox(SandboxLimits(output_bytes=1000, timeout_seconds=30), name="ws2").run("yes")
-    assert forever.limit == "output" and not forever.timed_out and forever.duration_seconds < 10
+    assert forever.limit == "output" and not forever.timed_out  # stopped by the cap, not the 30 s timeout
 
 
 @needs_bwrap
@@ -622,7 +621,6 @@ def test_cancel_from_another_thread_stops_the_command(make_sandbox: Callable[...
     assert not worker.is_alive()
     (result,) = results
     assert result.cancelled and result.exit_code is None and not result.timed_out
-    assert result.duration_seconds < 10
     assert result.for_model().startswith("killed: cancelled")
     assert box.run("echo again").output == "again\n"
 
@@ -672,14 +670,14 @@ def test_process_sandbox_as_root_kills_children_that_left_the_session(tmp_path: 
     uid = unused_uid()
     box = ProcessSandbox(tmp_path / "ws", SandboxLimits(timeout_seconds=30), uid=uid)
     try:
-        started = time.monotonic()
         result = box.run(
             "setsid -f sh -c 'echo $$ > daemon.pid; exec sleep 300' </dev/null >/dev/null 2>&1; "
             "for _ in $(seq 100); do [ -s daemon.pid ] && break; sleep 0.05; done; "
             "echo shell-session $(cut -d' ' -f6 /proc/$$/stat); "
             "echo daemon-session $(cut -d' ' -f6 /proc/$(cat daemon.pid)/stat)"
         )
-        assert result.exit_code == 0 and time.monotonic() - started < 10
+        # Returned by itself, not held until the 30 s timeout by the daemon's 300 s sleep.
+        assert result.exit_code == 0 and not result.timed_out
         sessions = dict(line.split() for line in result.output.splitlines())
         assert sessions["shell-session"] != sessions["daemon-session"]  # it really escaped the group
         daemon = int((box.workspace / "daemon.pid").read_text())
@@ -711,15 +709,13 @@ def test_process_sandboxes_with_their_own_uids_do_not_reap_each_other(tmp_path: 
 def test_process_sandbox_timeout_and_leftovers(process_box: ProcessSandbox) -> None:
     result = process_box.run("while true; do :; done", timeout=1)
     assert result.timed_out and result.exit_code is None and result.limit == "timeout"
-    assert result.duration_seconds < 5
     # Closing the output is not finishing: the timeout still applies.
     result = process_box.run("exec >/dev/null 2>&1; sleep 60", timeout=1)
-    assert result.timed_out and result.duration_seconds < 5
-    # A background process holding the output pipe must not hold the command open.
-    started = time.monotonic()
+    assert result.timed_out and result.limit == "timeout"
+    # A background process holding the output pipe must not hold the command open: the command
+    # ends by itself, not at the 30 s timeout (the background sleep outlives that).
     result = process_box.run("sleep 60 & echo started")
-    assert result.exit_code == 0 and "started" in result.output
-    assert time.monotonic() - started < 5
+    assert result.exit_code == 0 and "started" in result.output and not result.timed_out
     if process_box.host_uid is not None:
         assert _wait_until(lambda: not processes_of(process_box.host_uid), timeout=10)
 
