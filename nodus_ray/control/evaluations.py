@@ -47,6 +47,7 @@ from nodus_ray.core.evaluation import (
 )
 from nodus_ray.environments import EnvironmentNotFound, Task, available, resolve
 from nodus_ray.faults import crash_point
+from nodus_ray.sandbox.run_workspaces import workspace_path
 from nodus_ray.sandbox.snapshots import pack_files
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import parse_timestamp, utc_now
@@ -321,6 +322,12 @@ class EvaluationService:
         crash_point("case-graded-unrecorded", f"{key[0]}/{run_name}")
         await self._record(key, record)
 
+    def _local_workspace(self, project: str, run_name: str) -> Path:
+        """Where the run's workspace is on a node (`sandbox.run_workspaces`, keyed by its uid)."""
+        run = self._runs.get((project, run_name))
+        uid = run["metadata"].get("uid") if run is not None else None
+        return workspace_path(self._sandbox_root, project, run_name, uid)
+
     async def _final_record(
         self, key: Key, group: dict[str, Any], case: Case, status: dict[str, Any]
     ) -> dict[str, Any]:
@@ -359,7 +366,7 @@ class EvaluationService:
             "taskIndex": case.task_index,
             "run": case.run,
             "runPrefix": layout.run_prefix(key[0], case.run),
-            "localWorkspace": str(Path(self._sandbox_root) / key[0] / case.run),
+            "localWorkspace": str(self._local_workspace(key[0], case.run)),
             "commands": sum(int(turn.get("toolCalls") or 0) for turn in status.get("turns") or []),
             "uid": _grader_uid(status),
             "answer": answer,

@@ -15,7 +15,8 @@ def test_an_ended_program_is_recorded_and_its_actor_ended(tmp_path: Path) -> Non
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.runs.create_run("demo", run_doc("r1"))
         (actor,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
-        assert actor.config.workspace == str(tmp_path / "sandboxes" / "demo" / "r1")
+        uid = (await plane.services.runs.get_run("demo", "r1"))["metadata"]["uid"]
+        assert actor.config.workspace == str(tmp_path / "sandboxes" / "demo" / f"r1-{uid}")  # its own
         assert str(tmp_path / "storage") in actor.config.hidden_paths  # the sandbox cannot see storage
         actor.end({"phase": "Succeeded", "reason": "Completed"})
         await until(lambda: plane.stored_phase("r1") == "Succeeded", what="the outcome stored")
