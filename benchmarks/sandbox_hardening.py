@@ -12,6 +12,14 @@ for the same commands:
     python benchmarks/sandbox_hardening.py --commands 40
 
 Prints a Markdown table for benchmarks/RESULTS.md: median and p90 wall time per command.
+
+``--stops`` measures instead how long a stopped command takes to come back, which the unit tests
+no longer time (they check *what* stopped it): a timeout, a cancel, the output cap, a fork bomb
+at the process limit, the disk cap, and a command whose background child holds its output open
+(bubblewrap and the process fallback). Each figure is the wall time of one `run` (the timeout's
+includes its deadline); the cancel's is from `cancel()` to the command's result.
+
+    python benchmarks/sandbox_hardening.py --stops --commands 3
 """
 
 from __future__ import annotations
@@ -22,14 +30,15 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date
 from pathlib import Path
 
 from nodus.egress_policy import EgressPolicy
 from nodus_ray.egress.proxy import EgressProxy
-from nodus_ray.sandbox import BubblewrapSandbox, bwrap_available
+from nodus_ray.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox, SandboxLimits, bwrap_available
 from nodus_ray.sandbox import bubblewrap as sandbox_bubblewrap
 from nodus_ray.sandbox import runner as sandbox_runner
 
@@ -83,17 +92,94 @@ def _times(box: BubblewrapSandbox, command: str, count: int) -> list[float]:
     return times
 
 
+def _timed_run(box: Sandbox, command: str, **kwargs: float) -> tuple[float, str | None]:
+    began = time.perf_counter()
+    result = box.run(command, **kwargs)
+    return time.perf_counter() - began, result.limit or ("cancelled" if result.cancelled else None)
+
+
+def _cancelled_after(box: Sandbox) -> float:
+    """Seconds from `cancel()` to the command's result, for a command that would run a minute."""
+    done: list[float] = []
+    worker = threading.Thread(
+        target=lambda: (box.run("touch started; sleep 60"), done.append(time.perf_counter()))
+    )
+    worker.start()
+    while not (box.workspace / "started").exists():
+        time.sleep(0.01)
+    cancelled = time.perf_counter()
+    box.cancel()
+    worker.join(timeout=60)
+    (box.workspace / "started").unlink()
+    return done[0] - cancelled
+
+
+def _stops(root: Path, uid: int | None, count: int) -> None:
+    """The ``--stops`` table: median and worst wall time of each way a command is stopped."""
+    cases: dict[str, list[float]] = {}
+
+    def measure(
+        label: str, expect: str | None, make: Callable[[], Sandbox], command: str, **kw: float
+    ) -> None:
+        for _ in range(count):
+            box = make()
+            try:
+                seconds, stopped_by = _timed_run(box, command, **kw)
+            finally:
+                box.delete()
+            if stopped_by != expect:
+                sys.exit(f"{label}: stopped by {stopped_by!r}, expected {expect!r}")
+            cases.setdefault(label, []).append(seconds)
+
+    def bwrap(limits: SandboxLimits | None = None) -> Callable[[], Sandbox]:
+        return lambda: BubblewrapSandbox(root / "stops", limits or SandboxLimits(timeout_seconds=30), uid=uid)
+
+    def fallback() -> Sandbox:
+        return ProcessSandbox(root / "stops-process", SandboxLimits(timeout_seconds=30), uid=uid)
+
+    measure("timeout 2 s (busy loop)", "timeout", bwrap(), "while true; do :; done", timeout=2)
+    measure("timeout 1 s, process fallback", "timeout", fallback, "while true; do :; done", timeout=1)
+    measure("output cap 1000 B (`yes`)", "output", bwrap(SandboxLimits(output_bytes=1000)), "yes")
+    measure(
+        "fork bomb, 64 processes",
+        "processes",
+        bwrap(SandboxLimits(processes=64, timeout_seconds=3)),
+        ":(){ :|:& };:; sleep 30",
+    )
+    measure(
+        "disk cap 8 MiB (paced writer)",
+        "disk",
+        bwrap(SandboxLimits(disk_bytes=8 << 20)),
+        "for i in $(seq 200); do head -c 1M /dev/zero >> fill; sleep 0.01; done",
+    )
+    measure("background child holds the output", None, bwrap(), "sleep 60 & echo started")
+    measure("background child, process fallback", None, fallback, "sleep 60 & echo started")
+    for label, make in (("cancel of `sleep 60`", bwrap()), ("cancel, process fallback", fallback)):
+        box = make()
+        try:
+            cases[label] = [_cancelled_after(box) for _ in range(count)]
+        finally:
+            box.delete()
+    print("| date | stopped by | median | worst |\n| --- | --- | --- | --- |")
+    for label, times in cases.items():
+        print(f"| {date.today()} | {label} | {statistics.median(times):.2f} s | {max(times):.2f} s |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--commands", type=int, default=40, help="timed commands per configuration and command"
     )
+    parser.add_argument("--stops", action="store_true", help="time the ways a command is stopped instead")
     args = parser.parse_args()
     if not bwrap_available():
         sys.exit("bubblewrap is not available here")
     root = Path(tempfile.mkdtemp(prefix="nodus-bench-sandbox-"))
     root.chmod(0o711)
     uid = 310_000 + os.getpid() % 1000 if os.geteuid() == 0 else None
+    if args.stops:
+        _stops(root, uid, max(1, min(args.commands, 5)))
+        return
     rows = []
     with EgressProxy(
         root / "egress.sock", EgressPolicy.from_settings(["example.com"], ""), lambda _: None
