@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .conftest import Server, wait_for
@@ -56,6 +57,20 @@ def batch(server: Server, runs: list[dict[str, Any]], key: str | None = None) ->
         return http.post(
             RUNS, json={"apiVersion": V1, "kind": "AgentRunList", "items": runs}, headers=headers
         )
+
+
+def workspace_of(server: Server, name: str, project: str = "default") -> Path:
+    """The run's workspace on this machine: keyed by the run's uid, so ask the run for it.
+
+    A run never gets the directory of an earlier run of its name; call this while the run
+    exists (before a delete) to know where its workspace was.
+    """
+    from nodus_ray.sandbox.run_workspaces import workspace_path
+
+    with server.http() as http:
+        response = http.get(f"/v1/projects/{project}/agentruns/{name}")
+    assert response.status_code == 200, response.text
+    return workspace_path(server.sandbox_root, project, name, response.json()["metadata"]["uid"])
 
 
 def get_group(server: Server, name: str) -> dict[str, Any]:

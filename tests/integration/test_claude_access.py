@@ -20,6 +20,7 @@ import pytest
 from tests.fakes.anthropic_api import error_reply, text_reply, tool_use_reply
 
 from .conftest import Server, unique, wait_for
+from .kit import workspace_of
 from .test_durability import _actor_pid
 
 AGENTS = "/v1/projects/default/agents"
@@ -517,4 +518,4 @@ def test_a_run_parked_at_its_cap_stops_waiters_and_still_meets_its_deadline(
 
     run = wait_for(expired, timeout=60, message="the parked run to pass its deadline")
     assert run["status"]["reason"] == "DeadlineExceeded"
-    assert not (server.sandbox_root / "default" / name).exists()
+    assert not workspace_of(server, name).exists()

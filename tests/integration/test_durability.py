@@ -8,6 +8,7 @@ import signal
 from typing import Any
 
 from .conftest import Server, unique, wait_for
+from .kit import workspace_of
 
 AGENTS = "/v1/projects/default/agents"
 RUNS = "/v1/projects/default/agentruns"
@@ -72,7 +73,7 @@ def test_a_killed_run_actor_is_replaced_and_completed_steps_are_not_repeated(
     final = wait_for(finished, timeout=90, message="the replayed run to finish")
     assert final["status"]["phase"] == "Succeeded", final["status"]
     assert final["status"]["attempts"] == 2, "a second actor took over"
-    counter = server.sandbox_root / "default" / run / "counter.txt"
+    counter = workspace_of(server, run) / "counter.txt"
     assert counter.read_text() == "tick\n", "the completed command ran exactly once"
     steps = _steps(server, run)
     command = [s for s in steps if s["kind"] == "command"]
@@ -150,6 +151,7 @@ def test_cancel_or_delete_right_after_create_leaves_no_actor_and_no_sandbox(
                 ).status_code
                 == 201
             )
+        workspaces = {name: workspace_of(server, name) for name in (cancelled, deleted)}
         assert http.post(f"{RUNS}/{cancelled}/cancel").json()["status"]["phase"] == "Cancelled"
         assert http.delete(f"{RUNS}/{deleted}").status_code == 200
 
@@ -161,7 +163,7 @@ def test_cancel_or_delete_right_after_create_leaves_no_actor_and_no_sandbox(
                 message=f"no live actor for {name}",
             )
             wait_for(
-                lambda name=name: not (server.sandbox_root / "default" / name).exists(),
+                lambda name=name: not workspaces[name].exists(),
                 timeout=30,
                 message=f"no workspace for {name}",
             )

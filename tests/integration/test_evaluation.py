@@ -440,7 +440,7 @@ def test_python_fix_grades_the_workspace_the_agent_left_and_hides_its_checks(
             assert task.answer["solution"] not in shown and task.answer["solution"].encode() not in stored
     # The grader worked on its own copy: its check never reached the agent's workspace.
     for run in runs:
-        workspace = server.sandbox_root / "default" / run
+        workspace = kit.workspace_of(server, run)
         assert not any(path.name.startswith(".nodus_grader") for path in workspace.rglob("*")), run
     # Finishing the group ended its grader.
     with pytest.raises(ValueError):

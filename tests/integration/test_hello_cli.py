@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from .conftest import Server, unique, wait_for
+from .kit import workspace_of
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hello"
 
@@ -74,7 +75,7 @@ def test_create_cancel_delete(server: Server) -> None:
         return any(step["kind"] == "command" and step["state"] == "Started" for step in steps)
 
     wait_for(command_started, timeout=60, message="the sleep command to start")
-    workspace = server.sandbox_root / "default" / name
+    workspace = workspace_of(server, name)
     assert workspace.is_dir()
 
     cancelled = server.cli("cancel", f"agentrun/{name}")

@@ -9,6 +9,7 @@ import nodus
 from nodus import errors
 
 from .conftest import Server, unique, wait_for
+from .kit import workspace_of
 
 AGENTS = "/v1/projects/default/agents"
 RUNS = "/v1/projects/default/agentruns"
@@ -88,7 +89,7 @@ def test_messages_continue_the_conversation_once_each_and_a_waiting_run_holds_no
     wait_for(
         lambda: not _live_actors_of(run), timeout=30, interval=0.2, message="the waiting run's actor to go"
     )
-    workspace = server.sandbox_root / "default" / run
+    workspace = workspace_of(server, run)
     assert workspace.is_dir(), "a waiting run keeps its sandbox"
 
     sent = _send(server, run, "What is 3 + 3?", key="k1")
@@ -133,7 +134,7 @@ def test_the_deadline_ends_a_waiting_run_without_another_model_call(server: Serv
     with server.http() as http:
         models = [s for s in http.get(f"{RUNS}/{run}/steps").json()["items"] if s["kind"] == "model"]
     assert len(models) == 1
-    assert not (server.sandbox_root / "default" / run).exists()
+    assert not workspace_of(server, run).exists()
 
 
 def test_bad_messages_are_refused_and_change_nothing(server: Server) -> None:

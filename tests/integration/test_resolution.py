@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from .conftest import Server, unique, wait_for
+from .kit import workspace_of
 
 AGENTS = "/v1/projects/default/agents"
 RUNS = "/v1/projects/default/agentruns"
@@ -52,7 +53,7 @@ def _park_mid_command(server: Server, ray: Any) -> tuple[str, dict[str, Any]]:
 
         wait_for(command_started, timeout=60, interval=0.02, message="the command to start")
         # Kill only once the command had its effect (the tick), during its sleep.
-        counter = server.sandbox_root / "default" / run / "counter.txt"
+        counter = workspace_of(server, run) / "counter.txt"
         wait_for(counter.exists, timeout=30, interval=0.02, message="the command's tick")
         actor_name = http.get(f"{RUNS}/{run}").json()["status"]["actorName"]
         actor = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
@@ -109,7 +110,7 @@ def test_completed_records_the_result_and_the_command_does_not_run_again(
     assert again.status_code == 409  # the first decision won
     final = _finished(server, run)
     assert final["status"]["phase"] == "Succeeded", final["status"]
-    assert (server.sandbox_root / "default" / run / "counter.txt").read_text() == "tick\n"
+    assert (workspace_of(server, run) / "counter.txt").read_text() == "tick\n"
     with server.http() as http:
         steps = {s["id"]: s for s in http.get(f"{RUNS}/{run}/steps").json()["items"]}
     assert steps[STEP]["state"] == "Resolved" and steps[STEP]["attempts"] == 1
@@ -126,7 +127,7 @@ def test_no_effect_runs_the_command_again_and_cancelled_fails_the_run(
     )
     assert answered.status_code == 200, answered.text
     final = _finished(server, run)["status"]
-    counter = (server.sandbox_root / "default" / run / "counter.txt").read_text()
+    counter = (workspace_of(server, run) / "counter.txt").read_text()
     if decision == "NoEffect":
         assert final["phase"] == "Succeeded"
         assert counter == "tick\ntick\n"  # it had run once: a person said it had not, so it ran again

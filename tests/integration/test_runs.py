@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from .conftest import Server, unique, wait_for
+from .kit import workspace_of
 
 AGENTS = "/v1/projects/default/agents"
 RUNS = "/v1/projects/default/agentruns"
@@ -79,7 +80,7 @@ def test_a_runs_commands_have_no_network_and_cannot_write_outside(server: Server
     commands = [s for s in _steps(server, run) if s["kind"] == "command"]
     exits = [s["detail"]["result"]["exit_code"] for s in commands]
     assert exits[0] != 0 and exits[1] != 0 and exits[2] == 0
-    assert (server.sandbox_root / "default" / run / "inside.txt").read_text() == "ok\n"
+    assert (workspace_of(server, run) / "inside.txt").read_text() == "ok\n"
 
 
 def test_the_journal_stores_each_message_once_as_arrow(server: Server) -> None:
@@ -106,7 +107,7 @@ def test_the_journal_stores_each_message_once_as_arrow(server: Server) -> None:
 def test_a_run_cannot_see_other_runs_workspaces_or_the_storage(server: Server) -> None:
     first = _start(server, "Use the shell to run `echo hidden-value > secret.txt`")
     assert _finished(server, first)["status"]["phase"] == "Succeeded"
-    other_workspace = server.sandbox_root / "default" / first
+    other_workspace = workspace_of(server, first)
     assert (other_workspace / "secret.txt").exists()
     second = _start(
         server,
@@ -116,10 +117,12 @@ def test_a_run_cannot_see_other_runs_workspaces_or_the_storage(server: Server) -
     final = _finished(server, second)
     assert final["status"]["phase"] == "Succeeded"
     results = [s["detail"]["result"] for s in _steps(server, second) if s["kind"] == "command"]
-    assert results[0]["exit_code"] != 0
+    # The session keeps these outside /tmp (conftest), where a sandbox would see them were they
+    # not hidden: missing, not forbidden (a permission bit would say "Permission denied").
+    assert not any(str(p.resolve()).startswith("/tmp/") for p in (other_workspace, server.storage))
+    assert results[0]["exit_code"] != 0 and "No such file or directory" in results[0]["output"]
     assert "hidden-value" not in results[0]["output"]
-    # Hidden (an empty mount) or absent (the test's directories live under the private /tmp):
-    # either way nothing of the other run or of the storage shows.
-    assert "default" not in results[1]["output"] and first not in results[1]["output"]
-    assert "projects" not in results[2]["output"]
+    # Empty mounts: not even the projects' or the runs' names show.
+    assert (results[1]["exit_code"], results[1]["output"]) == (0, "")
+    assert (results[2]["exit_code"], results[2]["output"]) == (0, "")
     assert final["status"]["sandbox"]["uid"] != _finished(server, first)["status"]["sandbox"]["uid"]

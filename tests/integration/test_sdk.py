@@ -12,6 +12,7 @@ import nodus
 from nodus.errors import AgentRunFailed, NotFound
 
 from .conftest import Server, unique
+from .kit import workspace_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hello" / "main.py"
 
@@ -64,7 +65,7 @@ def test_from_name_and_failures(sdk_env: Server) -> None:
     again = nodus.AgentRun.from_name(run.name)
     assert again.status().status.phase == "Failed"
     assert again.status().status.reason == "DeadlineExceeded"
-    assert not (sdk_env.sandbox_root / "default" / run.name).exists(), "a passed deadline deletes the sandbox"
+    assert not workspace_of(sdk_env, run.name).exists(), "a passed deadline deletes the sandbox"
     with pytest.raises(NotFound):
         nodus.AgentRun.from_name(unique("missing"))
     with pytest.raises(NotFound):
