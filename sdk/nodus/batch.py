@@ -84,7 +84,7 @@ def _dependencies(value: Any, where: str) -> list[str]:
         if text.startswith("["):
             try:
                 value = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise Invalid(
                     f"{where}.depends_on is not a JSON list: {text[:60]!r}",
                     details={"field": f"{where}.depends_on"},
@@ -148,6 +148,8 @@ def read_tasks(path: str | Path) -> list[dict[str, Any]]:
         where = f"{path.name} line {number}"
         try:
             row = json.loads(line)
+        except RecursionError:
+            raise Invalid(f"{where} is nested too deep", details={"field": where}) from None
         except ValueError as exc:
             raise Invalid(f"{where} is not JSON: {exc}", details={"field": where}) from None
         if not isinstance(row, dict):

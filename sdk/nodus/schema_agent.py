@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, StrictInt, model_validator
 
 from .egress_policy import MAX_ALLOWED_HOSTS, validate_allowed_host
 from .schema_common import (
@@ -119,8 +119,8 @@ def _unique_env(values: list[EnvVar]) -> list[EnvVar]:
 class AgentSpec(StrictModel):
     system: str = Field(default="", max_length=MAX_INPUT_BYTES)
     model: ModelSpec = Field(default_factory=ModelSpec)
-    maxTokens: int = Field(default=1024, ge=1, le=128_000)
-    maxToolCalls: int = Field(default=50, ge=1, le=1000)
+    maxTokens: StrictInt = Field(default=1024, ge=1, le=128_000)
+    maxToolCalls: StrictInt = Field(default=50, ge=1, le=1000)
     perRunMaxCostUSD: UsdAmount = "1.00"
     image: str | None = Field(default=None, max_length=512)
     state: Literal["Running", "Stopped"] = "Running"

@@ -8,7 +8,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 __all__ = [
     "API_VERSION",
@@ -62,7 +62,11 @@ Family = Literal["haiku", "sonnet", "opus", "fable"]
 
 
 class StrictModel(BaseModel):
-    """What a user writes (specs, metadata): an unknown field is refused, never dropped."""
+    """What a user writes (specs, metadata): an unknown field is refused, never dropped.
+
+    Numbers and booleans of a spec are ``StrictInt``/``StrictBool``: ``"yes"`` is not true and
+    ``"5"`` is not 5 (nor is ``true`` 1), and a string field takes no number.
+    """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
 
@@ -77,7 +81,7 @@ class ObjectMeta(StrictModel):
     name: DnsLabel
     project: str | None = None
     uid: str | None = None
-    generation: int | None = None
-    resourceVersion: int | None = None  # the server's count of writes (a run's, for resolve)
+    generation: StrictInt | None = None
+    resourceVersion: StrictInt | None = None  # the server's count of writes (a run's, for resolve)
     creationTimestamp: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)

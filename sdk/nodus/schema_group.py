@@ -8,7 +8,7 @@ import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, model_validator
 
 from .durations import parse_duration
 from .schema_common import API_VERSION, DnsLabel, ObjectMeta, OpenModel, StrictModel, UsdAmount
@@ -37,8 +37,8 @@ MAX_PENDING_LIMIT = 10000
 
 
 class GroupLimitsSpec(StrictModel):
-    maxActive: int = Field(default=10, ge=1, le=1000)
-    maxPending: int = Field(default=10000, ge=1, le=MAX_PENDING_LIMIT)
+    maxActive: StrictInt = Field(default=10, ge=1, le=1000)
+    maxPending: StrictInt = Field(default=10000, ge=1, le=MAX_PENDING_LIMIT)
 
 
 MAX_EVALUATION_CASES = 100
@@ -81,9 +81,9 @@ class EvaluationSpec(StrictModel):
 
     environment: Annotated[str, AfterValidator(_validate_environment_ref)]
     split: str = Field(default="test", min_length=1, max_length=63)
-    tasks: int = Field(ge=1, le=MAX_EVALUATION_CASES)
-    repetitions: int = Field(default=1, ge=1, le=MAX_EVALUATION_CASES)
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    tasks: StrictInt = Field(ge=1, le=MAX_EVALUATION_CASES)
+    repetitions: StrictInt = Field(default=1, ge=1, le=MAX_EVALUATION_CASES)
+    seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     timeout: Annotated[str, AfterValidator(_validate_evaluation_timeout)] = "30m"
 
     @model_validator(mode="after")
@@ -106,7 +106,7 @@ class AgentGroupSpec(StrictModel):
     agent: DnsLabel
     limits: GroupLimitsSpec = Field(default_factory=GroupLimitsSpec)
     maxCostUSD: UsdAmount | None = None
-    sealed: bool = False
+    sealed: StrictBool = False
     state: Literal["Running", "Cancelled"] = "Running"
     evaluation: EvaluationSpec | None = None
 

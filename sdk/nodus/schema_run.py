@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, StrictBool
 
 from .durations import parse_duration
 from .schema_common import API_VERSION, MAX_INPUT_BYTES, DnsLabel, ObjectMeta, OpenModel, StrictModel
@@ -71,7 +71,7 @@ class AgentRunSpec(StrictModel):
     agent: DnsLabel
     input: Annotated[str, AfterValidator(_validate_input)] = ""
     deadline: Duration | None = None
-    keepAlive: bool = False
+    keepAlive: StrictBool = False
     # Group membership: the run is task ``taskKey`` of AgentGroup ``group`` and is named
     # ``<group>-<taskKey>``; it starts only once every task in ``dependsOn`` has succeeded.
     group: DnsLabel | None = None

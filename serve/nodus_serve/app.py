@@ -8,7 +8,6 @@ It holds no state, so Serve may run any number of replicas.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -19,7 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from nodus.errors import BadRequest, Invalid, NodusError, PayloadTooLarge
+from nodus.errors import BadRequest, Invalid, NodusError
+from nodus.input_limits import MAX_BODY_BYTES, body_too_large, decode_json_body
 from nodus.resources import API_VERSION, validate_dns_label
 from nodus_ray import faults
 from nodus_ray.control.client import ControlPlaneClient
@@ -34,8 +34,6 @@ __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_BODY_BYTES = 1024 * 1024
-
 
 @functools.cache
 def _console_page() -> str:
@@ -48,16 +46,24 @@ def _error(error: NodusError) -> JSONResponse:
     return JSONResponse(status_code=error.status, content=error.to_dict())
 
 
+async def _read_capped(request: Request) -> bytes:
+    """The body, read no further than `MAX_BODY_BYTES` (a larger one is refused, not buffered)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise body_too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise body_too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if len(raw) > _MAX_BODY_BYTES:
-        raise PayloadTooLarge(
-            f"the request body is larger than {_MAX_BODY_BYTES} bytes", details={"field": ""}
-        )
-    try:
-        body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not JSON: {exc}", details={"field": ""}) from None
+    """The JSON object of the body; a body too large, too deep or not JSON is a 4xx (`input_limits`)."""
+    body = decode_json_body(await _read_capped(request))
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", details={"field": ""})
     return body
@@ -380,7 +386,12 @@ def create_app(
         body = await _body(request)
         if "amountUSD" not in body:
             raise Invalid('amountUSD: required, e.g. {"amountUSD": "10.00"}', details={"field": "amountUSD"})
-        return await cp.add_credits(_project(project), str(body["amountUSD"]))
+        if not isinstance(body["amountUSD"], str):  # as every amount of dollars: a number is not exact
+            raise Invalid(
+                'amountUSD: a decimal string of dollars, e.g. {"amountUSD": "10.00"}, not a number',
+                details={"field": "amountUSD"},
+            )
+        return await cp.add_credits(_project(project), body["amountUSD"])
 
     @app.get("/v1/prices")
     async def prices() -> dict[str, Any]:

@@ -81,6 +81,8 @@ def patch(
     """Change a resource with a JSON merge patch."""
     try:
         body = json.loads(patch_text)
+    except RecursionError:
+        raise UsageError("--patch is nested too deep") from None
     except ValueError as exc:
         raise UsageError(f"--patch is not JSON: {exc}") from None
     if not isinstance(body, dict):

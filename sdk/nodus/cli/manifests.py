@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import yaml
 
 from ..errors import Invalid, NodusError
+from ..input_limits import MAX_NESTING_DEPTH, check_yaml_node
 from ..resources import SHORT_NAMES, Resource, parse_resource
 
 __all__ = ["Manifest", "load_manifests"]
@@ -86,6 +87,7 @@ def _documents(source: str, text: str) -> list[tuple[int, Any]]:
             node = loader.get_node()
             if node is None:
                 continue
+            check_yaml_node(node, source)  # before constructing: no alias bomb, no deep nesting
             document = loader.construct_document(node)
             if document is not None:
                 found.append((node.start_mark.line + 1, document))
@@ -96,6 +98,10 @@ def _documents(source: str, text: str) -> list[tuple[int, Any]]:
         raise Invalid(f"{where}: {problem}", details={"file": source}) from None
     except yaml.YAMLError as exc:
         raise Invalid(f"{source}: {' '.join(str(exc).split())}", details={"file": source}) from None
+    except RecursionError:  # YAML's composer recurses once per level: deeper than Python's stack
+        raise Invalid(
+            f"{source}: nested more than {MAX_NESTING_DEPTH} levels deep", details={"file": source}
+        ) from None
     finally:
         if loader is not None:
             loader.dispose()
