@@ -85,6 +85,9 @@ class RunReport(BaseModel):
     turns: list[dict[str, Any]] | None = None
     cost: dict[str, Any] | None = None
     sandbox: dict[str, Any] | None = None
+    # The reporting actor's attempt (its fencing epoch): a report of an older attempt than the
+    # run's is a zombie's, and is dropped. Not a status field: `RunService.report` takes it out.
+    attempt: int | None = None
 
     def to_patch(self) -> dict[str, Any]:
         """The status patch as stored: the set fields, the phase as its plain string."""
@@ -300,8 +303,8 @@ class ControlPlaneClient:
     async def run_secrets(self, project: str, name: str) -> dict[str, Any]:
         return await self._call(lambda h: h.run_secrets.remote(project, name))
 
-    async def reserve_credits(self, project: str, name: str, amount: str) -> bool:
-        return await self._call(lambda h: h.reserve_credits.remote(project, name, amount))
+    async def reserve_credits(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
+        return await self._call(lambda h: h.reserve_credits.remote(project, name, amount, attempt))
 
     async def next_message(self, project: str, name: str, after_seq: int) -> dict[str, Any] | None:
         return await self._call(lambda h: h.next_message.remote(project, name, after_seq))

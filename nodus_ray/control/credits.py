@@ -72,8 +72,12 @@ class CreditService:
                 await registry.persist_run(key)
             self._supervisor.supervise(key)
 
-    async def reserve_credits(self, project: str, name: str, amount: str) -> bool:
-        """Hold ``amount`` for the run's next model call if the project can afford it."""
+    async def reserve_credits(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
+        """Hold ``amount`` for the run's next model call if the project can afford it; never for
+        an actor of an older attempt than the run's (a zombie: it is fenced, see `durable.fencing`)."""
+        run = self._registry.runs.get((project, name))
+        if attempt is not None and run is not None and int(run["status"].get("attempts") or 0) > attempt:
+            return False
         return self._ledger.reserve(project, name, Decimal(amount))
 
     def record_run_spend(self, project: str, name: str, total: Decimal) -> None:

@@ -296,8 +296,8 @@ class ControlPlane:
         return await self.credits.add_credits(project, amount)
 
     @after_recovery
-    async def reserve_credits(self, project: str, name: str, amount: str) -> bool:
-        return await self.credits.reserve_credits(project, name, amount)
+    async def reserve_credits(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
+        return await self.credits.reserve_credits(project, name, amount, attempt)
 
     # -- tokens ---------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from nodus.lifecycle import (
 from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.registry import Key, Registry, awaits_admission, merge_status, parked
 from nodus_ray.control.run_pool import RunActorPool
+from nodus_ray.durable.fencing import Fenced, JournalConflict
 from nodus_ray.faults import crash_point
 from nodus_ray.money.credits import CreditLedger
 from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig, run_actor_name
@@ -236,7 +237,7 @@ class RunSupervisor:
         run = self._registry.runs[key]
         project, name = key
         attempt = int(run["status"].get("attempts") or 0) + 1
-        config = await self._run_config(key)
+        config = await self._run_config(key, attempt)
         slot = self._pool.take()
         if slot is not None:
             await self._note(key, {"attempts": attempt, "actorName": slot.name})
@@ -249,7 +250,7 @@ class RunSupervisor:
         await self._note(key, {"attempts": attempt, "actorName": actor_name})
         return self._launcher.start(actor_name, config)
 
-    async def _run_config(self, key: Key) -> RunConfig:
+    async def _run_config(self, key: Key, attempt: int) -> RunConfig:
         run = self._registry.runs[key]
         project, name = key
         pinned = await asyncio.to_thread(self._registry.storage.read_json, layout.run_agent(project, name))
@@ -273,6 +274,7 @@ class RunSupervisor:
             workspace_snapshots=settings.workspace_snapshots,
             workspace_seeded=bool(run["status"].get("workspaceSeeded")),
             egress_private_networks=settings.egress_private_networks,
+            attempt=attempt,
         )
 
     async def _supervise_run(self, key: Key) -> None:
@@ -316,6 +318,20 @@ class RunSupervisor:
                     if is_over(key):
                         return
                     cause = getattr(error, "cause", None) or error
+                    if isinstance(cause, Fenced | JournalConflict):
+                        # Two actors of the run were alive at once (one frozen, or cut off, then
+                        # back). This one stopped writing; a fresh attempt fences them both.
+                        logger.warning("run %s/%s: %s; starting a new attempt", project, name, cause)
+                        self._launcher.kill(actor)
+                        # Counted as a loss (and so bounded by NODUS_MAX_ACTOR_RESTARTS), found here.
+                        losses = int(run["status"].get("actorLosses") or 0) + 1
+                        await self._note(key, {"actorLosses": losses, "actorName": None})
+                        if losses > self._settings.max_actor_restarts:
+                            await self._fail(
+                                key, RunReason.RUNNER_LOST, f"the run's actor was lost {losses} times"
+                            )
+                            return
+                        continue
                     logger.exception("run %s/%s failed inside its actor", project, name)
                     first_line = str(cause).splitlines()[0][:400] if str(cause) else ""
                     await self._fail(key, RunReason.INTERNAL_ERROR, f"{type(cause).__name__}: {first_line}")

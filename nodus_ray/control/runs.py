@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import uuid
 from collections import Counter, defaultdict
 from decimal import Decimal
@@ -41,6 +42,8 @@ from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp, utc_now
 
 __all__ = ["RunService"]
+
+logger = logging.getLogger(__name__)
 
 # Sandbox uids are handed out one per run, above the range the sandbox's own hash fallback
 # uses (200000-249999), so no two runs ever share a process budget or kill each other's work.
@@ -243,6 +246,7 @@ class RunService:
                     )
                     added[run.spec.group] += 1
                 resource = self._new_run(project, run, agent, group_index)
+                await asyncio.to_thread(self._clear_leftovers, key)
                 # The pinned agent is stored with the run: the run never depends on the Agent again.
                 await asyncio.to_thread(self._registry.storage.write_json, layout.run_agent(*key), agent)
                 await asyncio.to_thread(
@@ -266,6 +270,17 @@ class RunService:
             if group:
                 self._registry.group_members[(project, group)].append(key[1])
         return created
+
+    def _clear_leftovers(self, key: Key) -> None:
+        """A new run starts from nothing: whatever an earlier run of that name left in storage
+        (a delete that did not finish) goes first: its journal above all, which the new run
+        would otherwise replay, and its fencing epochs. An evaluation's seed, stored for this
+        run just before it is created, stays."""
+        storage = self._registry.storage
+        prefix = layout.run_prefix(*key)
+        for name in storage.list_dir(prefix):
+            if f"{prefix}/{name}" != layout.seed(prefix):
+                storage.delete_tree(f"{prefix}/{name}")
 
     def _new_run(
         self, project: str, run: AgentRun, agent: dict[str, Any], group_index: int | None
@@ -385,6 +400,13 @@ class RunService:
         async with self._registry.locks[key]:
             run = self._registry.runs.get(key)
             if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
+                return
+            patch = dict(patch)
+            attempt = patch.pop("attempt", None)
+            if attempt is not None and int(attempt) < int(run["status"].get("attempts") or 0):
+                logger.warning(
+                    "run %s/%s: dropped a report of attempt %s (a zombie actor)", project, name, attempt
+                )
                 return
             merge_status(run["status"], patch)
             total = (patch.get("cost") or {}).get("totalUSD")

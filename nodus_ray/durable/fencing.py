@@ -49,8 +49,12 @@ class Fenced(Exception):  # noqa: N818 - what happened to the actor, as the docs
         else:
             why = f"attempt {newest} has taken over from attempt {attempt}"
         super().__init__(f"{prefix}: fenced, {why}")
+        self.prefix = prefix
         self.attempt = attempt
         self.newest = newest
+
+    def __reduce__(self) -> tuple[type[Fenced], tuple[str, int, int]]:
+        return (Fenced, (self.prefix, self.attempt, self.newest))  # it crosses Ray's process boundary
 
 
 class JournalConflict(Exception):
@@ -58,7 +62,11 @@ class JournalConflict(Exception):
 
     def __init__(self, prefix: str, seq: int) -> None:
         super().__init__(f"{prefix}: journal record {seq} was written by another actor of the run")
+        self.prefix = prefix
         self.seq = seq
+
+    def __reduce__(self) -> tuple[type[JournalConflict], tuple[str, int]]:
+        return (JournalConflict, (self.prefix, self.seq))
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,9 @@ class Epoch:
 
     def newest(self) -> int:
         """The highest epoch claimed so far (-1 when none is)."""
-        claims = [int(name) for name in self.storage.list_dir(layout.epochs_folder(self.prefix)) if name.isdigit()]
+        claims = [
+            int(name) for name in self.storage.list_dir(layout.epochs_folder(self.prefix)) if name.isdigit()
+        ]
         return max(claims, default=-1)
 
     def check(self) -> None:

@@ -27,6 +27,7 @@ from nodus.lifecycle import RunPhase, RunReason
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
+from nodus_ray.durable.fencing import Epoch
 from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps
 from nodus_ray.egress.run_egress import RunEgress
@@ -78,6 +79,7 @@ class RunConfig:
     workspace_snapshots: bool = True
     workspace_seeded: bool = False  # an evaluation task's files are its first workspace
     egress_private_networks: str = ""  # the operator's NODUS_EGRESS_PRIVATE_NETWORKS
+    attempt: int = 0  # status.attempts when this actor was started: its epoch (`durable.fencing`)
 
 
 class RunActor:
@@ -93,12 +95,14 @@ class RunActor:
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
         self._control_plane = ControlPlaneClient.for_engine(_CONTROL_PLANE_PATIENCE_SECONDS)
+        self._epoch = Epoch(self._storage, layout.run_prefix(config.project, config.name), config.attempt)
         self._workspace = WorkspaceSnapshots(
             self._storage,
             layout.run_prefix(config.project, config.name),
             Path(config.workspace),
             enabled=config.workspace_snapshots,
             seeded=config.workspace_seeded,
+            fence=self._epoch.check,
         )
         self._workspace_states: tuple[int, ...] = ()
         self._journal: Journal | None = None
@@ -163,6 +167,7 @@ class RunActor:
         self._workspace.forget()
 
     async def _report(self, report: RunReport) -> None:
+        report.attempt = self.config.attempt  # a zombie's reports are dropped (`RunService.report`)
         await self._control_plane.report(self.config.project, self.config.name, report)
 
     def _open_sandbox(self) -> Sandbox:
@@ -196,7 +201,10 @@ class RunActor:
 
     async def _reserve_credits(self, amount: Decimal) -> None:
         """Hold the call's worst case from the project's credits, or wait without an actor."""
-        if not await self._control_plane.reserve_credits(self.config.project, self.config.name, str(amount)):
+        config = self.config
+        if not await self._control_plane.reserve_credits(
+            config.project, config.name, str(amount), config.attempt
+        ):
             raise CreditsExhausted(amount)
 
     async def _execute(self) -> RunOutcome:
@@ -216,7 +224,12 @@ class RunActor:
 
     async def _program(self) -> RunOutcome:
         config = self.config
-        journal = self._journal = Journal(self._storage, layout.journal_folder(config.project, config.name))
+        # The epoch first, the journal second: a zombie's Started is then either in what this
+        # actor loads, or written after this claim, which the zombie sees and stops at.
+        await asyncio.to_thread(self._epoch.claim)
+        journal = self._journal = Journal(
+            self._storage, layout.journal_folder(config.project, config.name), fence=self._epoch.check
+        )
         await asyncio.to_thread(journal.load)
         self._workspace_states = accepted_states(_command_attempts(journal.records))
         steps = Steps(journal)
@@ -324,6 +337,7 @@ class RunActor:
     async def _write_answer(self, answer: str) -> None:
         """The latest answer, whole (a keep-alive run rewrites it after every turn)."""
         config = self.config
+        await asyncio.to_thread(self._epoch.check)
         await asyncio.to_thread(
             self._storage.write_bytes,
             layout.run_answer(config.project, config.name),

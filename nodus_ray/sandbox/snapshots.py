@@ -36,6 +36,7 @@ import io
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,9 @@ class WorkspaceSnapshots:
     enabled: bool = True
     seeded: bool = False  # the run starts from ``seed.tar.gz`` instead of an empty workspace
     skipped_for_size: bool = False
+    # Raises when a newer actor of the run took over (`durable.fencing`): checked before the
+    # snapshot is stored and before older ones are deleted, so a zombie never replaces them.
+    fence: Callable[[], None] | None = None
     _stored: int | None = field(default=None, init=False, repr=False)  # the snapshot this object wrote last
 
     @staticmethod
@@ -136,6 +140,8 @@ class WorkspaceSnapshots:
             self.skipped_for_size = True
             return
         self.skipped_for_size = False
+        if self.fence is not None:
+            self.fence()
         self.storage.write_bytes(self._key(seq), data)
         # The older snapshots: listed once per actor (an earlier actor may have left several),
         # then known, so a command costs one write and one delete, not a listing as well.

@@ -79,7 +79,7 @@ _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("run_answer", ("p", "r"), "run_answer", ("p", "r")),
     ("model_access", ("p", "r"), "model_access", ("p", "r")),
     ("run_secrets", ("p", "r"), "run_secrets", ("p", "r")),
-    ("reserve_credits", ("p", "r", "0.25"), "reserve_credits", ("p", "r", "0.25")),
+    ("reserve_credits", ("p", "r", "0.25", 2), "reserve_credits", ("p", "r", "0.25", 2)),
     ("next_message", ("p", "r", 2), "next_message", ("p", "r", 2)),
     ("list_groups", ("p",), "list_groups", ("p",)),
     ("apply_group", ("p", {"g": 1}, "create"), "apply_group", ("p", {"g": 1}, "create")),

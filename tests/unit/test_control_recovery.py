@@ -76,7 +76,7 @@ FACADE = {
     "run_secrets": "(self, project: 'str', name: 'str')",
     "get_credits": "(self, project: 'str')",
     "add_credits": "(self, project: 'str', amount: 'str')",
-    "reserve_credits": "(self, project: 'str', name: 'str', amount: 'str')",
+    "reserve_credits": "(self, project: 'str', name: 'str', amount: 'str', attempt: 'int | None' = None)",
     "authenticate": "(self, digest: 'str')",
     "create_token": "(self, project: 'str', document: 'dict[str, Any]', created_by: 'str')",
     "get_token": "(self, project: 'str', name: 'str')",
