@@ -101,9 +101,12 @@ def _timed_run(box: Sandbox, command: str, **kwargs: float) -> tuple[float, str 
 def _cancelled_after(box: Sandbox) -> float:
     """Seconds from `cancel()` to the command's result, for a command that would run a minute."""
     done: list[float] = []
-    worker = threading.Thread(
-        target=lambda: (box.run("touch started; sleep 60"), done.append(time.perf_counter()))
-    )
+
+    def run() -> None:
+        box.run("touch started; sleep 60")
+        done.append(time.perf_counter())
+
+    worker = threading.Thread(target=run)
     worker.start()
     while not (box.workspace / "started").exists():
         time.sleep(0.01)

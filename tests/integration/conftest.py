@@ -12,6 +12,13 @@ Crash points (``NODUS_FAULTS``) are armed only in a session that runs the fault 
 ``NODUS_TEST_STORAGE=s3`` runs the session on S3 instead of a local directory: a local
 S3-compatible server (moto's server mode) that the session starts, where nothing can be
 appended. Tests that look at storage use `Server.store`, so they pass on either.
+
+Everything the session keeps (storage, the sandbox root, its home with the secret key, Ray's
+temp dir) lives under one directory outside ``/tmp`` (``/var/tmp`` unless
+``NODUS_TEST_BASE_DIR`` says otherwise): a sandbox's ``/tmp`` is private, so under ``/tmp`` those
+paths would be absent from every sandbox whether the server hides them or not, and a regression
+that exposed them would stay green. The fake Anthropic API is shared by the session and reset
+before every test.
 """
 
 from __future__ import annotations
@@ -95,6 +102,24 @@ class Server:
     def fired(self, point: str) -> bool:
         return any(self.faults.glob(f".{point}.fired.*"))
 
+    @property
+    def base(self) -> Path:
+        """The session's own directory, which holds storage, sandboxes, home and Ray's temp dir."""
+        return self.home.parent
+
+    def ray_logs(self) -> list[Path]:
+        """Every log file of this session's Ray, recursively, for leak scans.
+
+        Each head session of the run (``nodus up`` after a `ray stop --force` starts a new one)
+        under ``NODUS_RAY_TEMP_DIR``: GCS, raylet, every worker's (the control plane, run actors,
+        the grader) and Serve's (``logs/serve``: the proxy, the controller, the replicas).
+        """
+        temp_dir = Path(self.env["NODUS_RAY_TEMP_DIR"])
+        sessions = [s for s in temp_dir.glob("session_*") if s.is_dir() and not s.is_symlink()]
+        logs = [path for s in sessions for path in (s / "logs").rglob("*") if path.is_file()]
+        assert logs, f"no Ray log files under {temp_dir}"
+        return logs
+
     def cli(
         self, *args: str, input: str | None = None, timeout: float = 180
     ) -> subprocess.CompletedProcess[str]:
@@ -146,10 +171,27 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def _session_base() -> Path:
+    """A fresh directory for the session, on a path a sandbox would see if nothing hid it.
+
+    Not under ``/tmp`` (private in every sandbox) nor under a home directory (the server user's
+    home is hidden by default): ``/var/tmp``, or ``NODUS_TEST_BASE_DIR``. Mode 0o711: the
+    sandbox runs as an unprivileged uid that must traverse down to its workspace.
+    """
+    parent = Path(os.environ.get("NODUS_TEST_BASE_DIR") or "/var/tmp").resolve()
+    if parent == Path("/tmp") or Path("/tmp") in parent.parents:
+        raise RuntimeError(f"NODUS_TEST_BASE_DIR must not be under /tmp (got {parent})")
+    base = Path(tempfile.mkdtemp(prefix="nodus-it-", dir=parent))
+    base.chmod(0o711)
+    return base
+
+
 @pytest.fixture(scope="session")
 def fake_anthropic() -> Iterator[Any]:
     """A local fake of the Anthropic Messages API that every Claude call of the session reaches
-    (the server's ANTHROPIC_BASE_URL points at it); runs without a key stay on the offline model."""
+    (the server's ANTHROPIC_BASE_URL points at it); runs without a key stay on the offline model.
+    One for the session (the server is configured with its address); `_fresh_fake_anthropic`
+    resets it before each test."""
     from tests.fakes.anthropic_api import FakeMessagesAPI
 
     fake = FakeMessagesAPI().start()
@@ -157,6 +199,15 @@ def fake_anthropic() -> Iterator[Any]:
         yield fake
     finally:
         fake.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fake_anthropic(fake_anthropic: Any) -> Iterator[None]:
+    """Each test starts with an empty script, the echo responder, any key accepted and no
+    recorded requests, whatever the test before it scripted or left unserved."""
+    fake_anthropic.reset()
+    yield
+    fake_anthropic.reset()
 
 
 @pytest.fixture(scope="session")
@@ -199,9 +250,7 @@ def storage_service() -> Iterator[dict[str, str]]:
 def server(
     request: pytest.FixtureRequest, fake_anthropic: Any, storage_service: dict[str, str]
 ) -> Iterator[Server]:
-    base = Path(tempfile.mkdtemp(prefix="nodus-it-"))
-    # The sandbox runs as an unprivileged uid that must traverse down to its workspace.
-    base.chmod(0o711)
+    base = _session_base()
     storage, sandboxes, home, faults = base / "storage", base / "sandboxes", base / "home", base / "faults"
     for path in (storage, sandboxes, home, faults):
         path.mkdir(mode=0o711)

@@ -4,7 +4,6 @@ when there is none."""
 from __future__ import annotations
 
 import subprocess
-import time
 from typing import Any
 
 import psutil
@@ -42,7 +41,6 @@ def test_up_with_address_auto_joins_the_running_cluster(server: Server, ray_driv
 
 
 def test_up_with_an_address_where_no_cluster_is_fails_at_once_in_one_line(server: Server) -> None:
-    started = time.monotonic()
     refused = subprocess.run(
         [NODUS, "up", "--address", "127.0.0.1:1", "--port", "18999"],
         env=server.env,
@@ -52,6 +50,7 @@ def test_up_with_an_address_where_no_cluster_is_fails_at_once_in_one_line(server
         check=False,
     )
     assert refused.returncode == 1
+    # Refused at once, not after Ray's own long wait: this message comes only from the probe of
+    # the port that `nodus up` makes before it hands the address to Ray.
     assert refused.stderr.startswith("error: no Ray cluster answers at 127.0.0.1:1;")
     assert refused.stderr.count("\n") == 1
-    assert time.monotonic() - started < 30, "refused at once, not after Ray's own long wait"

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +25,8 @@ import pytest
 
 from nodus_ray.egress.proxy import EgressPolicy, EgressProxy, EgressRecord
 from nodus_ray.egress.wiring import FORWARDER_PATH, SANDBOX_FORWARDER, bwrap_args, proxy_env, wrap_argv
+
+from .conftest import wait_for
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.1/32"),)
 _RESPONSE_BODY = b"hello from origin\n"
@@ -334,7 +335,9 @@ def test_a_connection_that_asks_nothing_is_not_recorded(make_proxy, echo) -> Non
     _connect(proxy).close()
     _tunnel(proxy, f"127.0.0.1:{echo.port}", b"x")
     assert [r.method for r in records.wait(1)] == ["CONNECT"]
-    time.sleep(0.2)
+    # The silent connection was accepted first, so its handler has started; once every handler
+    # has ended, what it recorded would be there.
+    wait_for(lambda: proxy.open_connections == 0, timeout=10, message="the proxy's connections to end")
     assert len(records.items) == 1
 
 
@@ -369,9 +372,7 @@ def test_a_failing_callback_does_not_break_the_proxy(make_proxy, echo) -> None:
     for _ in range(3):
         assert _tunnel(proxy, f"127.0.0.1:{echo.port}", b"ping") == b"ping"
     assert _ask(proxy, b"CONNECT example.org:443 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 403 ")
-    deadline = time.monotonic() + 5
-    while len(seen) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(seen) >= 4, timeout=10, message="the four records")
     assert len(seen) == 4
 
 

@@ -146,10 +146,102 @@ def test_a_secret_reaches_the_command_and_only_a_marker_reaches_anything_recorde
     assert logs.returncode == 0 and secret_value not in logs.stdout
     assert secret_value not in _stored_text(server, run["metadata"]["name"])
     assert secret_value not in json.dumps(run)
-    ray_logs = Path("/tmp/ray/session_latest/logs")
-    for log in ray_logs.glob("*"):  # the workers' logs, the control plane's and Serve's
-        if log.is_file() and log.stat().st_size < 50 << 20:
-            assert secret_value not in log.read_text(errors="replace"), log
+    needle = secret_value.encode()
+    ray_logs = server.ray_logs()  # every session of this test's Ray, recursively: workers', GCS's, Serve's
+    assert any("serve" in log.relative_to(server.base).parts for log in ray_logs), "Serve's logs were read"
+    assert [log for log in ray_logs if needle in log.read_bytes()] == []
+
+
+def _other_projects_finished_run(server: Server, marker: str) -> tuple[str, str]:
+    """A run of another project that left ``marker`` in its workspace and its journal."""
+    project, agent, run = unique("contain"), unique("agent"), unique("run")
+    with server.http() as http:  # the operator's token reaches every project
+        base = f"/v1/projects/{project}"
+        answer = http.put(
+            f"{base}/agents/{agent}",
+            json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": agent}, "spec": {"system": "x"}},
+        )
+        assert answer.status_code == 201, answer.text
+        answer = http.post(
+            f"{base}/agentruns",
+            json={
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "metadata": {"name": run},
+                "spec": {"agent": agent, "input": f"run:\necho {marker} > notes.txt"},
+            },
+        )
+        assert answer.status_code == 201, answer.text
+        wait_for(
+            lambda: http.get(f"{base}/agentruns/{run}").json()["status"]["phase"] == "Succeeded",
+            timeout=120,
+            message=f"run {run} of project {project} to succeed",
+        )
+    return project, run
+
+
+def test_a_run_on_the_server_cannot_read_other_runs_projects_keys_storage_or_ray(server: Server) -> None:
+    """Containment on the real server, on paths a sandbox would see if they were not hidden.
+
+    The session's directory is outside /tmp and outside any home (see conftest), and a file put
+    there is readable from the run (the positive control), so only the server's hiding stands
+    between the run and each target; each must read as missing ("No such file or directory"),
+    not merely as forbidden, which a permission bit would also give.
+    """
+    marker = unique("other-run-secret")
+    project, other = _other_projects_finished_run(server, marker)
+    # The targets, found on the host (not computed the way the server computes its hidden paths).
+    copies = [p for p in server.sandbox_root.rglob("notes.txt") if marker.encode() in p.read_bytes()]
+    assert copies, "the other run's workspace file is on the host"
+    workspace_file = copies[0]
+    key_file = server.home / ".nodus" / "secret.key"
+    session_dir = Path(server.cluster()["session_dir"])
+    ray_log = next(log for log in server.ray_logs() if session_dir in log.parents)
+    assert key_file.is_file()
+    probe = server.base / unique("visible") / "probe.txt"
+    probe.parent.mkdir(mode=0o755)
+    probe.write_text("visible-from-the-sandbox\n")
+    probe.chmod(0o644)
+    for path in (server.storage, server.sandbox_root, server.home, session_dir, probe):
+        assert not str(path.resolve()).startswith("/tmp/"), (
+            f"{path}: under /tmp the check would prove nothing"
+        )
+    commands = {
+        "probe": f"cat {probe}",
+        "workspace": f"cat {workspace_file}",
+        "sandbox root": f"ls -A {server.sandbox_root}",
+        "key": f"cat {key_file}",
+        "storage root": f"ls -A {server.storage}",
+        "storage below": f"ls {server.storage}/projects",
+        "ray session": f"ls -A {session_dir}",
+        "ray log": f"cat {ray_log}",
+    }
+    local = server.storage_uri == str(server.storage)
+    if local:  # on S3 the journal is in a bucket the run has no network to reach
+        journal = server.storage / "projects" / project / "agentruns" / other
+        [segment, *_] = sorted(p for p in journal.rglob("*") if p.is_file() and "journal" in p.parts)
+        assert marker.encode() in b"".join(p.read_bytes() for p in journal.rglob("*") if p.is_file())
+        commands["journal"] = f"cat {segment}"
+    agent = unique("contain-agent")
+    _agent(server, agent)
+    run = _finished_run(server, agent, list(commands.values()))
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    steps = [s["detail"] for s in _steps(server, run["metadata"]["name"]) if s["kind"] == "command"]
+    assert [s["command"] for s in steps] == list(commands.values())
+    got = {
+        name: (s["result"]["exit_code"], s["result"]["output"])
+        for name, s in zip(commands, steps, strict=True)
+    }
+    assert got.pop("probe") == (0, "visible-from-the-sandbox\n")
+    # Empty mounts: the directories are there and list nothing, not even the projects' names.
+    assert got.pop("sandbox root") == (0, "") and got.pop("storage root") == (0, "")
+    # Ray's session reads as missing (its temp dir is hidden) or as an empty mount (it is).
+    exit_code, output = got.pop("ray session")
+    assert (exit_code, output) == (0, "") or (exit_code != 0 and "No such file or directory" in output)
+    key = key_file.read_text().strip()
+    for name, (exit_code, output) in got.items():
+        assert exit_code != 0 and "No such file or directory" in output, (name, exit_code, output)
+        assert marker not in output and key not in output, name
 
 
 def test_a_missing_secret_fails_the_run_naming_the_entry(server: Server) -> None:

@@ -606,7 +606,6 @@ def test_disk_cap_kills_a_command_that_keeps_writing(host: Host) -> None:
     assert result.exit_code is None and result.limit == "disk" and not result.timed_out, result
     assert result.for_model().startswith("killed: disk limit exceeded\n")
     assert "over its cap of 8.0 MiB" in result.output and "FINISHED" not in result.output
-    assert result.duration_seconds < 5
     assert cap < (box.workspace / "fill").stat().st_size < 100 << 20
     # Over the cap now: a command that only deletes is not killed for the earlier excess...
     result = box.run("rm fill; echo removed; du -sk . | cut -f1")
