@@ -95,16 +95,13 @@ def server_key(server: Server) -> Iterator[str]:
 
 
 def _files_containing(secret: str, server: Server) -> list[str]:
-    """Every file the server writes (storage, sandboxes, Ray's session logs) holding ``secret``."""
+    """Every file the server writes (storage, sandboxes, every log of the session's Ray, Serve's
+    among them) holding ``secret``."""
     needle = secret.encode()
-    roots = [server.storage, server.sandbox_root, Path("/tmp/ray/session_latest/logs")]
-    return [
-        str(path)
-        for root in roots
-        if root.exists()
-        for path in root.rglob("*")
-        if path.is_file() and needle in path.read_bytes()
-    ]
+    files = [path for root in (server.storage, server.sandbox_root) for path in root.rglob("*")]
+    logs = server.ray_logs()
+    assert any("serve" in log.relative_to(server.base).parts for log in logs), "Serve's logs were read"
+    return [str(path) for path in files + logs if path.is_file() and needle in path.read_bytes()]
 
 
 def test_byok_run_uses_the_secret_key_charges_nothing_and_leaks_nowhere(

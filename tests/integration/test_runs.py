@@ -117,10 +117,12 @@ def test_a_run_cannot_see_other_runs_workspaces_or_the_storage(server: Server) -
     final = _finished(server, second)
     assert final["status"]["phase"] == "Succeeded"
     results = [s["detail"]["result"] for s in _steps(server, second) if s["kind"] == "command"]
-    assert results[0]["exit_code"] != 0
+    # The session keeps these outside /tmp (conftest), where a sandbox would see them were they
+    # not hidden: missing, not forbidden (a permission bit would say "Permission denied").
+    assert not any(str(p.resolve()).startswith("/tmp/") for p in (other_workspace, server.storage))
+    assert results[0]["exit_code"] != 0 and "No such file or directory" in results[0]["output"]
     assert "hidden-value" not in results[0]["output"]
-    # Hidden (an empty mount) or absent (the test's directories live under the private /tmp):
-    # either way nothing of the other run or of the storage shows.
-    assert "default" not in results[1]["output"] and first not in results[1]["output"]
-    assert "projects" not in results[2]["output"]
+    # Empty mounts: not even the projects' or the runs' names show.
+    assert (results[1]["exit_code"], results[1]["output"]) == (0, "")
+    assert (results[2]["exit_code"], results[2]["output"]) == (0, "")
     assert final["status"]["sandbox"]["uid"] != _finished(server, first)["status"]["sandbox"]["uid"]
