@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import httpx
 import pytest
 
 from .conftest import NODUS, PORT, Server, unique
@@ -195,3 +196,175 @@ def test_nodus_up_refuses_to_change_a_running_servers_settings(server: Server) -
     # The running server is untouched.
     with server.http() as http:
         assert http.get("/readyz").status_code == 200
+
+
+# -- nesting, size, merge patches, strict types, under every role's token ---------------------
+
+GROUPS = "/v1/projects/default/agentgroups"
+DEEP_BODIES = {
+    "100k-brackets": b"[" * 100_000,
+    "50k-objects": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+    "33-levels": b"[" * 33 + b"]" * 33,
+    "nan": b'{"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "x"}, "spec": {"a": NaN}}',
+}
+
+
+def _role_token(server: Server, role: str) -> str:
+    with server.http() as http:
+        created = http.post(
+            "/v1/projects/default/tokens",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Token",
+                "metadata": {"name": unique(role)},
+                "spec": {"role": role},
+            },
+        )
+    assert created.status_code == 201, created.text
+    return str(created.json()["status"]["token"])
+
+
+def _refusal(response: httpx.Response, status: int | None = None) -> dict[str, object]:
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    if status is not None:
+        assert response.status_code == status, response.text[:300]
+    body = response.json()
+    assert set(body) == {"code", "message", "details"}
+    return dict(body)
+
+
+def test_deep_huge_and_malformed_bodies_are_4xx_json_under_every_role(server: Server) -> None:
+    name, group = unique("agent"), unique("g")
+    with server.http() as http:
+        assert http.put(f"{AGENTS}/{name}", json=agent(name, system="keep me")).status_code == 201
+        group_doc = {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentGroup",
+            "metadata": {"name": group},
+            "spec": {"agent": name},
+        }
+        assert http.put(f"{GROUPS}/{group}", json=group_doc).status_code == 201
+        before = http.get(f"{AGENTS}/{name}").json()
+    routes = [
+        ("POST", RUNS),
+        ("PATCH", f"{AGENTS}/{name}"),
+        ("PUT", f"{AGENTS}/{name}"),
+        ("PATCH", f"{GROUPS}/{group}"),
+        ("POST", f"{RUNS}/{unique('r')}/messages"),
+        ("POST", "/v1/projects/default/secrets"),
+        ("POST", "/v1/projects/default/tokens"),
+        ("POST", "/v1/projects/default/credits"),
+    ]
+    tokens = {role: _role_token(server, role) for role in ("read", "write", "admin")}
+    tokens["operator"] = server.token
+    bodies = {
+        **DEEP_BODIES,
+        "over-1MiB": b" " * (1024 * 1024 + 1),
+        "not-utf8": b"\xff\xfe{",
+        "a-list": b"[1]",
+    }
+    for role, token in tokens.items():
+        with server.http(token) as http:
+            for method, path in routes:
+                for label, content in bodies.items():
+                    answer = http.request(
+                        method, path, content=content, headers={"content-type": "application/json"}
+                    )
+                    _refusal(answer)
+                    if answer.status_code not in (401, 403):
+                        expected = 413 if label == "over-1MiB" else 400
+                        assert answer.status_code == expected, (role, method, path, label, answer.text[:200])
+    with server.http() as http:
+        after = http.get(f"{AGENTS}/{name}").json()
+        assert after["spec"] == before["spec"] and after["status"]["revision"] == before["status"]["revision"]
+        assert http.get("/readyz").status_code == 200
+        assert http.delete(f"{GROUPS}/{group}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"spec": None}, "spec"),
+        ({"spec": {"system": None}}, "spec.system"),
+        ({"spec": {"perRunMaxCostUSD": None}}, "spec.perRunMaxCostUSD"),
+        ({"metadata": None}, "metadata"),
+        ({"spec": {"maxTokens": "100"}}, "spec.maxTokens"),
+        ({"spec": {"maxToolCalls": True}}, "spec.maxToolCalls"),
+    ],
+)
+def test_a_patch_that_removes_what_an_agent_needs_is_refused(
+    server: Server, patch: dict[str, object], field: str
+) -> None:
+    name = unique("agent")
+    with server.http() as http:
+        created = http.put(f"{AGENTS}/{name}", json=agent(name, system="keep me", perRunMaxCostUSD="5.00"))
+        assert created.status_code == 201
+        refused = http.patch(f"{AGENTS}/{name}", json=patch)
+        assert _refusal(refused, 422)["details"]["field"] == field  # type: ignore[index]
+        current = http.get(f"{AGENTS}/{name}").json()
+        assert current["spec"]["system"] == "keep me" and current["spec"]["perRunMaxCostUSD"] == "5.00"
+        assert current["status"]["revision"] == 1  # no new revision
+        removable = http.patch(
+            f"{AGENTS}/{name}", json={"metadata": {"labels": {"a": None}}, "spec": {"image": None}}
+        )
+        assert removable.status_code == 200 and removable.json()["spec"]["system"] == "keep me"
+
+
+def test_a_patch_that_removes_what_a_group_needs_is_refused(server: Server) -> None:
+    name, group = unique("agent"), unique("g")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{name}", json=agent(name))
+        doc = {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentGroup",
+            "metadata": {"name": group},
+            "spec": {"agent": name, "limits": {"maxActive": 3}},
+        }
+        assert http.put(f"{GROUPS}/{group}", json=doc).status_code == 201
+        for patch, field in (
+            ({"spec": None}, "spec"),
+            ({"spec": {"agent": None}}, "spec.agent"),
+            ({"spec": {"limits": None}}, "spec.limits"),
+            ({"spec": {"sealed": "yes"}}, "spec.sealed"),
+            ({"spec": {"limits": {"maxActive": "4"}}}, "spec.limits.maxActive"),
+        ):
+            assert _refusal(http.patch(f"{GROUPS}/{group}", json=patch), 422)["details"]["field"] == field  # type: ignore[index]
+        current = http.get(f"{GROUPS}/{group}").json()
+        assert current["spec"]["limits"]["maxActive"] == 3 and current["spec"]["sealed"] is False
+        assert http.delete(f"{GROUPS}/{group}").status_code == 200
+
+
+def test_a_string_is_not_a_boolean(server: Server) -> None:
+    name, run_name = unique("agent"), unique("r")
+    with server.http() as http:
+        http.put(f"{AGENTS}/{name}", json=agent(name))
+        refused = http.post(RUNS, json=run(run_name, name, keepAlive="yes"))
+        assert _refusal(refused, 422)["details"]["field"] == "spec.keepAlive"  # type: ignore[index]
+        assert http.get(f"{RUNS}/{run_name}").status_code == 404  # nothing was created
+
+
+def test_deep_and_exploding_yaml_is_one_cli_line(server: Server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(
+        "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {name: deep}\nspec: "
+        + "[" * 100_000
+        + "]" * 100_000
+        + "\n"
+    )
+    laughs = [
+        "apiVersion: nodus.dev/v1",
+        "kind: Agent",
+        "metadata: {name: laughs}",
+        "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]",
+    ]
+    laughs += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join([*laughs, "spec: {system: *a8}"]) + "\n")
+    for path, words in ((deep, "nested more than"), (bomb, "aliases")):
+        result = server.cli("apply", "-f", str(path))
+        assert result.returncode != 0
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+    deep_patch = server.cli("patch", "agent/deep", "--patch", "[" * 100_000)
+    assert deep_patch.returncode != 0 and "Traceback" not in deep_patch.stderr
+    assert len(deep_patch.stderr.strip().splitlines()) == 1, deep_patch.stderr

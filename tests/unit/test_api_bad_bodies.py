@@ -205,6 +205,7 @@ def test_a_body_over_the_size_limit_is_413_declared_or_streamed() -> None:
 @pytest.mark.parametrize("role", ["write", "admin", "operator"])
 def test_a_patch_that_nulls_the_spec_is_refused_and_changes_nothing(role: str) -> None:
     cp = _ControlPlane()
+    patch: dict[str, Any]
     before = _snapshot(cp)
     for path in (f"{BASE}/agents/keeper", f"{BASE}/agentgroups/g"):
         for patch, field in (

@@ -314,7 +314,7 @@ _CURRENT_GROUP = {
     "spec": {"agent": "helper", "limits": {"maxActive": 3, "maxPending": 9}, "maxCostUSD": "2.00"},
 }
 PATCH_VALUES = st.one_of(st.none(), VALUES)
-_SPEC_FIELDS = sorted({*_CURRENT_AGENT["spec"], *_CURRENT_GROUP["spec"], "sealed", "image", "evaluation"})  # type: ignore[misc]
+_SPEC_FIELDS = sorted({*_CURRENT_AGENT["spec"], *_CURRENT_GROUP["spec"], "sealed", "image", "evaluation"})
 
 
 def _patches() -> st.SearchStrategy[dict[str, Any]]:
@@ -364,7 +364,7 @@ def test_a_merge_patch_never_puts_a_default_in_place_of_a_value(
         assert refusal.details.get("field") is not None and refusal.status == 422
         return
     after = resource.model_dump(mode="json", exclude_none=True)["spec"]
-    spec_patch = patch.get("spec") if isinstance(patch.get("spec"), dict) else {}
+    spec_patch: dict[str, Any] = patch["spec"] if isinstance(patch.get("spec"), dict) else {}
     for field, before in current["spec"].items():
         if field not in spec_patch:
             if isinstance(before, dict):  # a sub-object: its fields keep their values
