@@ -26,6 +26,8 @@ Without ``NODUS_FAULTS`` a point costs one dictionary lookup. The points:
 ``step-effect-done``    a journaled step's effect happened, its ``Completed`` is not written
                         (context: ``<journal prefix>/<step id>``)
 ``step-recorded``       a journaled step's ``Completed`` is written (context: as above)
+``actor-fenced``        a run actor found a newer actor of its run and stopped (context:
+                        ``<project>/<run>``)
 ``admission-decided``   a group supervisor decided to start a run, before the control plane
                         heard of it (context: ``<project>/<group>/<run>``)
 ``batch-half-written``  the control plane stored the first run of a batch and not the rest
@@ -57,6 +59,7 @@ POINTS = frozenset(
         "step-started",
         "step-effect-done",
         "step-recorded",
+        "actor-fenced",
         "admission-decided",
         "batch-half-written",
         "api-answering",

@@ -154,8 +154,13 @@ class Steps:
         started: dict[str, Any] | None = None,
         cost_of: Callable[[dict[str, Any]], str] | None = None,
         summary_of: Callable[[dict[str, Any]], str] | None = None,
+        retry_interrupted: Callable[[JournalRecord], bool] | None = None,
     ) -> dict[str, Any]:
         """Run ``action`` as the step ``step_id`` unless the journal already decided it.
+
+        ``retry_interrupted`` is asked about an ``external`` step found started and never
+        ended: True means its effect was undone (a hermetic command's workspace put back), so
+        the journal records ``NoEffect`` and the step runs again instead of waiting for a person.
 
         Raises `NonDeterministic` (and runs nothing) when the journal recorded another step at
         this position of the program, or this step at another position.
@@ -169,6 +174,14 @@ class Steps:
                 raise StepFailed(step_id, dict(last.payload.get("error", {})))
             if last.state == "NoEffect":
                 pass  # resolved as "it did nothing": run it again, as the next attempt
+            elif last.state == "Started" and retry_interrupted is not None and retry_interrupted(last):
+                await self._append(
+                    step_id,
+                    kind,
+                    "NoEffect",
+                    {"summary": "interrupted; its effect was undone (workspace restored): it runs again"},
+                    attempt=last.attempt,
+                )
             elif last.state == "NeedsResolution" or effect == "external":
                 if last.state != "NeedsResolution":
                     await self._append(

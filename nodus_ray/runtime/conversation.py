@@ -107,6 +107,10 @@ class Conversation:
     # Called (in a thread) after a command: the connections it made through the egress proxy,
     # journaled with its result (`egress`).
     take_egress: Callable[[], list[dict[str, Any]]] | None = None
+    # Whether the run actor put the workspace back to before the interrupted command whose
+    # Started has this seq (a run that reaches nothing outside, `snapshots.restore_state`):
+    # then that command runs again by itself instead of waiting for a person.
+    restored_before: Callable[[int], bool] | None = None
 
     @property
     def cost_usd(self) -> Decimal:
@@ -408,11 +412,13 @@ class Conversation:
             return done
 
         shown = self.redact(command)
+        restored_before = self.restored_before
         recorded = await self.steps.run(
             step_id,
             "command",
             execute,
             effect="external",
+            retry_interrupted=(lambda record: restored_before(record.seq)) if restored_before else None,
             started={"command": shown},
             summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
         )

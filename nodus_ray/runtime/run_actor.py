@@ -27,10 +27,11 @@ from nodus.lifecycle import RunPhase, RunReason
 from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
-from nodus_ray.durable.fencing import Epoch
+from nodus_ray.durable.fencing import Epoch, Fenced
 from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps
 from nodus_ray.egress.run_egress import RunEgress
+from nodus_ray.faults import crash_point
 from nodus_ray.models import ModelProvider, provider_for
 from nodus_ray.money.billing import RunBudget
 from nodus_ray.money.prices import PriceTable
@@ -38,7 +39,7 @@ from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
-from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
+from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceLost, WorkspaceSnapshots, accepted_states
 from nodus_ray.settings import NAMESPACE
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
@@ -105,6 +106,10 @@ class RunActor:
             fence=self._epoch.check,
         )
         self._workspace_states: tuple[int, ...] = ()
+        # (the interrupted command's Started seq, the state to put back) when this actor is to
+        # undo an interrupted command, and the seq it did undo (`_open_sandbox`).
+        self._undo: tuple[int, int] | None = None
+        self._undone: int | None = None
         self._journal: Journal | None = None
         self._workspace_origin = "local"
         self._env: dict[str, str] = {}  # spec.env, secret values opened: memory only
@@ -171,9 +176,14 @@ class RunActor:
         await self._control_plane.report(self.config.project, self.config.name, report)
 
     def _open_sandbox(self) -> Sandbox:
-        # The journal's commands happened in a workspace that may be on another node's disk:
-        # use it here only if it is that workspace, else restore its snapshot, else fail.
-        self._workspace_origin = self._workspace.ensure(self._workspace_states)
+        if self._undo is not None and self._undone is None and self._workspace.restore_state(self._undo[1]):
+            # The interrupted command may have half changed the local copy: what the snapshot
+            # before it holds is the workspace now, and the command runs again.
+            self._workspace_origin, self._undone = "restored", self._undo[0]
+        else:
+            # The journal's commands happened in a workspace that may be on another node's
+            # disk: use it here only if it is that workspace, else restore its snapshot, else fail.
+            self._workspace_origin = self._workspace.ensure(self._workspace_states)
         # Other runs' workspaces and the storage are mounted away, not merely unreadable.
         self._sandbox = create_sandbox(
             Path(self.config.workspace),
@@ -210,6 +220,12 @@ class RunActor:
     async def _execute(self) -> RunOutcome:
         try:
             outcome = await self._program()
+        except Fenced as fenced:
+            # A newer actor serves the run (this one was frozen or cut off, then came back):
+            # it stops here, having written nothing, and the control plane ignores it.
+            logger.warning("run %s: %s; this actor stops", self.config.name, fenced)
+            crash_point("actor-fenced", f"{self.config.project}/{self.config.name}")
+            raise
         finally:
             if self._egress is not None:  # no command runs any more: nothing can connect
                 await asyncio.to_thread(self._egress.close)
@@ -231,7 +247,10 @@ class RunActor:
             self._storage, layout.journal_folder(config.project, config.name), fence=self._epoch.check
         )
         await asyncio.to_thread(journal.load)
-        self._workspace_states = accepted_states(_command_attempts(journal.records))
+        attempts = _command_attempts(journal.records)
+        self._workspace_states = accepted_states(attempts)
+        if self._egress is None:  # it reaches nothing outside: an interrupted command can be undone
+            self._undo = _undoable(journal.records, attempts)
         steps = Steps(journal)
         agent = config.agent_spec
         model = agent.get("model") or {}
@@ -268,6 +287,7 @@ class RunActor:
             after_command=self._workspace.after_command,
             redact=Redactor({**secrets["redact"], **own_key}),
             take_egress=self._egress.take if self._egress is not None else None,
+            restored_before=lambda seq: seq == self._undone,
         )
         self._env = secrets["env"]
         self._conversation = conversation
@@ -423,6 +443,31 @@ def _command_attempts(records: list[JournalRecord]) -> list[tuple[int, bool]]:
         (start.seq, last_state[start.step_id] == "Completed" and last_start[start.step_id] == start.seq)
         for start in starts
     ]
+
+
+def _undoable(records: list[JournalRecord], attempts: list[tuple[int, bool]]) -> tuple[int, int] | None:
+    """When the journal ends with a command started and never ended: its Started seq and the
+    workspace state before it (the last command the run itself completed, or `NO_COMMAND`).
+
+    None when there is nothing to undo, or when the state before it is not the run's own: a
+    command a person resolved as Completed since then left the workspace as it found it, which
+    no snapshot holds for certain, so that run waits for a person as before.
+    """
+    if not attempts or attempts[-1][1]:
+        return None
+    interrupted = attempts[-1][0]
+    step = next(record for record in records if record.seq == interrupted)
+    if [r.state for r in records if r.step_id == step.step_id][-1] != "Started":
+        return None  # already parked for a person, or decided
+    before = NO_COMMAND
+    for seq, completed in reversed(attempts[:-1]):
+        if completed:
+            before = seq
+            break
+    for record in records:  # between that state and now, every other command did nothing
+        if record.kind == "command" and before < record.seq < interrupted and record.state == "Resolved":
+            return None
+    return interrupted, before
 
 
 RemoteRunActor = ray.remote(num_cpus=0, max_restarts=0)(RunActor)

@@ -12,7 +12,7 @@ actor writes
 * a marker beside the workspace (``.<run>.workspace``, outside the sandbox's reach) naming the
   command's journal sequence number: "this directory holds the effects up to that command";
 * a snapshot of the whole workspace to storage, ``<run prefix>/workspace/<seq>.tar.gz``
-  (older snapshots are deleted after the new one is stored).
+  (once the new one is stored, all but it and the one before it are deleted).
 
 Because both happen before ``Completed``, every completed command's effects are in the
 snapshot. When an actor opens the sandbox of a run that has run commands, `WorkspaceSnapshots.
@@ -25,6 +25,12 @@ A run may start from a *seed*: files its evaluation task gives the agent, stored
 ``<run prefix>/seed.tar.gz`` before the run is created (`pack_files`). A seeded run's first
 workspace is the seed, unpacked beside the workspace and renamed into place, so a crash
 mid-unpack never leaves half a seed that looks like a whole one.
+
+The snapshot before the newest is kept so that an interrupted command can be undone: a run
+whose sandbox reaches nothing outside (no ``allowedHosts``) has no effect but its workspace,
+so when its command was interrupted, `restore_state` puts back the workspace as it was before
+that command (never the local copy, which the command may have half changed) and the command
+simply runs again, as if it ran once.
 
 A workspace over ``limit_bytes`` is not snapshotted (the local directory still works; only a
 move to another node then fails with `WorkspaceLost`, naming the limit).
@@ -97,7 +103,7 @@ class WorkspaceSnapshots:
     # Raises when a newer actor of the run took over (`durable.fencing`): checked before the
     # snapshot is stored and before older ones are deleted, so a zombie never replaces them.
     fence: Callable[[], None] | None = None
-    _stored: int | None = field(default=None, init=False, repr=False)  # the snapshot this object wrote last
+    _stored: list[int] | None = field(default=None, init=False, repr=False)  # the snapshots in storage
 
     @staticmethod
     def marker_of(workspace: Path) -> Path:
@@ -143,18 +149,16 @@ class WorkspaceSnapshots:
         if self.fence is not None:
             self.fence()
         self.storage.write_bytes(self._key(seq), data)
-        # The older snapshots: listed once per actor (an earlier actor may have left several),
-        # then known, so a command costs one write and one delete, not a listing as well.
+        # The snapshots in storage: listed once per actor (an earlier actor may have left
+        # several), then known, so a command costs one write and one delete, not a listing too.
         if self._stored is None:
-            older = [
+            self._stored = [
                 int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")
             ]
-        else:
-            older = [self._stored]
-        for stale in older:
-            if stale < seq:
-                self.storage.delete(self._key(stale))
-        self._stored = seq
+        kept = sorted({*self._stored, seq})
+        for stale in kept[:-2]:  # this one and the one before it stay (`restore_state`)
+            self.storage.delete(self._key(stale))
+        self._stored = kept[-2:]
 
     def _key(self, seq: int) -> str:
         return layout.workspace_snapshot(self.prefix, seq)
@@ -207,6 +211,22 @@ class WorkspaceSnapshots:
             # "data": no absolute paths, no links out of the directory, no device files.
             archive.extractall(self.workspace, filter="data")
         _write_durably(self._marker, str(seq))
+
+    def restore_state(self, seq: int) -> bool:
+        """Make the workspace what it was after command ``seq`` (`NO_COMMAND`: before any), from
+        storage only; False (nothing changed) when that state is not stored."""
+        if seq == NO_COMMAND:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+            self._marker.unlink(missing_ok=True)
+            if self.seeded:
+                self._seed()
+            else:
+                self.workspace.mkdir(parents=True, mode=0o700)
+            return True
+        if not self.enabled or not self.storage.exists(self._key(seq)):
+            return False
+        self._restore(seq)
+        return True
 
     def forget(self) -> None:
         """The run is gone: its marker and snapshots too (the caller deletes the directory)."""

@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from nodus.client import Client
+from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 
 from .conftest import Server, unique, wait_for
 from .kit import (
@@ -47,6 +48,7 @@ from .kit import (
     most_at_once,
     runs_of,
     seal,
+    workspace_of,
 )
 
 COUNTED = "Use the shell to run `echo tick >> counter.txt`"
@@ -69,18 +71,20 @@ def _steps(server: Server, name: str) -> list[dict[str, Any]]:
 
 
 def _counter(server: Server, name: str) -> str:
-    path = server.sandbox_root / "default" / name / "counter.txt"
+    path = workspace_of(server, name) / "counter.txt"
     return path.read_text() if path.exists() else ""
 
 
-def settle(server: Server, name: str, timeout: float = 180) -> dict[str, Any]:
+def settle(server: Server, name: str, timeout: float = 180, *, unattended: bool = False) -> dict[str, Any]:
     """Wait for the run to end. A command left uncertain by a crash is resolved the way an operator
-    would: by looking at its effect (the counter) and recording what happened."""
+    would: by looking at its effect (the counter) and recording what happened. ``unattended``: a
+    run that waits for a person fails the test instead (a hermetic run must never need one)."""
 
     def done() -> dict[str, Any] | None:
         run = _run(server, name)
         status = run["status"]
         if status["phase"] == "Waiting" and status.get("reason") == "NeedsResolution":
+            assert not unattended, f"{name} waits for a person: {status.get('message')}"
             step = status["step"]
             happened = _counter(server, name) == "tick\n"
             decision: dict[str, Any] = {
@@ -105,16 +109,46 @@ def audit_run(server: Server, name: str, *, phase: str = "Succeeded") -> dict[st
     status = run["status"]
     assert status["phase"] == phase, (name, status)
     assert _counter(server, name) == "tick\n", f"{name}: the counted command ran other than once"
+    records = _journal(server, name)
+    commands = [record for record in records if record.kind == "command"]
+    assert len({record.step_id for record in commands}) == 1, (name, commands)
+    states = [record.state for record in commands]
+    assert [s for s in states if s in ("Completed", "Resolved")] == [states[-1]], (name, states)
+    started = [record.attempt for record in commands if record.state == "Started"]
+    assert started == sorted(set(started)), f"{name}: one Started per attempt: {states}"
+    for attempt in started[:-1]:  # an attempt runs again only once declared without effect
+        assert any(r.attempt == attempt and r.state == "NoEffect" for r in commands), (name, states)
     steps = _steps(server, name)
-    commands = [step for step in steps if step["kind"] == "command"]
-    assert len(commands) == 1, (name, commands)
-    if commands[0]["state"] == "Completed":
-        assert commands[0]["attempts"] == 1, (name, commands)
-    else:
-        assert commands[0]["state"] == "Resolved", (name, commands)
     recorded = sum((Decimal(step["costUSD"]) for step in steps), Decimal(0))
     assert Decimal(status["cost"]["totalUSD"]) == recorded, f"{name}: cost is not the sum of its steps"
+    journaled = sum((Decimal(r.cost_usd) for r in records if r.state == "Completed"), Decimal(0))
+    assert recorded == journaled, f"{name}: the steps' costs are not the journal's"
+    audit_ledger(server)
     return run
+
+
+def audit_ledger(server: Server, project: str = "default") -> None:
+    """The project's credit ledger charged each run's journaled cost once: what it says was
+    spent is what the runs' statuses say they cost (plus what deleted runs had cost), and
+    nothing stays reserved once no run is calling a model."""
+    from nodus_ray.store import layout
+
+    def balanced() -> tuple[Decimal, Decimal] | None:
+        with server.http() as http:
+            credits = http.get(f"/v1/projects/{project}/credits").json()
+            runs = http.get(RUNS).json()["items"]
+        deleted = Decimal(server.store().read_json(layout.credits(project)).get("deletedSpendUSD", "0"))
+        total = deleted + sum((Decimal(r["status"]["cost"]["totalUSD"]) for r in runs), Decimal(0))
+        active = any(r["status"]["phase"] in ("Pending", "Running") for r in runs)
+        if active:  # a run between its report and the next read: read again
+            return None
+        assert Decimal(credits["balanceUSD"]) == Decimal(credits["grantedUSD"]) - Decimal(credits["spentUSD"])
+        return Decimal(credits["spentUSD"]), total
+
+    spent, total = wait_for(balanced, timeout=60, interval=0.2, message="the project to be at rest")
+    assert spent == total, f"the ledger charged {spent}, the runs cost {total}"
+    with server.http() as http:
+        assert Decimal(http.get(f"/v1/projects/{project}/credits").json()["reservedUSD"]) == 0
 
 
 def audit_group(server: Server, name: str, members: int, max_active: int) -> None:
@@ -145,11 +179,13 @@ def _counted_runs(agent_name: str, names: list[str]) -> list[dict[str, Any]]:
     ]
 
 
-def _counted_group(server: Server, max_active: int, members: int, max_cost: str = "1.00") -> tuple[str, str]:
+def _counted_group(
+    server: Server, max_active: int, members: int, max_cost: str = "1.00", command: str = COUNTED
+) -> tuple[str, str]:
     agent_name, group_name = unique("fault"), unique("fg")
     agent(server, agent_name)
     group(server, group_name, agent_name, limits={"maxActive": max_active}, maxCostUSD=max_cost)
-    response = batch(server, [member(group_name, agent_name, f"t{i}", COUNTED) for i in range(members)])
+    response = batch(server, [member(group_name, agent_name, f"t{i}", command) for i in range(members)])
     assert response.status_code == 201, response.text
     seal(server, group_name)
     return agent_name, group_name
@@ -173,34 +209,80 @@ def test_a_run_killed_between_a_model_call_and_its_record_calls_again_and_bills_
     assert model["state"] == "Completed" and model["attempts"] == 2
 
 
-def test_a_run_actor_killed_mid_command_waits_for_a_person_and_the_command_is_not_repeated(
-    server: Server,
-    ray_driver: Any,
-) -> None:
+def _kill_mid_command(server: Server, agent_name: str, name: str) -> None:
+    """Start a run whose command ticks the counter then sleeps; SIGKILL its actor mid-sleep."""
     from ray.util.state import list_actors
 
-    agent_name, name = unique("mid"), unique("mid-run")
-    agent(server, agent_name)
     with server.http() as http:
-        assert (
-            http.post(
-                RUNS,
-                json={
-                    "apiVersion": V1,
-                    "kind": "AgentRun",
-                    "metadata": {"name": name},
-                    "spec": {
-                        "agent": agent_name,
-                        "input": "Use the shell to run `echo tick >> counter.txt; sleep 60`",
-                    },
+        created = http.post(
+            RUNS,
+            json={
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "metadata": {"name": name},
+                "spec": {
+                    "agent": agent_name,
+                    "input": "Use the shell to run `echo tick >> counter.txt; sleep 15`",
                 },
-            ).status_code
-            == 201
+            },
         )
-    wait_for(lambda: _counter(server, name) == "tick\n", timeout=60, message="the command's effect")
+        assert created.status_code == 201, created.text
+    wait_for(
+        lambda: _counter(server, name) == "tick\n", timeout=60, interval=0.05, message="the command's effect"
+    )
     actor_name = _run(server, name)["status"]["actorName"]
     actors = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
     os.kill(int(actors[0].pid), signal.SIGKILL)  # in the middle of the command's sleep
+
+
+def test_a_run_actor_killed_mid_command_undoes_it_and_runs_it_again_by_itself(
+    server: Server,
+    ray_driver: Any,
+) -> None:
+    """A run that reaches nothing outside its sandbox has no effect beyond its workspace: the
+    half-run command is undone (the workspace is put back from the snapshot before it, not
+    taken as the killed command left it) and runs again, with nobody asked."""
+    agent_name, name = unique("mid"), unique("mid-run")
+    agent(server, agent_name)
+    _kill_mid_command(server, agent_name, name)
+
+    def ended() -> dict[str, Any] | None:
+        run = _run(server, name)
+        assert run["status"].get("reason") != "NeedsResolution", run["status"]
+        return run if run["status"]["phase"] in TERMINAL else None
+
+    run = wait_for(ended, timeout=180, interval=0.2, message="the run to finish by itself")
+    assert run["status"]["attempts"] == 2, "a second actor took over"
+    assert run["status"]["sandbox"]["origin"] == "restored"
+    audit_run(server, name)  # the counter reads one tick: the first one was undone
+    states = [(r.state, r.attempt) for r in _journal(server, name) if r.kind == "command"]
+    assert states == [("Started", 1), ("NoEffect", 1), ("Started", 2), ("Completed", 2)], states
+
+
+def test_a_run_that_can_reach_outside_killed_mid_command_waits_for_a_person_and_it_is_not_repeated(
+    server: Server,
+    ray_driver: Any,
+) -> None:
+    """With ``allowedHosts`` a command may have acted outside: nobody can undo that, so the run
+    parks for a person, who looks at the effect (the counter) and records what happened."""
+    agent_name, name = unique("mid-net"), unique("mid-net-run")
+    with server.http() as http:
+        response = http.put(
+            f"{AGENTS}/{agent_name}",
+            json={
+                "apiVersion": V1,
+                "kind": "Agent",
+                "metadata": {"name": agent_name},
+                "spec": {
+                    "system": "Answer in one sentence.",
+                    "perRunMaxCostUSD": "0.10",
+                    "model": {"access": "Nodus", "families": ["haiku"]},
+                    "network": {"allowedHosts": ["example.com"]},
+                },
+            },
+        )
+        assert response.status_code in (200, 201), response.text
+    _kill_mid_command(server, agent_name, name)
     run = wait_for(
         lambda: (r := _run(server, name))["status"].get("reason") == "NeedsResolution" and r,
         timeout=90,
@@ -445,7 +527,11 @@ def _reconnect(server: Server, ray: Any) -> None:
 
 
 def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ray_driver: Any) -> None:
-    agent_name, group_name = _counted_group(server, max_active=3, members=6)
+    """The whole cluster stops mid-batch, with runs in the middle of their commands; after
+    `nodus up` the batch finishes by itself (nobody resolves anything) and every counter is 1."""
+    agent_name, group_name = _counted_group(
+        server, max_active=3, members=6, command="Use the shell to run `echo tick >> counter.txt; sleep 2`"
+    )
     done_run, waiting_run = unique("kept-answer"), unique("kept-waiting")
     with server.http() as http:
         assert (
@@ -473,11 +559,13 @@ def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ra
             == 201
         )
 
-    def mid_batch() -> bool:
+    def mid_command() -> bool:
         counts = get_group(server, group_name)["status"]["counts"]
-        return counts["succeeded"] >= 1 and counts["active"] >= 1 and counts["succeeded"] < 6
+        ticked = [r for r in runs_of(server, group_name) if _counter(server, r["metadata"]["name"])]
+        unfinished = [r for r in ticked if r["status"]["phase"] == "Running"]
+        return counts["succeeded"] >= 1 and bool(unfinished) and counts["succeeded"] < 6
 
-    wait_for(mid_batch, timeout=120, interval=0.05, message="the group to be mid-batch")
+    wait_for(mid_command, timeout=120, interval=0.05, message="a run mid-command, mid-batch")
     wait_for(
         lambda: _run(server, done_run)["status"]["phase"] == "Succeeded", timeout=60, message="a finished run"
     )
@@ -504,7 +592,7 @@ def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ra
         assert http.get(f"{RUNS}/{done_run}/answer").json()["answer"].strip() == "6 * 7 = 42."
         assert http.get(f"{GROUPS}/{group_name}").json()["spec"] == before_group["spec"]
     for run in runs_of(server, group_name):
-        settle(server, run["metadata"]["name"])
+        settle(server, run["metadata"]["name"], unattended=True)
     finished(server, group_name, timeout=180)
     audit_group(server, group_name, members=6, max_active=3)
 
@@ -526,100 +614,155 @@ def test_ray_stop_force_mid_batch_then_nodus_up_loses_nothing(server: Server, ra
         assert http.get(f"{RUNS}/{waiting_run}/answer").json()["answer"].strip() == "2 + 3 = 5."
 
 
-# -- a node dies -----------------------------------------------------------------------------------
+# -- a node dies, or stops answering -------------------------------------------------------------
 
 
-def _kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a `ray start --block` node and every process it started: a node that vanishes."""
+def _signal_tree(process: subprocess.Popen[bytes], signum: int) -> list[psutil.Process]:
+    """Send ``signum`` to a `ray start --block` node and every process it started."""
     root = psutil.Process(process.pid)
     family = [root, *root.children(recursive=True)]
     for member_process in family:
         try:
-            member_process.send_signal(signal.SIGKILL)
+            member_process.send_signal(signum)
         except psutil.NoSuchProcess:
             pass
+    return family
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the node and every process it started: a node that vanishes."""
+    _signal_tree(process, signal.SIGKILL)
     process.wait(timeout=30)
+
+
+class _SecondNode:
+    """A second Ray node on this machine (it shares the disk, so tests delete what it "loses")."""
+
+    def __init__(self, server: Server, ray_driver: Any) -> None:
+        self._ray = ray_driver
+        self.head = ray_driver.get_runtime_context().get_node_id()
+        self.process = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "start",
+                "--address",
+                ray_driver.get_runtime_context().gcs_address,
+                "--block",
+                "--num-cpus",
+                "1",
+                "--disable-usage-stats",
+            ],
+            env=server.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.id = wait_for(self._joined, timeout=60, interval=0.5, message="the second node to join")
+        wait_for(
+            self._has_parked_actors, timeout=90, interval=0.5, message="parked run actors on the new node"
+        )
+
+    def _joined(self) -> str | None:
+        alive = [n["NodeID"] for n in self._ray.nodes() if n.get("Alive") and n["NodeID"] != self.head]
+        return alive[0] if alive else None
+
+    def _has_parked_actors(self) -> bool:
+        from ray.util.state import list_actors
+
+        # A parked run actor waits inside its __init__: Ray lists it as PENDING_CREATION.
+        actors = list_actors(filters=[("state", "=", "PENDING_CREATION")], limit=10000)
+        return sum(1 for actor in actors if (actor.name or "").startswith(f"runslot.{self.id[:8]}.")) >= 2
+
+    def is_dead(self) -> bool:
+        return not any(n["NodeID"] == self.id and n.get("Alive") for n in self._ray.nodes())
+
+    def end(self) -> None:
+        if self.process.poll() is None:
+            _kill_tree(self.process)
+
+
+def _fired_run(server: Server, point: str) -> tuple[str, int]:
+    """The run (by its journal prefix in the context) and the pid of the process that fired ``point``."""
+    context = wait_for(
+        lambda: server.fired_context(point), timeout=120, interval=0.05, message=f"{point} to fire"
+    )
+    name = context.split("/agentruns/", 1)[1].split("/", 1)[0]
+    pid = int(next(server.faults.glob(f".{point}.fired.*")).name.rsplit(".", 1)[1])
+    return name, pid
+
+
+def _journal(server: Server, name: str) -> list[Any]:
+    from nodus_ray.durable.journal import Journal
+    from nodus_ray.store import layout
+
+    return Journal(server.store(), layout.journal_folder("default", name)).load()
 
 
 def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspaces(
     server: Server,
     ray_driver: Any,
 ) -> None:
-    from ray.util.state import list_actors
-
-    gcs = ray_driver.get_runtime_context().gcs_address
-    node = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "ray"),
-            "start",
-            "--address",
-            gcs,
-            "--block",
-            "--num-cpus",
-            "1",
-            "--disable-usage-stats",
-        ],
-        env=server.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    node = _SecondNode(server, ray_driver)
     try:
-        head = ray_driver.get_runtime_context().get_node_id()
-
-        def worker_node() -> str | None:
-            alive = [n["NodeID"] for n in ray_driver.nodes() if n.get("Alive") and n["NodeID"] != head]
-            return alive[0] if alive else None
-
-        worker = wait_for(worker_node, timeout=60, interval=0.5, message="the second node to join")
-
-        def parked_on_worker() -> bool:
-            # A parked run actor waits inside its __init__: Ray lists it as PENDING_CREATION.
-            actors = list_actors(filters=[("state", "=", "PENDING_CREATION")], limit=10000)
-            return sum(1 for actor in actors if (actor.name or "").startswith(f"runslot.{worker[:8]}.")) >= 2
-
-        wait_for(parked_on_worker, timeout=90, interval=0.5, message="parked run actors on the new node")
-
+        # The first run on the new node to record its command freezes right there (its
+        # snapshot is stored, its Completed written): then the node dies with its disk.
+        server.arm("step-recorded", f"/command-1-1 node={node.id}", action="stop")
         _, group_name = _counted_group(server, max_active=4, members=8)
-        seen_nodes: set[str] = set()  # the nodes the group's runs were seen running on
-
-        def running_on_worker() -> list[str]:
-            runs = runs_of(server, group_name)
-            seen_nodes.update(n for run in runs if (n := (run["status"].get("sandbox") or {}).get("nodeId")))
-            return [
-                run["metadata"]["name"]
-                for run in runs
-                if run["status"]["phase"] == "Running"
-                and (run["status"].get("sandbox") or {}).get("nodeId") == worker
-                and any(
-                    step["kind"] == "command" and step["state"] == "Completed"
-                    for step in _steps(server, run["metadata"]["name"])
-                )
-            ]
-
-        moved = wait_for(
-            running_on_worker, timeout=120, interval=0.02, message="a run on the worker node past its command"
+        moved, _ = _fired_run(server, "step-recorded")
+        workspace = workspace_of(server, moved)
+        _kill_tree(node.process)
+        subprocess.run(
+            ["rm", "-rf", str(workspace), str(WorkspaceSnapshots.marker_of(workspace))], check=True
         )
-        _kill_tree(node)
-        # The node's disk went with it: its runs' workspaces are gone.
-        for name in moved:
-            for path in (
-                server.sandbox_root / "default" / name,
-                server.sandbox_root / "default" / f".{name}.workspace",
-            ):
-                subprocess.run(["rm", "-rf", str(path)], check=True)
 
         for run in runs_of(server, group_name):
             settle(server, run["metadata"]["name"], timeout=240)
         finished(server, group_name, timeout=240)
         audit_group(server, group_name, members=8, max_active=4)
-        seen_nodes.update(run["status"]["sandbox"]["nodeId"] for run in runs_of(server, group_name))
-        assert {head, worker} <= seen_nodes, "the runs were spread over both nodes"
-        for name in moved:
-            status = _run(server, name)["status"]
-            assert status["attempts"] >= 2, (name, status)
-            assert status["sandbox"]["nodeId"] == head
-            assert status["sandbox"]["origin"] == "restored", status["sandbox"]
+        status = _run(server, moved)["status"]
+        assert status["attempts"] >= 2, status
+        assert status["sandbox"]["nodeId"] == node.head
+        assert status["sandbox"]["origin"] == "restored", status["sandbox"]
     finally:
-        if node.poll() is None:
-            _kill_tree(node)
+        node.end()
+
+
+def test_a_zombie_actor_woken_after_its_replacement_finished_the_step_does_nothing(
+    server: Server,
+    ray_driver: Any,
+) -> None:
+    """A node stops answering (SIGSTOP: a partition, a frozen VM) while one of its run actors has
+    written a command's Started: Ray declares the node dead, a replacement on the head runs the
+    command and finishes the run. Then the old actor wakes. It must not run the command, and must
+    write nothing: it stops at its epoch check (and is made to die there, so the test sees it)."""
+    node = _SecondNode(server, ray_driver)
+    try:
+        server.arm("step-started", f"/command-1-1 node={node.id}", action="stop")
+        _, group_name = _counted_group(server, max_active=2, members=4)
+        zombie_run, zombie_pid = _fired_run(server, "step-started")
+        server.arm("actor-fenced", f"default/{zombie_run}")
+        _signal_tree(node.process, signal.SIGSTOP)  # the node stops answering
+        wait_for(node.is_dead, timeout=120, interval=0.5, message="Ray to declare the stopped node dead")
+
+        settle(server, zombie_run, timeout=240)
+        assert _run(server, zombie_run)["status"]["attempts"] >= 2
+        before = _journal(server, zombie_run)
+        # The zombie wakes, alone: its raylet stays stopped, so nothing kills it for Ray's sake.
+        psutil.Process(zombie_pid).send_signal(signal.SIGCONT)
+        wait_for(
+            lambda: server.fired("actor-fenced"), timeout=60, interval=0.1, message="the zombie to be fenced"
+        )
+        after = _journal(server, zombie_run)
+        assert after == before, "the zombie wrote nothing"
+        assert _counter(server, zombie_run) == "tick\n", "the command ran once"
+        started = [(r.step_id, r.attempt) for r in after if r.state == "Started"]
+        assert len(started) == len(set(started)), f"one Started per attempt of each step: {started}"
+        commands = [r for r in after if r.kind == "command" and r.state in ("Completed", "Resolved")]
+        assert len(commands) == 1, commands
+
+        for run in runs_of(server, group_name):
+            settle(server, run["metadata"]["name"], timeout=240)
+        finished(server, group_name, timeout=240)
+        audit_group(server, group_name, members=4, max_active=2)
+    finally:
+        node.end()

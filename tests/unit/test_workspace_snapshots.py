@@ -26,9 +26,11 @@ def test_a_run_moved_to_a_node_without_its_workspace_gets_the_snapshot_of_its_la
     (first.workspace / "notes" / "a.txt").write_text("one\ntwo\n")
     first.after_command(12)
     assert first.stored_seq() == 12
-    assert first.storage.list_dir("projects/p/agentruns/r/workspace") == ["000000000012.tar.gz"], (
-        "older ones go"
-    )
+    # The one before the newest stays, so an interrupted next command can be undone.
+    assert first.storage.list_dir("projects/p/agentruns/r/workspace") == [
+        "000000000007.tar.gz",
+        "000000000012.tar.gz",
+    ]
 
     moved = _snapshots(tmp_path, "node-b")
     assert moved.ensure(accepted_states([(7, True), (12, True)])) == "restored"
@@ -87,3 +89,29 @@ def test_forget_removes_the_marker_and_the_snapshots(tmp_path: Path) -> None:
     snapshots.forget()
     assert snapshots.stored_seq() is None
     assert not WorkspaceSnapshots.marker_of(snapshots.workspace).exists()
+
+
+def test_an_interrupted_command_is_undone_from_storage_not_from_the_half_changed_local_copy(
+    tmp_path: Path,
+) -> None:
+    here = _snapshots(tmp_path, "node-a")
+    here.workspace.mkdir(parents=True)
+    (here.workspace / "a.txt").write_text("one\n")
+    here.after_command(7)
+    (here.workspace / "a.txt").write_text("one\ntwo\n")
+    here.after_command(12)
+    (here.workspace / "a.txt").write_text("one\ntwo\nthr")  # command 15, interrupted mid-write
+    (here.workspace / "b.txt").write_text("half")
+    here.after_command(15)  # it even got as far as its snapshot, then died before Completed
+    assert here.storage.list_dir("projects/p/agentruns/r/workspace") == [
+        "000000000012.tar.gz",
+        "000000000015.tar.gz",
+    ], "all but the newest two go"
+
+    assert here.restore_state(12) is True
+    assert sorted(p.name for p in here.workspace.iterdir()) == ["a.txt"]
+    assert (here.workspace / "a.txt").read_text() == "one\ntwo\n"
+    assert here.local_seq() == 12
+    assert here.restore_state(7) is False, "a state no longer stored cannot be restored"
+    assert here.restore_state(NO_COMMAND) is True
+    assert list(here.workspace.iterdir()) == [] and here.local_seq() == NO_COMMAND
