@@ -63,6 +63,7 @@ class RunActorPool:
         self._slots: dict[str, Slot] = {}  # created and not yet handed out
         self._nodes: tuple[float, list[str]] | None = None
         self._filling = False
+        self._last_node: str | None = None  # where the last slot taken was (`take` spreads runs)
         # Whether parked actors import the Anthropic SDK ahead (about 1 s of CPU each): only
         # when runs may use it (the server has a key, or an agent brings its own).
         self.warm_anthropic = False
@@ -140,12 +141,22 @@ class RunActorPool:
         return slot.waiter is not None and slot.waiter.done() and not slot.waiter.cancelled()
 
     def take(self) -> Slot | None:
-        """A parked slot, taken out of the pool (the caller must `assign` or `discard` it)."""
-        for name, slot in list(self._slots.items()):
+        """A parked slot, taken out of the pool (the caller must `assign` or `discard` it).
+
+        From the node with the most parked slots, and of equals not the node of the last one
+        taken: runs spread over the cluster's nodes instead of filling the first one listed.
+        """
+        ready: dict[str, list[str]] = {}
+        for name, slot in self._slots.items():
             if self._ready(slot):
-                del self._slots[name]
-                return slot
-        return None
+                ready.setdefault(slot.node, []).append(name)
+        if not ready:
+            return None
+        most = max(len(names) for names in ready.values())
+        nodes = [node for node, names in ready.items() if len(names) == most]
+        node = next((n for n in nodes if n != self._last_node), nodes[0])
+        self._last_node = node
+        return self._slots.pop(ready[node][0])
 
     @staticmethod
     def assign(slot: Slot, config: RunConfig) -> bool:

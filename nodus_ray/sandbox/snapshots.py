@@ -222,10 +222,20 @@ class WorkspaceSnapshots:
                 self._seed()
             else:
                 self.workspace.mkdir(parents=True, mode=0o700)
-            return True
-        if not self.enabled or not self.storage.exists(self._key(seq)):
+        elif not self.enabled or not self.storage.exists(self._key(seq)):
             return False
-        self._restore(seq)
+        else:
+            self._restore(seq)
+        # A snapshot taken after ``seq`` holds an undone command's effects: it must never be
+        # restored, nor push the state restored here out of the two kept (`after_command`).
+        if self.fence is not None:
+            self.fence()
+        stored = [
+            int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")
+        ]
+        for undone in (s for s in stored if s > seq):
+            self.storage.delete(self._key(undone))
+        self._stored = [s for s in stored if s <= seq]
         return True
 
     def forget(self) -> None:

@@ -112,6 +112,13 @@ def test_an_interrupted_command_is_undone_from_storage_not_from_the_half_changed
     assert sorted(p.name for p in here.workspace.iterdir()) == ["a.txt"]
     assert (here.workspace / "a.txt").read_text() == "one\ntwo\n"
     assert here.local_seq() == 12
+    assert here.stored_seq() == 12, "the undone command's snapshot is gone"
+    here.after_command(18)  # the command again, as its next attempt: the state before it stays
+    assert here.storage.list_dir("projects/p/agentruns/r/workspace") == [
+        "000000000012.tar.gz",
+        "000000000018.tar.gz",
+    ]
+    assert here.restore_state(12) is True
     assert here.restore_state(7) is False, "a state no longer stored cannot be restored"
     assert here.restore_state(NO_COMMAND) is True
     assert list(here.workspace.iterdir()) == [] and here.local_seq() == NO_COMMAND
