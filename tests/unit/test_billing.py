@@ -1,17 +1,23 @@
 """Prices, the margin and the per-run cap: exact decimals, and a spend that never passes the cap.
 
 The plain tests pin the numbers a user sees (one call of each family, the margin, rounding, the
-override file). The property tests run random conversations through a simulated run loop and
-check the invariant the product promises: a run's spend never exceeds its cap, and a run that
-stops for the cap really could not afford its next call at its largest.
+override file). The property tests check the arithmetic (bounds, rounding, the budget's clamp),
+and the invariant the product promises through the real run loop (`Conversation` and
+`RunSpend` over a real journal, with a scripted model, router and sandbox): a run's spend never
+exceeds its cap, each charge is the price of its usage, and a run that stops for the cap stops
+with ``MaxCostReached`` because its next call, at its largest, really did not fit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import pickle
+import tempfile
+from dataclasses import dataclass, field, replace
 from datetime import date
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +25,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from nodus_ray.models.base import BASH_TOOL, ModelRequest, Usage
+from nodus.lifecycle import PARKED_REASONS, RunReason
+from nodus.resources import FAMILIES, Turn
+from nodus_ray.durable.journal import JournalRecord
+from nodus_ray.durable.steps import NeedsResolution, Steps
+from nodus_ray.models.base import BASH_TOOL, ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
 from nodus_ray.models.offline import OFFLINE_MODELS, OfflineProvider
 from nodus_ray.money.billing import (
     NODUS_MARGIN,
@@ -39,7 +49,12 @@ from nodus_ray.money.prices import (
     PriceTable,
     UnpricedModel,
 )
+from nodus_ray.money.spend import CreditsExhausted, RunSpend
+from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, Router, RunFailure
+from nodus_ray.runtime.router import router_input_tokens
+from nodus_ray.sandbox import CommandResult, Sandbox
 from nodus_ray.settings import ServerSettings
+from tests.unit.test_conversation import Crash, Rig
 
 D = Decimal
 CLAUDE = ["claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5", "claude-fable-5-5"]
@@ -355,7 +370,7 @@ PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 # Any unicode (no lone surrogates: they are not text), with multi-byte, escaped and NFKC-expanding
 # characters mixed in on purpose.
 _chars = st.one_of(
-    st.characters(blacklist_categories=("Cs",)),
+    st.characters(exclude_categories=["Cs"]),
     st.sampled_from(list('é中😀\ufdfa\u0301"\\\n\t\x00')),
 )
 texts = st.text(_chars, max_size=120)
@@ -402,7 +417,7 @@ def conversations(draw: st.DrawFn, max_messages: int = 6) -> list[dict[str, Any]
     return messages
 
 
-tool_lists = st.one_of(
+tool_lists: st.SearchStrategy[list[dict[str, Any]]] = st.one_of(
     st.just([BASH_TOOL]),
     st.just([]),
     st.lists(
@@ -415,7 +430,7 @@ tool_lists = st.one_of(
                     "properties": {"x": {"type": "string", "description": description}},
                 },
             },
-            st.text(st.characters(whitelist_categories=("Ll",)), min_size=1, max_size=10),
+            st.text(st.characters(categories=["Ll"]), min_size=1, max_size=10),
             texts,
         ),
         max_size=3,
@@ -436,113 +451,6 @@ def price_tables(draw: st.DrawFn) -> PriceTable:
         prices=prices,
         family_models=dict(zip(("haiku", "sonnet", "opus", "fable"), MODELS, strict=True)),
     )
-
-
-def _usage_within(draw: st.DrawFn, input_bound: int, output_bound: int) -> Usage:
-    """A usage an honest provider may report for a call whose input is at most ``input_bound``."""
-    total = draw(st.integers(0, input_bound))
-    cache_write = draw(st.integers(0, total))
-    cache_read = draw(st.integers(0, total - cache_write))
-    return Usage(
-        input_tokens=total - cache_write - cache_read,
-        output_tokens=draw(st.integers(0, output_bound)),
-        cache_creation_input_tokens=cache_write,
-        cache_read_input_tokens=cache_read,
-    )
-
-
-@PROPERTY
-@given(data=st.data())
-def test_a_run_never_spends_past_its_cap(data: st.DataObject) -> None:
-    """Simulate the run loop: check the worst case before each call, charge the billed actual."""
-    prices = data.draw(price_tables(), label="prices")
-    access = data.draw(st.sampled_from(["Nodus", "Nodus", "BYOK"]), label="access")
-    allowed = data.draw(
-        st.lists(st.sampled_from(MODELS), min_size=1, max_size=4, unique=True), label="allowed"
-    )
-    max_tokens = data.draw(st.integers(1, 8192), label="max_tokens")
-    system = data.draw(texts, label="system")
-    tools = data.draw(tool_lists, label="tools")
-    prompts = data.draw(st.lists(texts, min_size=1, max_size=4), label="prompts")
-    cap: Decimal | None = None
-    if access == "Nodus":
-        # Caps in units of the first call's reservation, so runs stop at every point: before the
-        # first call, mid-turn, at a later turn, or never; plus arbitrary small caps.
-        first_bound = max_input_tokens(system, [{"role": "user", "content": prompts[0]}], tools)
-        router_bound = max_input_tokens("", [{"role": "user", "content": prompts[0]}], [])
-        first = billed(
-            worst_case_cost(prices, ROUTER_MODEL, router_bound, ROUTER_MAX_OUTPUT_TOKENS), access
-        ) + max(billed(worst_case_cost(prices, m, first_bound, max_tokens), access) for m in allowed)
-        whole = data.draw(st.sampled_from([0, 1, 1, 2, 2, 3, 4, 6, 9, 12]), label="cap in first calls")
-        scale = whole + D(data.draw(st.integers(0, 999), label="and thousandths")) / 1000
-        cap = data.draw(
-            st.one_of(
-                st.just((first * scale).quantize(D("0.000001"))),
-                st.just((first * scale).quantize(D("0.000001"))),
-                st.decimals(min_value=0, max_value=D("0.01"), places=6),
-            ),
-            label="cap",
-        )
-    budget = RunBudget(cap=cap)
-
-    messages: list[dict[str, Any]] = []
-    calls = 0
-    for prompt in prompts:
-        messages.append({"role": "user", "content": prompt})
-        router_bound = max_input_tokens("", [{"role": "user", "content": prompt}], [])
-        router_reserved = billed(
-            worst_case_cost(prices, ROUTER_MODEL, router_bound, ROUTER_MAX_OUTPUT_TOKENS), access
-        )
-        model = None
-        for round_ in range(data.draw(st.integers(1, 3), label="rounds")):
-            bound = max_input_tokens(system, messages, tools)
-            worst = {m: billed(worst_case_cost(prices, m, bound, max_tokens), access) for m in allowed}
-            # At a turn start the router has not chosen yet: reserve it plus the dearest model.
-            needed = router_reserved + max(worst.values()) if round_ == 0 else worst[model]
-            if not budget.fits(needed):
-                # Stopped for the cap: the next call, at its largest, really did not fit.
-                assert cap is not None and budget.spent + needed > cap
-                assert access == "Nodus"
-                event(f"stopped for the cap after {calls} model calls")
-                return
-            if round_ == 0:
-                router_usage = _usage_within(data.draw, router_bound, ROUTER_MAX_OUTPUT_TOKENS)
-                router_bill = billed(prices.cost(ROUTER_MODEL, router_usage), access)
-                assert router_bill <= router_reserved
-                assert budget.charge(router_bill, router_reserved) == router_bill
-                model = data.draw(st.sampled_from(allowed), label="routed")
-                assert budget.fits(worst[model])  # the router's charge left room for the model
-            assert model is not None
-            usage = _usage_within(data.draw, bound, max_tokens)
-            bill = billed(prices.cost(model, usage), access)
-            assert bill <= worst[model]  # the bound held, so the reservation covered the call
-            assert budget.charge(bill, worst[model]) == bill  # an honest call is charged exactly
-            calls += 1
-            assert cap is None or budget.spent <= cap
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": [
-                        {"type": "tool_use", "id": f"t{calls}", "name": "bash", "input": {"command": prompt}}
-                    ],
-                }
-            )
-            messages.append(
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "tool_result",
-                            "tool_use_id": f"t{calls}",
-                            "content": data.draw(texts, label="output"),
-                        }
-                    ],
-                }
-            )
-    event(f"finished ({access}) after {calls} model calls")
-    if access == "BYOK":
-        assert budget.spent == 0
-    assert cap is None or budget.spent <= cap
 
 
 @PROPERTY
@@ -650,3 +558,457 @@ def test_offline_usage_never_exceeds_the_bound(
     reserved = billed(worst_case_cost(DEFAULT_PRICE_TABLE, model, bound, max_tokens), "Nodus")
     charged = billed(DEFAULT_PRICE_TABLE.cost(model, usage), "Nodus")
     assert D(0) < charged <= reserved  # priced (never free) and inside its reservation
+
+
+# --------------------------------------------------------------------------------------------
+# The cap through the real run loop
+#
+# `Conversation` and `RunSpend` exactly as a run actor runs them, over a real `Steps` and
+# `Journal` on a temporary local `Storage` (`Rig`, the conversation tests' rig). Only the model,
+# the router and the sandbox are scripted, and their scripts are drawn before the run starts,
+# so nothing is drawn from the worker threads the model is called in. A change to the run loop
+# (where it checks, what it charges, what it journals) is what this checks.
+
+
+_MICRO = D("0.000001")
+
+
+def _ceil_micro(amount: Decimal) -> Decimal:
+    return amount.quantize(_MICRO, rounding=ROUND_CEILING)
+
+
+def _priced(price: ModelPrice, usage: Usage, access: str) -> Decimal:
+    """A call's charge worked out from the documents: each kind of token at its rate per million,
+    rounded up to a microdollar, divided by the 0.875 margin and rounded up again; BYOK is free."""
+    if access == "BYOK":
+        return D(0)
+    raw = (
+        usage.input_tokens * price.input
+        + usage.output_tokens * price.output
+        + usage.cache_creation_input_tokens * price.cache_write
+        + usage.cache_read_input_tokens * price.cache_read
+    ) / MILLION
+    return _ceil_micro(_ceil_micro(raw) / D("0.875"))
+
+
+class ScriptedSandbox:
+    """A sandbox whose command ``emit N`` prints N bytes: large outputs grow the next call's bound."""
+
+    backend = "scripted"
+    note: str | None = None
+
+    def __init__(self, workspace: Path):
+        self.workspace = workspace
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        size = int(command.split()[1])
+        return CommandResult(
+            exit_code=0,
+            output="a" * size,
+            truncated=False,
+            timed_out=False,
+            cancelled=False,
+            duration_seconds=0.0,
+            limit=None,
+        )
+
+    def cancel(self) -> None:
+        return None
+
+    def delete(self) -> None:
+        return None
+
+
+class CapRig(Rig):
+    def open_sandbox(self) -> Sandbox:
+        sandbox = ScriptedSandbox(self.workspace)
+        self.sandboxes.append(sandbox)
+        return sandbox
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One scripted model answer. Its usage is drawn as shares (per mille) of what the call may
+    use, its input bound (`max_input_tokens` of the request) and ``maxTokens``, so an honest answer
+    can use all of it; ``overreport`` > 1 reports that many times more (a provider past the bound).
+    """
+
+    kind: str  # text, tool_use, pause_turn, max_tokens, refusal, error (ModelError), crash (the actor dies)
+    outputs: tuple[int, ...] = ()  # tool_use: the bytes each command prints
+    shares: tuple[int, int, int] = (0, 0, 0)  # of the input bound: plain, cache write, cache read
+    output_share: int = 0  # of maxTokens
+    overreport: int = 1
+
+
+@dataclass(frozen=True)
+class Served:
+    """A call that reached the model: what it was sent and what it reported (None: no answer)."""
+
+    request: ModelRequest
+    usage: Usage | None
+    honest: bool
+
+
+_STOPS = {"text": "end_turn", "tool_use": "tool_use", "pause_turn": "pause_turn"}
+_STOPS |= {"max_tokens": "max_tokens", "refusal": "refusal"}
+
+
+class ScriptedModel:
+    """A `ModelProvider` answering with its script, in order, shared by every actor of the run."""
+
+    name = "scripted"
+
+    def __init__(self, prices: PriceTable, script: list[Answer]):
+        self.prices = prices
+        self.script = list(script)
+        self.served: list[Served] = []
+
+    def model_for_family(self, family: str) -> str:
+        return self.prices.family_models[family]
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        answer = self.script.pop(0) if self.script else Answer("text", shares=(0, 0, 500), output_share=500)
+        if answer.kind in ("crash", "error"):
+            self.served.append(Served(request, None, True))
+            if answer.kind == "crash":
+                raise Crash("the actor died mid-call")
+            raise ModelError("overloaded after retries", reason="ModelUnavailable")
+        bound = max_input_tokens(request.system, request.messages, request.tools)
+        plain, write, read = (bound * share // 1000 * answer.overreport for share in answer.shares)
+        usage = Usage(
+            input_tokens=plain,
+            output_tokens=request.max_tokens * answer.output_share // 1000 * answer.overreport,
+            cache_creation_input_tokens=write,
+            cache_read_input_tokens=read,
+        )
+        self.served.append(Served(request, usage, answer.overreport == 1))
+        call = len(self.served)
+        content: list[dict[str, Any]] = [{"type": "text", "text": f"answer {call}"}]
+        if answer.kind == "tool_use":
+            content += [
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{call}_{i}",
+                    "name": "bash",
+                    "input": {"command": f"emit {n}"},
+                }
+                for i, n in enumerate(answer.outputs)
+            ]
+        return ModelResponse(
+            model=request.model, content=content, stop_reason=_STOPS[answer.kind], usage=usage
+        )
+
+
+class NoModel:
+    """The model of a replay over a settled journal: it must not be called."""
+
+    name = "scripted"
+
+    def __init__(self, prices: PriceTable):
+        self.prices = prices
+
+    def model_for_family(self, family: str) -> str:
+        return self.prices.family_models[family]
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        raise AssertionError("a replay called the model")
+
+
+@dataclass
+class ScriptedRouter:
+    """The router: per turn, the allowed family it picks (None: it is unreachable) and the share
+    (per mille, times ``overreport``) of its input bound it reports using."""
+
+    picks: list[int | None]
+    shares: list[int]
+    overreport: int = 1
+    calls: list[str] = field(default_factory=list)
+
+    async def __call__(self, prompt: str, allowed: list[str]) -> dict[str, Any]:
+        turn = len(self.calls)
+        self.calls.append(prompt)
+        pick = self.picks[turn % len(self.picks)]
+        if pick is None:
+            raise ConnectionError("the router actor is gone")
+        share = self.shares[turn % len(self.shares)]
+        tokens = router_input_tokens(prompt) * share // 1000 * self.overreport
+        return {"family": allowed[pick % len(allowed)], "inputTokens": tokens}
+
+
+async def _no_progress(turns: list[Turn]) -> None:
+    return None
+
+
+async def _no_router(prompt: str, allowed: list[str]) -> dict[str, Any]:
+    raise AssertionError("a replay asked the router again")
+
+
+@dataclass
+class Holds:
+    """The project's credits: each reservation is granted and kept, except the ones numbered in
+    ``short`` (counting every request), refused once as if the credits had run out until a grant."""
+
+    short: frozenset[int] = frozenset()
+    held: list[Decimal] = field(default_factory=list)
+    asked: int = 0
+
+    async def reserve(self, amount: Decimal) -> None:
+        self.asked += 1
+        if self.asked in self.short:
+            raise CreditsExhausted(amount)
+        self.held.append(amount)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run: the agent's spec, its access and cap, the prices, and its later messages."""
+
+    prices: PriceTable
+    access: str
+    cap: Decimal | None
+    system: str
+    families: list[str] | None
+    model_name: str | None
+    max_tokens: int
+    max_tool_calls: int
+    prompts: list[str]  # the first is the run's input; the rest arrive as messages (keep-alive)
+    keep_alive: bool
+
+    def allowed(self) -> list[str]:
+        return [family for family in FAMILIES if family in (self.families or FAMILIES)]
+
+    def model_for(self, family: str) -> str:
+        return self.model_name or self.prices.family_models[family]
+
+    def calls_router(self) -> bool:
+        return len(self.allowed()) > 1 and self.model_name is None
+
+    def worst(self, model: str, input_tokens: int, max_output: int) -> Decimal:
+        return billed(worst_case_cost(self.prices, model, input_tokens, max_output), self.access)
+
+    def turn_check(self, prompt: str, messages: list[dict[str, Any]]) -> Decimal:
+        """What a turn's start must fit: the router call and the dearest allowed model's first call."""
+        tokens = max_input_tokens(self.system, messages, [BASH_TOOL])
+        first = max(self.worst(self.model_for(f), tokens, self.max_tokens) for f in self.allowed())
+        if not self.calls_router():
+            return first
+        return self.worst(ROUTER_MODEL, router_input_tokens(prompt), ROUTER_MAX_OUTPUT_TOKENS) + first
+
+    async def inbox(self, after: int) -> dict[str, Any] | None:
+        if after + 1 >= len(self.prompts):
+            return None
+        return {
+            "seq": after + 1,
+            "name": f"m{after + 1}",
+            "payload": self.prompts[after + 1],
+            "messageKey": None,
+        }
+
+
+# Mostly commands and answers; now and then a paused turn, a cut answer or a dead actor; rarely a
+# refusal or a model error (runs that fail).
+_KINDS = ["tool_use"] * 18 + ["text"] * 9 + ["pause_turn", "max_tokens", "crash"] * 3 + ["refusal", "error"]
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> Answer:
+    kind = draw(st.sampled_from(_KINDS))
+    cuts = sorted(draw(st.lists(st.integers(0, 1000), min_size=3, max_size=3)))
+    outputs = draw(st.lists(st.one_of(st.integers(0, 200), st.integers(0, 40_000)), max_size=3))
+    return Answer(
+        kind=kind,
+        outputs=tuple(outputs),
+        shares=(cuts[0], cuts[1] - cuts[0], cuts[2] - cuts[1]),
+        output_share=draw(st.integers(0, 1000)),
+        overreport=draw(st.sampled_from([1] * 12 + [2, 40])),
+    )
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    access = draw(st.sampled_from(["Nodus", "Nodus", "Nodus", "BYOK"]), label="access")
+    plan = Plan(
+        prices=draw(price_tables(), label="prices"),
+        access=access,
+        cap=None,
+        system=draw(texts, label="system"),
+        families=draw(
+            st.one_of(
+                st.none(), st.lists(st.sampled_from(list(FAMILIES)), min_size=1, max_size=4, unique=True)
+            ),
+            label="families",
+        ),
+        model_name=draw(st.one_of(st.none(), st.none(), st.none(), st.sampled_from(MODELS)), label="pinned"),
+        max_tokens=draw(st.one_of(st.integers(1, 8192), st.integers(1, 64)), label="maxTokens"),
+        max_tool_calls=draw(st.integers(1, 6), label="maxToolCalls"),
+        prompts=draw(st.lists(texts, min_size=1, max_size=3), label="prompts"),
+        keep_alive=draw(st.booleans(), label="keepAlive"),
+    )
+    if access == "BYOK":
+        return plan
+    # Caps in units of the first turn's check, so runs stop at every point (before the first call,
+    # mid-turn, at a later turn, or never), plus any small cap and a few that are never reached.
+    first = plan.turn_check(plan.prompts[0], [{"role": "user", "content": plan.prompts[0]}])
+    whole = draw(st.sampled_from([0, 1, 1, 2, 2, 3, 4, 6, 9, 12]), label="cap in first checks")
+    scaled = (first * (whole + D(draw(st.integers(0, 999), label="and thousandths")) / 1000)).quantize(_MICRO)
+    cap = draw(
+        st.one_of(
+            st.just(scaled),
+            st.decimals(min_value=0, max_value=D("0.01"), places=6),
+            st.decimals(min_value=0, max_value=D("100"), places=6),
+        )
+        if draw(st.integers(0, 3), label="cap kind") == 0
+        else st.just(scaled),
+        label="cap",
+    )
+    return replace(plan, cap=cap)
+
+
+def _conversation(
+    rig: Rig, plan: Plan, provider: ModelProvider, router: Router, credits: Holds
+) -> Conversation:
+    """A new actor's conversation over the run's journal, built as the run actor builds it."""
+    return Conversation(
+        steps=Steps(rig.journal()),
+        provider=provider,
+        spec=ConversationSpec(
+            system=plan.system,
+            families=plan.families,
+            model_name=plan.model_name,
+            max_tokens=plan.max_tokens,
+            max_tool_calls=plan.max_tool_calls,
+            prompt=plan.prompts[0],
+            keep_alive=plan.keep_alive,
+        ),
+        spend=RunSpend(
+            prices=plan.prices,
+            access=plan.access,
+            budget=RunBudget(cap=plan.cap),
+            reserve_credits=credits.reserve,
+        ),
+        router=router,
+        open_sandbox=rig.open_sandbox,
+        on_progress=_no_progress,
+        next_message=plan.inbox,
+    )
+
+
+# The journal's local storage in memory where the machine has it: the same code (fsync'd writes
+# and renames), without a hundred runs' worth of disk flushes.
+_MEMORY = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+_SETTLED = (CapExceeded, AwaitingMessage, NeedsResolution, RunFailure)
+
+
+def _settle(conversation: Conversation) -> Exception | None:
+    """Run the conversation to where the actor would stop; what stopped it (None: it answered)."""
+    try:
+        asyncio.run(conversation.run())
+    except _SETTLED as stopped:
+        return stopped
+    return None
+
+
+def _cap_stop_needed(plan: Plan, records: list[JournalRecord]) -> tuple[Decimal, str]:
+    """What the next call needed at its largest, recomputed from the journal where the run stopped:
+    the turn's check when the stop came before its routing, else the routed model's next call."""
+    messages = [record.payload for record in records if record.kind == "message"]
+    prompts = [m for m in messages if m["role"] == "user" and isinstance(m["content"], str)]
+    routes = {r.step_id: r for r in records if r.kind == "route" and r.state == "Completed"}
+    route = routes.get(f"turn-{len(prompts)}/route")
+    if route is None:
+        return plan.turn_check(prompts[-1]["content"], messages), f"at the start of turn {len(prompts)}"
+    tokens = max_input_tokens(plan.system, messages, [BASH_TOOL])
+    return plan.worst(route.payload["result"]["model"], tokens, plan.max_tokens), "mid-turn"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=plans(), script=st.lists(answers(), min_size=1, max_size=8), data=st.data())
+def test_a_run_never_spends_past_its_cap(plan: Plan, script: list[Answer], data: st.DataObject) -> None:
+    """Random agents, caps, prices, answers and usage through the real run loop: the journal's
+    total never passes the cap, each charge is the price of its usage, and a run stopped at its cap
+    stops with MaxCostReached, for a next call that really did not fit and was never made."""
+    routing = ScriptedRouter(
+        picks=data.draw(st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=1, max_size=3)),
+        shares=data.draw(st.lists(st.integers(0, 1000), min_size=1, max_size=3)),
+        overreport=data.draw(st.sampled_from([1, 1, 1, 3])),
+    )
+    model = ScriptedModel(plan.prices, script)
+    credits = Holds(
+        short=frozenset(data.draw(st.lists(st.integers(1, 6), max_size=2), label="credits short"))
+    )
+    with tempfile.TemporaryDirectory(dir=_MEMORY) as root:
+        rig = CapRig(Path(root))
+        # The run's actors: one that dies mid-call, or waits for credits and gives its actor back,
+        # is followed by one that replays the journal.
+        for _actor in range(len(script) + len(credits.short) + 2):
+            conversation = _conversation(rig, plan, model, routing, credits)
+            try:
+                stopped = _settle(conversation)
+                break
+            except (Crash, CreditsExhausted) as gone:
+                event(f"an actor stopped: {type(gone).__name__}")
+        else:
+            raise AssertionError("the run never settled")
+        records = rig.records()
+
+        # A new actor over the settled journal makes no call, writes nothing and ends the same.
+        replayed = _conversation(rig, plan, NoModel(plan.prices), _no_router, Holds())
+        again = _settle(replayed)
+        assert type(again) is type(stopped) and str(again) == str(stopped)
+        assert replayed.cost_usd == conversation.cost_usd
+        assert len(rig.records()) == len(records)
+
+    event(f"{plan.access}: {type(stopped).__name__ if stopped else 'answered'}")
+    event(f"{len(model.served)} model calls")
+    total = sum((D(record.cost_usd) for record in records), D(0))
+    assert total == conversation.cost_usd
+    if plan.cap is None:
+        assert total == 0 and credits.held == []
+    else:
+        assert total <= plan.cap
+        assert sum(credits.held, D(0)) >= total  # every charge was held from credits first
+
+    # Every call that reached the model has its Started record, checked at the call's largest.
+    starts = [r for r in records if r.kind == "model" and r.state == "Started"]
+    assert len(starts) == len(model.served)
+    served = {(r.step_id, r.attempt): (r, call) for r, call in zip(starts, model.served, strict=True)}
+    for start, call in served.values():
+        tokens = max_input_tokens(call.request.system, call.request.messages, call.request.tools)
+        assert D(start.payload["boundUSD"]) == plan.worst(call.request.model, tokens, plan.max_tokens)
+    # Every charge is the price of the usage reported (within the bound checked for it).
+    prompts = {f"turn-{i}/route": prompt for i, prompt in enumerate(plan.prompts, start=1)}
+    for record in records:
+        charged = D(record.cost_usd)
+        if record.state != "Completed" or record.kind not in ("model", "route"):
+            assert charged == 0, record
+            continue
+        result = record.payload["result"]
+        assert charged == D(result["billedUSD"])
+        if record.kind == "route":
+            usage = Usage(input_tokens=result["routerInputTokens"])
+            expected = _priced(plan.prices.price(ROUTER_MODEL), usage, plan.access)
+            checked = plan.worst(
+                ROUTER_MODEL, router_input_tokens(prompts[record.step_id]), ROUTER_MAX_OUTPUT_TOKENS
+            )
+            assert charged == (min(expected, checked) if result["routing"] == "jev" else 0)
+            assert routing.overreport > 1 or charged == expected
+            continue
+        start, call = served[(record.step_id, record.attempt)]
+        assert call.usage is not None and Usage.from_dict(result["usage"]) == call.usage
+        expected = _priced(plan.prices.price(result["model"]), call.usage, plan.access)
+        checked = D(start.payload["boundUSD"])
+        if call.honest:
+            assert charged == expected <= checked  # the bound held: an honest call is charged exactly
+        else:
+            assert charged == min(expected, checked)  # past the bound: charged what was checked
+
+    if isinstance(stopped, CapExceeded):
+        # The documents: the run waits with MaxCostReached and makes no more calls.
+        assert plan.access == "Nodus" and plan.cap is not None
+        assert stopped.reason == RunReason.MAX_COST_REACHED and RunReason.MAX_COST_REACHED in PARKED_REASONS
+        assert (stopped.cap, stopped.remaining) == (plan.cap, plan.cap - total)
+        assert stopped.needed > stopped.remaining  # the next call, at its largest, really did not fit
+        needed, where = _cap_stop_needed(plan, records)
+        assert stopped.needed == needed
+        event(f"stopped at the cap {where}")
