@@ -193,7 +193,7 @@ def _words(rng: random.Random, chars: int) -> str:
 
 def _inflated(answer: Reply, factor: int) -> Reply:
     usage = {key: value * factor for key, value in (answer.usage or {}).items()}  # type: ignore[union-attr]
-    return type(answer)(**{**answer.__dict__, "usage": usage})  # type: ignore[arg-type]
+    return type(answer)(**{**answer.__dict__, "usage": usage})
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,13 +264,15 @@ class TimedConversation(Conversation):
         finally:
             self._bound_seconds += time.perf_counter() - started
 
-    async def _model_call(self, step_id: str, model: str, family: str) -> tuple[ModelResponse, Decimal]:
+    async def _model_call(self, *args: Any, **kwargs: Any) -> tuple[ModelResponse, Decimal]:
+        # Whatever `Conversation._model_call` takes is passed through untouched: the timing must not
+        # pin its signature (it did, and the script stopped running when the family was added).
         provider: TimedProvider = self.provider  # type: ignore[assignment]
         journal: TimedJournal = self.steps.journal  # type: ignore[assignment]
         done = len(provider.durations)
         journal_before, self._bound_seconds = journal.append_seconds, 0.0
         started = time.perf_counter()
-        result = await super()._model_call(step_id, model, family)
+        result = await super()._model_call(*args, **kwargs)
         elapsed = time.perf_counter() - started
         assert len(provider.durations) == done + 1
         self._pending = (
