@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from support import words  # noqa: E402
 
+from nodus_ray.durable.fencing import Epoch  # noqa: E402
 from nodus_ray.durable.journal import Journal, JournalRecord, _encode_segment, step_views  # noqa: E402
 from nodus_ray.durable.steps import Steps  # noqa: E402
 from nodus_ray.models.base import ModelRequest, ModelResponse, Usage  # noqa: E402
@@ -281,8 +282,16 @@ def _sizes(paths: list[Path]) -> tuple[int, int]:
     return sum(s.st_size for s in stats), sum(s.st_blocks * 512 for s in stats)
 
 
-def journal_trial(records: list[JournalRecord], root: Path) -> Trial:
-    journal = Journal(Storage(str(root)), PREFIX)
+def journal_trial(records: list[JournalRecord], root: Path, fenced: bool = False) -> Trial:
+    """The journal as a run actor writes it; ``fenced``: with its epoch checked before every
+    append (`durable.fencing`), as an actor does, the unfenced one as a reader would write."""
+    storage = Storage(str(root))
+    fence = None
+    if fenced:
+        epoch = Epoch(storage, PREFIX.rsplit("/", 1)[0], attempt=1)
+        epoch.claim()
+        fence = epoch.check
+    journal = Journal(storage, PREFIX, fence=fence)
     times = []
     for r in records:
         started = time.perf_counter()
@@ -473,6 +482,7 @@ def main() -> None:
             name: []
             for name in (
                 "nodus journal (Arrow segment per record)",
+                "nodus journal, fenced (epoch checked per append)",
                 "SQLite FULL, journal_mode=DELETE",
                 "SQLite FULL, journal_mode=WAL",
                 "ref: same bytes, no encoding",
@@ -481,9 +491,10 @@ def main() -> None:
         names = list(trials)
         for attempt in range(args.repeat):  # interleaved, so drift in the disk hits all alike
             trials[names[0]].append(journal_trial(records, base / f"journal-{attempt}"))
-            trials[names[1]].append(sqlite_trial(records, base / f"sqlite-delete-{attempt}", "DELETE"))
-            trials[names[2]].append(sqlite_trial(records, base / f"sqlite-wal-{attempt}", "WAL"))
-            trials[names[3]].append(bytes_trial(segments, base / f"bytes-{attempt}"))
+            trials[names[1]].append(journal_trial(records, base / f"fenced-{attempt}", fenced=True))
+            trials[names[2]].append(sqlite_trial(records, base / f"sqlite-delete-{attempt}", "DELETE"))
+            trials[names[3]].append(sqlite_trial(records, base / f"sqlite-wal-{attempt}", "WAL"))
+            trials[names[4]].append(bytes_trial(segments, base / f"bytes-{attempt}"))
             for leftover in base.glob(f"*-{attempt}"):
                 shutil.rmtree(leftover, ignore_errors=True)
         rows = [summarize(name, found) for name, found in trials.items()]
@@ -517,8 +528,9 @@ def main() -> None:
         )
     print(
         f"  journal / SQLite DELETE, appends per second: "
-        f"{journal_row.appends_per_second / rows[1].appends_per_second:.2f}x; journal / WAL: "
-        f"{journal_row.appends_per_second / rows[2].appends_per_second:.2f}x",
+        f"{journal_row.appends_per_second / rows[2].appends_per_second:.2f}x; journal / WAL: "
+        f"{journal_row.appends_per_second / rows[3].appends_per_second:.2f}x; fenced / unfenced: "
+        f"{rows[1].appends_per_second / journal_row.appends_per_second:.2f}x",
         file=out,
     )
 
