@@ -54,10 +54,11 @@ class StepFailed(Exception):
 class NeedsResolution(Exception):
     """A step with an external effect was started and never ended; someone must decide."""
 
-    def __init__(self, step_id: str, kind: str):
+    def __init__(self, step_id: str, kind: str, evidence: dict[str, Any] | None = None):
         super().__init__(f"step {step_id} ({kind}) was interrupted and its outcome is unknown")
         self.step_id = step_id
         self.kind = kind
+        self.evidence = dict(evidence or {})  # what the NeedsResolution record keeps for a person
 
 
 class NonDeterministic(Exception):  # noqa: N818 - the run's reason name, as the documents spell it
@@ -155,12 +156,15 @@ class Steps:
         cost_of: Callable[[dict[str, Any]], str] | None = None,
         summary_of: Callable[[dict[str, Any]], str] | None = None,
         retry_interrupted: Callable[[JournalRecord], bool] | None = None,
+        evidence_of: Callable[[JournalRecord], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Run ``action`` as the step ``step_id`` unless the journal already decided it.
 
         ``retry_interrupted`` is asked about an ``external`` step found started and never
         ended: True means its effect was undone (a hermetic command's workspace put back), so
         the journal records ``NoEffect`` and the step runs again instead of waiting for a person.
+        ``evidence_of`` is asked, with that ``Started`` record, what the person deciding needs
+        (a command's connections); it is kept in the ``NeedsResolution`` record.
 
         Raises `NonDeterministic` (and runs nothing) when the journal recorded another step at
         this position of the program, or this step at another position.
@@ -184,14 +188,16 @@ class Steps:
                 )
             elif last.state == "NeedsResolution" or effect == "external":
                 if last.state != "NeedsResolution":
-                    await self._append(
+                    evidence = evidence_of(last) if evidence_of is not None else {}
+                    last = await self._append(
                         step_id,
                         kind,
                         "NeedsResolution",
-                        {"summary": "interrupted; outcome unknown"},
+                        {**evidence, "summary": "interrupted; outcome unknown"},
                         attempt=last.attempt,
                     )
-                raise NeedsResolution(step_id, kind)
+                kept = last.payload if isinstance(last.payload, dict) else {}
+                raise NeedsResolution(step_id, kind, {k: v for k, v in kept.items() if k != "summary"})
         attempt = self._attempts.get(step_id, 0) + 1
         await self._append(step_id, kind, "Started", dict(started or {}), attempt=attempt)
         crash_point("step-started", f"{self.journal.prefix}/{step_id}")

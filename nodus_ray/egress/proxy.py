@@ -162,6 +162,8 @@ class EgressProxy:
 
     ``on_record`` is called once per connection when it ends, on the proxy's thread (keep it
     quick: it holds up the proxy meanwhile); an exception from it is logged and ignored.
+    ``on_open`` (optional, same rules) is called once a connection is allowed and open, with
+    its record so far: what a process killed mid-connection leaves as the only trace of it.
     Connections that close without sending anything are not recorded. ``socket_mode`` is
     0666 by default because commands run as an unprivileged per-run uid; the socket is only
     reachable where it is bind-mounted (or by the host users who can reach its directory).
@@ -175,10 +177,12 @@ class EgressProxy:
         *,
         socket_mode: int = 0o666,
         max_connections: int = _MAX_CONNECTIONS,
+        on_open: Callable[[EgressRecord], None] | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self.policy = policy
         self.on_record = on_record
+        self.on_open = on_open
         self.socket_mode = socket_mode
         self.max_connections = max_connections
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -288,6 +292,8 @@ class EgressProxy:
                 )
             upstream_reader, upstream = await self._open(request.host, request.port)
             attempt.outcome, attempt.reason = "allowed", None
+            if self.on_open is not None:
+                self._emit(attempt.record(), self.on_open)
             if request.method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
@@ -411,8 +417,8 @@ class EgressProxy:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
 
-    def _emit(self, record: EgressRecord) -> None:
+    def _emit(self, record: EgressRecord, callback: Callable[[EgressRecord], None] | None = None) -> None:
         try:
-            self.on_record(record)
+            (callback or self.on_record)(record)
         except Exception:
-            logger.exception("egress on_record callback failed for %s:%s", record.host, record.port)
+            logger.exception("egress record callback failed for %s:%s", record.host, record.port)

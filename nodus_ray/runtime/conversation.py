@@ -111,6 +111,12 @@ class Conversation:
     # Started has this seq (a run that reaches nothing outside, `snapshots.restore_state`):
     # then that command runs again by itself instead of waiting for a person.
     restored_before: Callable[[int], bool] | None = None
+    # Called (in a thread) with a command's Started seq just before it runs: the egress proxy
+    # writes that command's connections to storage as they happen (`run_egress.RunEgress.begin`).
+    begin_egress: Callable[[int], None] | None = None
+    # Called (in a thread) with the Started seq of a command found interrupted: what its
+    # NeedsResolution record keeps as evidence (``{"egress": {...}}``, its connections).
+    egress_evidence: Callable[[int], dict[str, Any]] | None = None
 
     @property
     def cost_usd(self) -> Decimal:
@@ -401,9 +407,11 @@ class Conversation:
         assert sandbox is not None
 
         async def execute() -> dict[str, Any]:
+            started = self.steps.recorded(step_id)
+            if self.begin_egress is not None and started is not None:
+                await asyncio.to_thread(self.begin_egress, started.seq)
             result = await asyncio.to_thread(sandbox.run, command)
             metrics.command_ran(result.duration_seconds, result.exit_code)
-            started = self.steps.recorded(step_id)
             if self.after_command is not None and started is not None:
                 await asyncio.to_thread(self.after_command, started.seq)
             done = {**result.to_dict(), "output": self.redact(result.output)}
@@ -419,6 +427,7 @@ class Conversation:
             execute,
             effect="external",
             retry_interrupted=(lambda record: restored_before(record.seq)) if restored_before else None,
+            evidence_of=(lambda record: evidence(record.seq)) if (evidence := self.egress_evidence) else None,
             started={"command": shown},
             summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
         )

@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from nodus_ray.money.prices import PriceTable
 from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
+from nodus_ray.runtime.waiting import command_evidence, needs_resolution_message
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
 from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceLost, WorkspaceSnapshots, accepted_states
 from nodus_ray.settings import NAMESPACE
@@ -114,7 +116,19 @@ class RunActor:
         self._workspace_origin = "local"
         self._env: dict[str, str] = {}  # spec.env, secret values opened: memory only
         allowed = ((config.agent_spec.get("network") or {}).get("allowedHosts")) or []
-        self._egress = RunEgress(allowed, config.egress_private_networks) if allowed else None
+        self._allowed_hosts: list[str] = list(allowed)
+        # With storage, the proxy writes each command's connections as they happen: the
+        # evidence a person needs when that command is interrupted (`runtime.waiting`).
+        self._egress = (
+            RunEgress(
+                allowed,
+                config.egress_private_networks,
+                storage=self._storage,
+                run_prefix=layout.run_prefix(config.project, config.name),
+            )
+            if allowed
+            else None
+        )
 
     @staticmethod
     def _claim(slot: str, warm_anthropic: bool) -> RunConfig:
@@ -287,6 +301,12 @@ class RunActor:
             after_command=self._workspace.after_command,
             redact=Redactor({**secrets["redact"], **own_key}),
             take_egress=self._egress.take if self._egress is not None else None,
+            begin_egress=self._egress.begin if self._egress is not None else None,
+            egress_evidence=(
+                partial(command_evidence, self._storage, layout.run_prefix(config.project, config.name))
+                if self._egress is not None
+                else None
+            ),
             restored_before=lambda seq: seq == self._undone,
         )
         self._env = secrets["env"]
@@ -334,7 +354,7 @@ class RunActor:
             return self._outcome(
                 RunPhase.WAITING,
                 RunReason.NEEDS_RESOLUTION,
-                f"{parked} ; resolve step {parked.step_id}",
+                needs_resolution_message(parked, config.name, self._allowed_hosts),
                 conversation,
                 step=parked.step_id,
             )

@@ -21,6 +21,7 @@ test checks this list against it)::
     projects/{project}/agentruns/{name}/workspace/{seq:012d}.tar.gz           workspace_snapshot
     projects/{project}/agentruns/{name}/seed.tar.gz                           seed
     projects/{project}/agentruns/{name}/epochs/{attempt:09d}                  run_epoch
+    projects/{project}/agentruns/{name}/egress/{seq:012d}.json                command_egress
     projects/{project}/agentgroups/{name}/group.json                          group_document
     projects/{project}/agentgroups/{name}/evaluation/cases/{run}.json         evaluation_case
     projects/{project}/agentgroups/{name}/evaluation/results.parquet          evaluation_results
@@ -68,6 +69,8 @@ __all__ = [
     "seed",
     "epochs_folder",
     "run_epoch",
+    "egress_folder",
+    "command_egress",
     "groups_folder",
     "group_prefix",
     "group_document",
@@ -196,6 +199,17 @@ def epochs_folder(prefix: str) -> str:
 def run_epoch(prefix: str, attempt: int) -> str:
     """The claim of the actor serving ``attempt``, created once (see `durable.fencing`)."""
     return f"{epochs_folder(prefix)}/{attempt:0{_EPOCH_DIGITS}d}"
+
+
+def egress_folder(prefix: str) -> str:
+    """The connection records of the run's commands (``prefix`` is the run's, from `run_prefix`)."""
+    return f"{prefix}/egress"
+
+
+def command_egress(prefix: str, seq: int) -> str:
+    """The connections of the command started at journal ``seq``, written as they happen: the
+    evidence a person reads when that command was interrupted (`egress.run_egress`)."""
+    return f"{egress_folder(prefix)}/{seq:0{_JOURNAL_DIGITS}d}.json"
 
 
 # -- groups and evaluations ------------------------------------------------------------------
@@ -346,6 +360,12 @@ LAYOUT: tuple[Key, ...] = (
         "the claim of the actor serving that attempt (fencing)",
         "run actor",
         run_epoch,
+    ),
+    Key(
+        f"{_RUN}/egress/{{seq:012d}}.json",
+        "the connections of the command started at {seq} (host, port, outcome, bytes), as they happen",
+        "run actor (egress proxy)",
+        command_egress,
     ),
     Key(f"{_GROUP}/group.json", "an AgentGroup: spec, last status", "control plane (groups)", group_document),
     Key(

@@ -111,11 +111,13 @@ class GroupReason(StrEnum):
 
 
 class BlockedReason(StrEnum):
-    """Keys of a group's ``status.blockedReasons``: why its queued runs have not started."""
+    """Keys of a group's ``status.blockedReasons``: why its queued runs have not started, and
+    how many started runs wait for a person to resolve an interrupted step."""
 
     DEPENDENCY_WAIT = "DependencyWait"
     MAX_ACTIVE_REACHED = "MaxActiveReached"
     MAX_COST_REACHED = "MaxCostReached"
+    NEEDS_RESOLUTION = "NeedsResolution"
 
 
 RUN_PHASES: tuple[RunPhase, ...] = tuple(RunPhase)

@@ -168,9 +168,20 @@ class AgentGroupStatus(OpenModel):
     reason: str | None = None
     message: str | None = None
     counts: GroupCounts = Field(default_factory=GroupCounts)
+    # Why runs do not move on: queued runs by what they wait for (DependencyWait,
+    # MaxActiveReached, MaxCostReached), and NeedsResolution: started runs that wait for a
+    # person to resolve an interrupted step.
     blockedReasons: dict[str, int] = Field(
-        default_factory=lambda: {"DependencyWait": 0, "MaxActiveReached": 0, "MaxCostReached": 0}
+        default_factory=lambda: {
+            "DependencyWait": 0,
+            "MaxActiveReached": 0,
+            "MaxCostReached": 0,
+            "NeedsResolution": 0,
+        }
     )
+    # counts.waiting split by each run's own reason (NeedsResolution, AwaitingMessage,
+    # InsufficientCredits, MaxCostReached); only the reasons some run waits for.
+    waitingReasons: dict[str, int] = Field(default_factory=dict)
     cost: GroupCost = Field(default_factory=GroupCost)
     agentRevision: int | None = None
     finishedAt: str | None = None

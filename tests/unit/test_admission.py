@@ -57,7 +57,12 @@ def test_the_guides_example_runs_two_at_once_and_c_after_a_and_b() -> None:
         "cancelled": 0,
         "total": 3,
     }
-    assert d.status.blocked_reasons == {"DependencyWait": 1, "MaxActiveReached": 0, "MaxCostReached": 0}
+    assert d.status.blocked_reasons == {
+        "DependencyWait": 1,
+        "MaxActiveReached": 0,
+        "MaxCostReached": 0,
+        "NeedsResolution": 0,
+    }
     assert adm.queued_reasons == {"g-c": "DependencyWait"}
     assert d.status.reserved == D("0.20")
     for run in d.start:
@@ -94,7 +99,12 @@ def test_max_active_blocks_and_a_patch_admits_more() -> None:
     adm = Admission(GroupLimits(max_active=1))
     d = adm.add([m("a"), m("b"), m("c")])
     assert d.start == ["g-a"]
-    assert d.status.blocked_reasons == {"DependencyWait": 0, "MaxActiveReached": 2, "MaxCostReached": 0}
+    assert d.status.blocked_reasons == {
+        "DependencyWait": 0,
+        "MaxActiveReached": 2,
+        "MaxCostReached": 0,
+        "NeedsResolution": 0,
+    }
     assert adm.queued_reasons == {"g-b": "GroupWait", "g-c": "GroupWait"}
     d = adm.patch(max_active=3)
     assert d.start == ["g-b", "g-c"] and adm.limits.max_active == 3
@@ -160,7 +170,12 @@ def test_a_cap_below_a_runs_cap_starts_nothing_and_says_so() -> None:
     adm = Admission(GroupLimits(max_cost=D("0.05")))
     d = adm.add([m("a"), m("b", deps=["a"])])
     assert d.start == []
-    assert d.status.blocked_reasons == {"DependencyWait": 1, "MaxActiveReached": 0, "MaxCostReached": 1}
+    assert d.status.blocked_reasons == {
+        "DependencyWait": 1,
+        "MaxActiveReached": 0,
+        "MaxCostReached": 1,
+        "NeedsResolution": 0,
+    }
     assert (
         d.status.message
         == "maxCostUSD $0.05 is below a run's cap $0.10: raise the cap or lower perRunMaxCostUSD"
@@ -482,7 +497,13 @@ def test_status_to_dict_is_the_api_shape() -> None:
             "cancelled": 0,
             "total": 2,
         },
-        "blockedReasons": {"DependencyWait": 0, "MaxActiveReached": 1, "MaxCostReached": 0},
+        "blockedReasons": {
+            "DependencyWait": 0,
+            "MaxActiveReached": 1,
+            "MaxCostReached": 0,
+            "NeedsResolution": 0,
+        },
+        "waitingReasons": {},
         "cost": {"totalUSD": "0", "limitUSD": "1.00", "reservedUSD": "0.10"},
     }
     assert Admission(GroupLimits()).status.to_dict()["cost"]["limitUSD"] is None

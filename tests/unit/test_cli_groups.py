@@ -216,13 +216,14 @@ def test_get_ag_table(api: GroupAPI) -> None:
     result = invoke("get", "ag")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE"]
+    assert lines[0].split() == ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "WAITING", "QUEUED", "COST", "AGE"]
     assert lines[1].split() == [
         "parallel-agents",
         "parallel-agents-worker",
         "Running",
         "1/6",
         "2",
+        "0",
         "3",
         "$0.012",
         "/",
@@ -235,6 +236,7 @@ def test_get_ag_table(api: GroupAPI) -> None:
         "parallel-agents-worker",
         "Succeeded",
         "2/2",
+        "0",
         "0",
         "0",
         "$0.004",
@@ -250,6 +252,7 @@ def test_get_ag_table_before_the_server_wrote_a_status(api: GroupAPI) -> None:
         "parallel-agents-worker",
         "Running",
         "0/0",
+        "0",
         "0",
         "0",
         "$0",
@@ -270,6 +273,7 @@ def test_get_ag_wide(api: GroupAPI) -> None:
         "PHASE",
         "RUNS",
         "ACTIVE",
+        "WAITING",
         "QUEUED",
         "COST",
         "AGE",

@@ -53,6 +53,8 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
     "seed": (lambda: layout.seed(RUN), f"{RUN}/seed.tar.gz"),
     "epochs_folder": (lambda: layout.epochs_folder(RUN), f"{RUN}/epochs"),
     "run_epoch": (lambda: layout.run_epoch(RUN, 7), f"{RUN}/epochs/000000007"),
+    "egress_folder": (lambda: layout.egress_folder(RUN), f"{RUN}/egress"),
+    "command_egress": (lambda: layout.command_egress(RUN, 7), f"{RUN}/egress/000000000007.json"),
     "groups_folder": (lambda: layout.groups_folder("p"), "projects/p/agentgroups"),
     "group_prefix": (lambda: layout.group_prefix("p", "n"), GROUP),
     "group_document": (lambda: layout.group_document("p", "n"), f"{GROUP}/group.json"),

@@ -53,6 +53,7 @@ class _Ledger:
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()  # members per state
+        self.waiting: Counter[str] = Counter()  # Waiting members per their own reason (NeedsResolution...)
         self.dependency_failed = 0  # Cancelled with DependencyFailed (these fail the group)
         self.spent = Decimal(0)
         self.reserved = Decimal(0)
@@ -61,6 +62,8 @@ class _Ledger:
 
     def enter(self, member: Member) -> None:
         self.counts[member.state] += 1
+        if member.state == WAITING and member.reason:
+            self.waiting[member.reason] += 1
         self.spent += member.spent
         self.reserved += member.reservation
         if member.state == CANCELLED and member.reason == DEPENDENCY_FAILED:
@@ -68,6 +71,10 @@ class _Ledger:
 
     def leave(self, member: Member) -> None:
         self.counts[member.state] -= 1
+        if member.state == WAITING and member.reason:
+            self.waiting[member.reason] -= 1
+            if not self.waiting[member.reason]:
+                del self.waiting[member.reason]
         self.spent -= member.spent
         self.reserved -= member.reservation
         if member.state == CANCELLED and member.reason == DEPENDENCY_FAILED:

@@ -3,7 +3,7 @@ and the group's status. Plain data; the rules are in :mod:`.state`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -26,6 +26,9 @@ DEPENDENCY_WAIT = "DependencyWait"
 GROUP_WAIT = "GroupWait"
 MAX_ACTIVE_REACHED = "MaxActiveReached"
 MAX_COST_REACHED = "MaxCostReached"
+# A started run waiting for a person to decide an interrupted step (counted in blockedReasons
+# beside the reasons queued runs wait for: it holds the group back until someone resolves it).
+NEEDS_RESOLUTION = "NeedsResolution"
 DEPENDENCY_FAILED = "DependencyFailed"
 DEPENDENCY_CANCELLED = "DependencyCancelled"
 GROUP_CANCELLED = "GroupCancelled"
@@ -80,7 +83,13 @@ class Member:
 @dataclass(frozen=True)
 class GroupStatus:
     """The group's ``status``: phase, counts, why queued runs wait (how many for each reason),
-    and the cost. Each queued run's own reason is `Admission.queued_reasons`."""
+    and the cost. Each queued run's own reason is `Admission.queued_reasons`.
+
+    ``blocked_reasons`` also counts, as ``NeedsResolution``, the started runs that wait for a
+    person to resolve an interrupted step: nothing but a person moves them (or the group) on.
+    ``waiting_reasons`` splits ``counts["waiting"]`` by each run's own reason (only reasons
+    with runs), so a stuck group says which of its runs wait for what.
+    """
 
     phase: str
     reason: str | None
@@ -90,6 +99,7 @@ class GroupStatus:
     cost_total: Decimal
     cost_limit: Decimal | None
     reserved: Decimal
+    waiting_reasons: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The API's camelCase shape, money as strings (JSON numbers would be floats)."""
@@ -99,6 +109,7 @@ class GroupStatus:
             "message": self.message,
             "counts": dict(self.counts),
             "blockedReasons": dict(self.blocked_reasons),
+            "waitingReasons": dict(self.waiting_reasons),
             "cost": {
                 "totalUSD": _usd(self.cost_total),
                 "limitUSD": None if self.cost_limit is None else _usd(self.cost_limit),

@@ -15,6 +15,7 @@ from nodus_ray.core.admission.model import (
     ACTIVE,
     CANCELLED,
     FAILED,
+    NEEDS_RESOLUTION,
     QUEUED,
     RUNS_FAILED,
     SUCCEEDED,
@@ -67,13 +68,14 @@ def _group_status(
         phase = "Running"
         message = _running_message(
             plan, ledger.spent, limits, sealed=sealed, total=total, unfinished=unfinished
-        )
+        ) or _person_message(ledger.waiting[NEEDS_RESOLUTION])
     return GroupStatus(
         phase=phase,
         reason=reason,
         message=message,
         counts=counts,
-        blocked_reasons=dict(plan.blocked),
+        blocked_reasons={**plan.blocked, NEEDS_RESOLUTION: ledger.waiting[NEEDS_RESOLUTION]},
+        waiting_reasons=dict(sorted(ledger.waiting.items())),
         # A running sum that came back to zero reads "0.00"; the API says "0".
         cost_total=ledger.spent or Decimal(0),
         cost_limit=limits.max_cost,
@@ -101,6 +103,18 @@ def _running_message(
     if not sealed and total and not unfinished:
         return "every run has finished; the group finishes once it is sealed"
     return None
+
+
+def _person_message(waiting: int) -> str | None:
+    """What a Running group says while runs wait for a person: until someone resolves each
+    one's interrupted step, the group cannot finish (and each holds a maxActive slot)."""
+    if not waiting:
+        return None
+    return (
+        f"{waiting} run{_s(waiting)} {'waits' if waiting == 1 else 'wait'} for a person: an interrupted "
+        "command may have reached outside its sandbox; resolve the step its status names "
+        "(`nodus agentrun resolve`)"
+    )
 
 
 def _s(count: int) -> str:

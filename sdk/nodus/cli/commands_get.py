@@ -70,7 +70,8 @@ def _group_cost(spec: dict[str, Any], status: dict[str, Any]) -> str:
 
 
 def _blocked(status: dict[str, Any]) -> str:
-    """``DependencyWait=1,MaxCostReached=2``: why queued runs wait, only the reasons that count."""
+    """``DependencyWait=1,NeedsResolution=1``: why queued runs wait, and how many started runs
+    wait for a person (NeedsResolution); only the reasons that count."""
     reasons = status.get("blockedReasons") or {}
     text = ",".join(f"{reason}={count}" for reason, count in reasons.items() if count)
     return text or "-"
@@ -85,6 +86,7 @@ def _group_row(group: dict[str, Any], wide: bool) -> list[str]:
         status.get("phase") or "Running",
         f"{counts.get('succeeded', 0)}/{counts.get('total', 0)}",
         str(counts.get("active", 0)),
+        str(counts.get("waiting", 0)),
         str(counts.get("queued", 0)),
         _group_cost(spec, status),
         format_age(metadata.get("creationTimestamp")),
@@ -163,7 +165,7 @@ _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], 
         _run_row,
     ),
     "AgentGroup": (
-        ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "QUEUED", "COST", "AGE"],
+        ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "WAITING", "QUEUED", "COST", "AGE"],
         ["MAX-ACTIVE", "SEALED", "REASON", "BLOCKED", "EVALUATION"],
         _group_row,
     ),

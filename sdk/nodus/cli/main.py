@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from . import commands_auth, commands_get, commands_resources, commands_runs, commands_service
+from . import (
+    commands_auth,
+    commands_describe,
+    commands_get,
+    commands_resources,
+    commands_runs,
+    commands_service,
+)
 from .batch import batch_app
 from .commands_auth import credits_app
 from .commands_create import create_app
@@ -28,6 +35,7 @@ for _command in (
     commands_resources.apply,
     commands_resources.patch,
     commands_get.get,
+    commands_describe.describe,
     commands_runs.wait,
     commands_runs.cancel,
     commands_resources.delete,
