@@ -445,7 +445,12 @@ def _progress(total: int, rows: list[dict[str, Any]], status: Mapping[str, Any])
         queued=int(counts.get("queued") or 0),
         spent=str(cost.get("totalUSD") or "0"),
         cap=cost.get("limitUSD"),
-        blocked=status.get("message") if not counts.get("active") and counts.get("queued") else None,
+        # Nothing works and runs are left (queued, or waiting for a person): the group says why.
+        blocked=(
+            status.get("message")
+            if not counts.get("active") and (counts.get("queued") or counts.get("waiting"))
+            else None
+        ),
     )
 
 

@@ -273,3 +273,13 @@ def test_the_needs_resolution_record_keeps_the_evidence(tmp_path: Path) -> None:
         assert asked == [started.seq]
 
     asyncio.run(scenario())
+
+
+def test_a_batchs_progress_says_when_it_waits_for_a_person() -> None:
+    """The issue's stalled batch: 5 of 6 done, nothing active or queued, one run waiting."""
+    from nodus.batch import _progress
+
+    rows = [{"key": f"t{i}", "phase": "Succeeded"} for i in range(5)] + [{"key": "t5", "phase": "Waiting"}]
+    message = "1 run waits for a person: ... (`nodus agentrun resolve`)"
+    progress = _progress(6, rows, {"counts": {"active": 0, "waiting": 1, "queued": 0}, "message": message})
+    assert progress.line("g").endswith(f"waiting: {message}")
