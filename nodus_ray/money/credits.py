@@ -14,6 +14,7 @@ next call.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -49,6 +50,10 @@ class CreditLedger:
         self._storage = storage
         self._initial = initial_grant
         self._projects: dict[str, ProjectCredits] = {}
+        # Deletes forget runs from several threads at once (a group's members in parallel): each
+        # change and its save happen under one lock, or a save of an older total can land last
+        # and a restart would forget a deleted run's spend.
+        self._lock = threading.Lock()
 
     def _path(self, project: str) -> str:
         return layout.credits(project)
@@ -75,14 +80,15 @@ class CreditLedger:
         )
 
     def view(self, project: str) -> dict[str, Any]:
-        account = self.project(project)
-        return {
-            "project": project,
-            "balanceUSD": str(account.balance),
-            "grantedUSD": str(account.granted),
-            "spentUSD": str(account.spent),
-            "reservedUSD": str(sum(account.reservations.values(), Decimal(0))),
-        }
+        with self._lock:  # not in the middle of a delete's change (a thread of its own)
+            account = self.project(project)
+            return {
+                "project": project,
+                "balanceUSD": str(account.balance),
+                "grantedUSD": str(account.granted),
+                "spentUSD": str(account.spent),
+                "reservedUSD": str(sum(account.reservations.values(), Decimal(0))),
+            }
 
     def record_run_spend(self, project: str, run: str, total: Decimal) -> None:
         """The run's billed total as its journal says; releases the run's reservation."""
@@ -92,15 +98,17 @@ class CreditLedger:
 
     def forget_run(self, project: str, run: str) -> None:
         """A deleted run's spend stays spent."""
-        account = self.project(project)
-        account.deleted_spend += account.run_spend.pop(run, Decimal(0))
-        account.reservations.pop(run, None)
-        self._save(project, account)
+        with self._lock:
+            account = self.project(project)
+            account.deleted_spend += account.run_spend.pop(run, Decimal(0))
+            account.reservations.pop(run, None)
+            self._save(project, account)
 
     def add(self, project: str, amount: Decimal) -> dict[str, Any]:
-        account = self.project(project)
-        account.granted += amount
-        self._save(project, account)
+        with self._lock:
+            account = self.project(project)
+            account.granted += amount
+            self._save(project, account)
         return self.view(project)
 
     def reserve(self, project: str, run: str, amount: Decimal) -> bool:

@@ -7,6 +7,7 @@ import os
 import stat
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.exceptions import InvalidTag
@@ -83,6 +84,30 @@ def test_spend_is_derived_from_run_totals_and_never_counted_twice(tmp_path: Path
     again = CreditLedger(Storage(str(tmp_path)), Decimal("1.00"))
     again.record_run_spend("p", "b", Decimal("0.05"))
     assert again.view("p")["balanceUSD"] == "0.85"
+
+
+def test_a_group_deleted_in_parallel_keeps_every_deleted_runs_spend_after_a_restart(tmp_path: Path) -> None:
+    """Found by benchmarks/chaos.py: a group's members are forgotten from several threads at
+    once; a slower save of an older total landed last, and a restart lost a deleted run's spend."""
+    import random
+    import threading
+    import time
+
+    class SlowStorage(Storage):
+        def write_json(self, key: str, value: Any) -> None:
+            time.sleep(random.uniform(0, 0.01))
+            super().write_json(key, value)
+
+    ledger = CreditLedger(SlowStorage(str(tmp_path)), Decimal("1.00"))
+    for i in range(8):
+        ledger.record_run_spend("p", f"r{i}", Decimal("0.000016"))
+    threads = [threading.Thread(target=ledger.forget_run, args=("p", f"r{i}")) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert ledger.view("p")["spentUSD"] == "0.000128"
+    assert CreditLedger(Storage(str(tmp_path)), Decimal("1.00")).view("p")["spentUSD"] == "0.000128"
 
 
 def test_reservations_keep_concurrent_runs_from_overdrawing(tmp_path: Path) -> None:
