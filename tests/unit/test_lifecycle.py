@@ -43,7 +43,13 @@ def test_the_wire_is_the_documents_strings() -> None:
     assert json.dumps({"phase": RunPhase.RUNNING, "reason": RunReason.AWAITING_MESSAGE}) == (
         '{"phase": "Running", "reason": "AwaitingMessage"}'
     )
-    assert {str(r) for r in BlockedReason} == {"DependencyWait", "MaxActiveReached", "MaxCostReached"}
+    # The guide's three reasons queued runs wait for, and runs waiting for a person (issue 16).
+    assert {str(r) for r in BlockedReason} == {
+        "DependencyWait",
+        "MaxActiveReached",
+        "MaxCostReached",
+        "NeedsResolution",
+    }
     assert GroupReason.RUNS_FAILED == "RunsFailed"
 
 
