@@ -70,6 +70,10 @@ def campaign(minutes: float, seed: int, storage: str, settle: float, verbose: bo
             f"resolved by a person (egress/BYOK runs cut mid-step): {checker.resolved or 'none'}",
             f"BYOK calls the fake Claude served: {service.fake.calls}",
         ]
+        if service.proxy_404s:
+            notes.append(
+                f"Serve's proxy answered 404 (no route yet) {service.proxy_404s} times while the app started"
+            )
         if service.server_errors:
             notes.append(f"500 answers (retried): {len(service.server_errors)}: {service.server_errors[:3]}")
         print(

@@ -189,7 +189,7 @@ class Checker:
             self.fail("ended", name, f"Failed {status.get('reason')}: {status.get('message')}")
         records = self.journal(name)
         history = self.history(name)
-        self._check_attempts(name, records, history)
+        self._check_attempts(name, records, history, acked.kind == "byok")
         completed = _completed_commands(records)
         ticks = self._ticks(acked)
         left_started = _unfinished_command(records)
@@ -213,7 +213,7 @@ class Checker:
         if acked.kind == "keepalive":
             self._check_messages(acked, run)
 
-    def _check_attempts(self, name: str, records: list[JournalRecord], history: str) -> None:
+    def _check_attempts(self, name: str, records: list[JournalRecord], history: str, byok: bool) -> None:
         by_step: dict[str, list[JournalRecord]] = {}
         for record in records:
             if record.kind != "message":
@@ -225,7 +225,12 @@ class Checker:
             done = [r for r in mine if r.state in ("Completed", "Resolved")]
             if len(done) > 1:
                 self.fail("repeated", name, f"{step}: completed {len(done)} times ({history})")
-            for attempt in sorted(set(started))[:-1]:
+            # A command (or a call on the user's own key) runs again only once declared without
+            # effect; a call on the server's key is safe to repeat (billed once: `billing`).
+            effectful = any(r.kind == "command" for r in mine) or (
+                byok and any(r.kind == "model" for r in mine)
+            )
+            for attempt in sorted(set(started))[:-1] if effectful else []:
                 if not any(r.attempt == attempt and r.state in ("NoEffect", "Failed") for r in mine):
                     self.fail("repeated", name, f"{step}: attempt {attempt} ran again undeclared ({history})")
         keyed = [r.payload for r in records if r.kind == "message"]

@@ -90,6 +90,7 @@ class FaultDriver:
         self.injected: Counter[str] = Counter()
         self.last_fault = time.monotonic()
         self.node: _SecondNode | None = None
+        self.frozen = False
         self._dashboard = f"http://127.0.0.1:{HeadPorts(int(service.env['NODUS_RAY_PORTS'])).dashboard}"
 
     # -- the loop ----------------------------------------------------------------------------
@@ -186,6 +187,8 @@ class FaultDriver:
         pids = self.service.own_pids()
         if self.node is not None:
             pids |= {p.pid for p in self.node.tree()}
+            if self.frozen:  # a frozen node stays frozen until the driver wakes it
+                pids -= {p.pid for p in self.node.tree()}
         return pids
 
     def _record(self, kind: str, target: str) -> None:
@@ -215,12 +218,13 @@ class FaultDriver:
             self.node.end()
             self.node = None
             return
-        time.sleep(8.0)  # runs land on it
+        self._busy(8.0)  # runs land on it
         if self.rng.random() < 0.5:
             self.node.end()
             self._record("second node SIGKILL", node_id[:8])
         else:
             self.node.signal(signal.SIGSTOP)
+            self.frozen = True
 
             def dead() -> bool:
                 try:
@@ -229,14 +233,25 @@ class FaultDriver:
                     return False
                 return any(n.node_id == node_id and n.state == "DEAD" for n in nodes)
 
-            declared = _wait(dead, 60)
+            declared = self._busy(60, dead)
             self.node.signal(signal.SIGCONT)  # its actors wake as zombies
-            time.sleep(3)
+            self.frozen = False
+            self._busy(3.0)
             self.node.end()
             self._record(
                 "second node SIGSTOP, dead, SIGCONT", f"{node_id[:8]} declared dead: {bool(declared)}"
             )
         self.node = None
+
+    def _busy(self, seconds: float, done: Callable[[], Any] | None = None) -> Any:
+        """Small faults while a big one takes its time (``done``: until it says so)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if done is not None and (value := done()):
+                return value
+            time.sleep(self.rng.uniform(2.0, 4.0))
+            self.small()
+        return done() if done is not None else None
 
     def restart_cluster(self, until: float) -> None:
         """`ray stop --force` of this head, then `nodus up`."""

@@ -40,6 +40,7 @@ class Service:
     port: int
     fake: FakeClaude
     server_errors: list[str] = field(default_factory=list)  # 500s seen (retried, but worth a look)
+    proxy_404s: int = 0  # Serve's own 404 while the app starts (retried)
 
     @property
     def api_url(self) -> str:
@@ -114,7 +115,10 @@ class Service:
             try:
                 with self.http() as http:
                     response = http.request(method, path, json=body, headers=headers, params=params)
-                if response.status_code not in RETRYABLE:
+                if response.status_code == 404 and "not found. Ping" in response.text:
+                    # Serve's proxy is up and the API's routes are not (yet): no answer from nodus.
+                    self.proxy_404s += 1
+                elif response.status_code not in RETRYABLE:
                     return response
                 if response.status_code == 500:
                     self.server_errors.append(f"{method} {path}: {response.text[:200]}")

@@ -175,7 +175,7 @@ class Workload:
         response = self.service.request("POST", RUNS, body=body, key=uuid.uuid4().hex)
         if response is None or response.status_code != 201:
             self.unanswered["run"] += 1
-            self.log(f"run {name} not acknowledged: {response.status_code if response else 'no answer'}")
+            self.log(f"run {name} not acknowledged: {response.text[:300] if response else 'no answer'}")
             return
         with self._lock:
             self.runs[name] = AckRun(name, response.json()["metadata"]["uid"], agent, kind)
