@@ -11,9 +11,12 @@ TiKV's fail-rs) and a test arms one:
 * the first process that reaches the armed point with a matching context claims the file (an
   atomic rename, so exactly one process fires) and kills itself with SIGKILL: no ``finally``,
   no flush, exactly what a power cut or the OOM killer does;
-* armed with ``action="stop"`` instead, it stops itself with SIGSTOP: a process frozen at a
-  known moment (a partitioned node, a paused VM), which goes on from there when sent SIGCONT.
-  That is how a test makes a *zombie*: an actor Ray gave up on that later wakes up.
+* armed with ``action="hold"`` instead, it holds there: the thread that reached the point
+  waits (nothing after the point runs) until the test creates ``<directory>/.<point>.release``.
+  A run actor held so is frozen at a known moment; the test may then also SIGSTOP its node (a
+  partition, a paused VM), wake it, and release it: that is how a test makes a *zombie*, an
+  actor Ray gave up on that later goes on. (Not SIGSTOP to itself: in a Ray worker a stopped
+  process was seen to go on at once, its process group being orphaned.)
 
 The context a point matches against ends with `` node=<Ray node id>`` in a Ray worker, so a
 test can arm a point for the runs of one node. The fired file (``.<point>.fired.<pid>``)
@@ -47,12 +50,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["POINTS", "crash_point", "arm", "enabled", "fired_context"]
+__all__ = ["POINTS", "crash_point", "arm", "enabled", "fired_context", "release"]
 
-Action = Literal["kill", "stop"]
+Action = Literal["kill", "hold"]
 
 POINTS = frozenset(
     {
@@ -96,13 +100,18 @@ def crash_point(point: str, context: str) -> None:
     except OSError:
         return
     fired.write_text(context)
-    os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+    if action == "hold":
+        release = Path(directory) / f".{point}.release"
+        while not release.exists():
+            time.sleep(0.05)  # held on purpose: the thread must not go past the point
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _parse(content: str) -> tuple[str, Action]:
     if content.startswith("{"):
         armed = json.loads(content)
-        return str(armed.get("context", "")).strip(), "stop" if armed.get("action") == "stop" else "kill"
+        return str(armed.get("context", "")).strip(), "hold" if armed.get("action") == "hold" else "kill"
     return content.strip(), "kill"
 
 
@@ -123,6 +132,11 @@ def arm(directory: str | Path, point: str, context: str = "", action: Action = "
     path = Path(directory) / point
     path.write_text(json.dumps({"context": context, "action": action}) if action != "kill" else context)
     return path
+
+
+def release(directory: str | Path, point: str) -> None:
+    """Let every process held at ``point`` go on (see ``action="hold"``)."""
+    (Path(directory) / f".{point}.release").touch()
 
 
 def fired_context(directory: str | Path, point: str) -> str | None:

@@ -43,18 +43,19 @@ __all__ = ["Epoch", "Fenced", "JournalConflict"]
 class Fenced(Exception):  # noqa: N818 - what happened to the actor, as the docs say it
     """A newer actor serves this run: this one must stop writing and doing."""
 
-    def __init__(self, prefix: str, attempt: int, newest: int) -> None:
+    def __init__(self, prefix: str, attempt: int, newest: int, where: str = "") -> None:
         if newest == attempt:
             why = f"another actor already claimed attempt {attempt}"
         else:
             why = f"attempt {newest} has taken over from attempt {attempt}"
-        super().__init__(f"{prefix}: fenced, {why}")
+        super().__init__(f"{prefix}: fenced, {why}" + (f" ({where})" if where else ""))
         self.prefix = prefix
         self.attempt = attempt
         self.newest = newest
+        self.where = where
 
-    def __reduce__(self) -> tuple[type[Fenced], tuple[str, int, int]]:
-        return (Fenced, (self.prefix, self.attempt, self.newest))  # it crosses Ray's process boundary
+    def __reduce__(self) -> tuple[type[Fenced], tuple[str, int, int, str]]:
+        return (Fenced, (self.prefix, self.attempt, self.newest, self.where))  # it crosses Ray's processes
 
 
 class JournalConflict(Exception):
@@ -93,8 +94,8 @@ class Epoch:
         ]
         return max(claims, default=-1)
 
-    def check(self) -> None:
-        """Raise `Fenced` when a newer actor has claimed the run."""
+    def check(self, where: str = "") -> None:
+        """Raise `Fenced` when a newer actor has claimed the run (``where``: what it was about to do)."""
         newest = self.newest()
         if newest > self.attempt:
-            raise Fenced(self.prefix, self.attempt, newest)
+            raise Fenced(self.prefix, self.attempt, newest, where)

@@ -94,7 +94,7 @@ class Journal:
     is called before every write, and by `check_fence` before a step's effect.
     """
 
-    def __init__(self, storage: Storage, prefix: str, fence: Callable[[], None] | None = None):
+    def __init__(self, storage: Storage, prefix: str, fence: Callable[[str], None] | None = None):
         self._storage = storage
         self._prefix = prefix.rstrip("/")
         self._records: list[JournalRecord] = []
@@ -102,10 +102,10 @@ class Journal:
         self._lock = threading.Lock()
         self._fence = fence
 
-    def check_fence(self) -> None:
+    def check_fence(self, where: str = "") -> None:
         """Raise (`durable.fencing.Fenced`) when a newer actor of the run has taken over."""
         if self._fence is not None:
-            self._fence()
+            self._fence(where)
 
     @property
     def prefix(self) -> str:
@@ -166,7 +166,7 @@ class Journal:
                 cost_usd=cost_usd,
                 at=datetime.now(UTC),
             )
-            self.check_fence()
+            self.check_fence(f"before writing record {record.seq}, {step_id} {state}")
             began = time.perf_counter()
             try:
                 self._storage.create_bytes(self._segment_key(record.seq), _encode_segment([record]))
@@ -184,7 +184,7 @@ class Journal:
         """Merge single-record segments into a chunk, and many chunks into one; return how many
         objects were replaced. Only the journal's writer calls this, when it appends no more."""
         with self._lock:
-            self.check_fence()
+            self.check_fence("before compacting")
             spans = {
                 name: span
                 for name in self._storage.list_dir(self._prefix)

@@ -203,7 +203,7 @@ class Steps:
         crash_point("step-started", f"{self.journal.prefix}/{step_id}")
         # A newer actor may have taken the run over while this one wrote Started (this one
         # froze, or its node was cut off): then it stops here, before the effect (`fencing`).
-        await asyncio.to_thread(self.journal.check_fence)
+        await asyncio.to_thread(self.journal.check_fence, f"before the effect of {step_id}")
         try:
             result = await action()
         except StepFailed as failure:

@@ -377,7 +377,7 @@ class RunActor:
     async def _write_answer(self, answer: str) -> None:
         """The latest answer, whole (a keep-alive run rewrites it after every turn)."""
         config = self.config
-        await asyncio.to_thread(self._epoch.check)
+        await asyncio.to_thread(self._epoch.check, "before writing the answer")
         await asyncio.to_thread(
             self._storage.write_bytes,
             layout.run_answer(config.project, config.name),

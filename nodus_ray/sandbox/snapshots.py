@@ -102,7 +102,7 @@ class WorkspaceSnapshots:
     skipped_for_size: bool = False
     # Raises when a newer actor of the run took over (`durable.fencing`): checked before the
     # snapshot is stored and before older ones are deleted, so a zombie never replaces them.
-    fence: Callable[[], None] | None = None
+    fence: Callable[[str], None] | None = None
     _stored: list[int] | None = field(default=None, init=False, repr=False)  # the snapshots in storage
 
     @staticmethod
@@ -147,7 +147,7 @@ class WorkspaceSnapshots:
             return
         self.skipped_for_size = False
         if self.fence is not None:
-            self.fence()
+            self.fence(f"before the snapshot after command {seq}")
         self.storage.write_bytes(self._key(seq), data)
         # The snapshots in storage: listed once per actor (an earlier actor may have left
         # several), then known, so a command costs one write and one delete, not a listing too.
@@ -229,7 +229,7 @@ class WorkspaceSnapshots:
         # A snapshot taken after ``seq`` holds an undone command's effects: it must never be
         # restored, nor push the state restored here out of the two kept (`after_command`).
         if self.fence is not None:
-            self.fence()
+            self.fence(f"before dropping snapshots after {seq}")
         stored = [
             int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")
         ]

@@ -83,15 +83,21 @@ class Server:
 
         return Storage(self.storage_uri)  # NODUS_FAULTS of the service: arm a crash point with `arm`
 
-    def arm(self, point: str, context: str, action: Literal["kill", "stop"] = "kill") -> Path:
+    def arm(self, point: str, context: str, action: Literal["kill", "hold"] = "kill") -> Path:
         """Make the first process of the service that reaches ``point`` for ``context`` die
-        there (``stop``: freeze there, until sent SIGCONT)."""
+        there (``hold``: wait there until `release`)."""
         from nodus_ray.faults import arm
 
         if "NODUS_FAULTS" not in self.env:
             raise RuntimeError("crash points are armed only in a session that runs test_faults.py")
 
         return arm(self.faults, point, context, action)
+
+    def release(self, point: str) -> None:
+        """Let the process held at ``point`` go on."""
+        from nodus_ray.faults import release
+
+        release(self.faults, point)
 
     def fired_context(self, point: str) -> str | None:
         """The context (ending `` node=<id>``) of the process that fired ``point``, once it has."""

@@ -118,13 +118,20 @@ def audit_run(server: Server, name: str, *, phase: str = "Succeeded") -> dict[st
     assert started == sorted(set(started)), f"{name}: one Started per attempt: {states}"
     for attempt in started[:-1]:  # an attempt runs again only once declared without effect
         assert any(r.attempt == attempt and r.state == "NoEffect" for r in commands), (name, states)
+    audit_money(server, name, records)
+    audit_ledger(server)
+    return run
+
+
+def audit_money(server: Server, name: str, records: list[Any] | None = None) -> None:
+    """The run's cost is the sum of its steps' costs, which is what its journal recorded."""
+    status = _run(server, name)["status"]
     steps = _steps(server, name)
     recorded = sum((Decimal(step["costUSD"]) for step in steps), Decimal(0))
     assert Decimal(status["cost"]["totalUSD"]) == recorded, f"{name}: cost is not the sum of its steps"
+    records = _journal(server, name) if records is None else records
     journaled = sum((Decimal(r.cost_usd) for r in records if r.state == "Completed"), Decimal(0))
     assert recorded == journaled, f"{name}: the steps' costs are not the journal's"
-    audit_ledger(server)
-    return run
 
 
 def audit_ledger(server: Server, project: str = "default") -> None:
@@ -448,6 +455,9 @@ def test_byok_a_model_call_whose_record_was_lost_waits_for_a_person(
             message="the resolved run to finish",
         )
         assert http.get(f"{RUNS}/{name}/answer").json()["answer"] == "second"
+    audit_money(server, name)  # on the user's own key: nothing billed by Nodus, twice or once
+    assert Decimal(_run(server, name)["status"]["cost"]["totalUSD"]) == 0
+    audit_ledger(server)
 
 
 # -- evaluations -----------------------------------------------------------------------------------
@@ -483,6 +493,11 @@ def audit_evaluation(server: Server, name: str, tasks: int) -> None:
     assert (evaluation["scored"], evaluation["pending"], evaluation["unscored"]) == (tasks, 0, 0)
     assert evaluation["passed"] == sum(item["verdict"] == "pass" for item in items)
     assert len(server.store().list_dir(f"projects/default/agentgroups/{name}/evaluation/cases")) == tasks
+    for run in runs:
+        audit_money(server, run["metadata"]["name"])
+    total = sum((Decimal(run["status"]["cost"]["totalUSD"]) for run in runs), Decimal(0))
+    assert Decimal(group_now["status"]["cost"]["totalUSD"]) == total, "the group's cost is its runs'"
+    audit_ledger(server)
 
 
 def test_a_control_plane_killed_before_sealing_an_evaluation_finishes_it_after_its_restart(
@@ -706,7 +721,7 @@ def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspac
     try:
         # The first run on the new node to record its command freezes right there (its
         # snapshot is stored, its Completed written): then the node dies with its disk.
-        server.arm("step-recorded", f"/command-1-1 node={node.id}", action="stop")
+        server.arm("step-recorded", f"/command-1-1 node={node.id}", action="hold")
         _, group_name = _counted_group(server, max_active=4, members=8)
         moved, _ = _fired_run(server, "step-recorded")
         workspace = workspace_of(server, moved)
@@ -737,7 +752,7 @@ def test_a_zombie_actor_woken_after_its_replacement_finished_the_step_does_nothi
     write nothing: it stops at its epoch check (and is made to die there, so the test sees it)."""
     node = _SecondNode(server, ray_driver)
     try:
-        server.arm("step-started", f"/command-1-1 node={node.id}", action="stop")
+        server.arm("step-started", f"/command-1-1 node={node.id}", action="hold")
         _, group_name = _counted_group(server, max_active=3, members=6)
         zombie_run, zombie_pid = _fired_run(server, "step-started")
         server.arm("actor-fenced", f"default/{zombie_run}")
@@ -747,8 +762,10 @@ def test_a_zombie_actor_woken_after_its_replacement_finished_the_step_does_nothi
         settle(server, zombie_run, timeout=240)
         assert _run(server, zombie_run)["status"]["attempts"] >= 2
         before = _journal(server, zombie_run)
-        # The zombie wakes, alone: its raylet stays stopped, so nothing kills it for Ray's sake.
+        # The zombie wakes, alone: its raylet stays stopped, so nothing kills it for Ray's sake;
+        # then it goes on from the point it was held at, just after writing Started.
         psutil.Process(zombie_pid).send_signal(signal.SIGCONT)
+        server.release("step-started")
         wait_for(
             lambda: server.fired("actor-fenced"), timeout=60, interval=0.1, message="the zombie to be fenced"
         )

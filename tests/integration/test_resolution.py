@@ -17,7 +17,9 @@ STEP = "turn-1/command-1-1"
 
 
 def _park_mid_command(server: Server, ray: Any) -> tuple[str, dict[str, Any]]:
-    """A run whose command was cut by its actor's death: Waiting, NeedsResolution."""
+    """A run whose command was cut by its actor's death: Waiting, NeedsResolution. Its Agent
+    may reach a host outside (``allowedHosts``): a hermetic run's command would be undone and
+    run again by itself instead (decision 38)."""
     from ray.util.state import list_actors
 
     agent, run = unique("resolve"), unique("cut")
@@ -28,7 +30,7 @@ def _park_mid_command(server: Server, ray: Any) -> tuple[str, dict[str, Any]]:
                 "apiVersion": "nodus.dev/v1",
                 "kind": "Agent",
                 "metadata": {"name": agent},
-                "spec": {"system": "x"},
+                "spec": {"system": "x", "network": {"allowedHosts": ["example.com"]}},
             },
         )
         assert (
