@@ -29,7 +29,7 @@ from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.fencing import Epoch, Fenced
-from nodus_ray.durable.journal import Journal, JournalRecord
+from nodus_ray.durable.journal import Journal
 from nodus_ray.durable.steps import NeedsResolution, Steps
 from nodus_ray.egress.run_egress import RunEgress
 from nodus_ray.faults import crash_point
@@ -38,10 +38,11 @@ from nodus_ray.money.billing import RunBudget
 from nodus_ray.money.prices import PriceTable
 from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
+from nodus_ray.runtime.interrupted import command_attempts, undoable_command
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.runtime.waiting import command_evidence, needs_resolution_message
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
-from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceLost, WorkspaceSnapshots, accepted_states
+from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
 from nodus_ray.settings import NAMESPACE
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
@@ -261,10 +262,10 @@ class RunActor:
             self._storage, layout.journal_folder(config.project, config.name), fence=self._epoch.check
         )
         await asyncio.to_thread(journal.load)
-        attempts = _command_attempts(journal.records)
+        attempts = command_attempts(journal.records)
         self._workspace_states = accepted_states(attempts)
         if self._egress is None:  # it reaches nothing outside: an interrupted command can be undone
-            self._undo = _undoable(journal.records, attempts)
+            self._undo = undoable_command(journal.records, attempts)
         steps = Steps(journal)
         agent = config.agent_spec
         model = agent.get("model") or {}
@@ -446,48 +447,6 @@ class RunActor:
                 "truncated": len(encoded) > ANSWER_PREVIEW_BYTES,
             }
         return RunOutcome(phase=phase, reason=str(reason), message=message, **fields)
-
-
-def _command_attempts(records: list[JournalRecord]) -> list[tuple[int, bool]]:
-    """Each command attempt's Started seq, and whether the run itself completed that attempt
-    (only a step's last attempt can have been completed)."""
-    last_state: dict[str, str] = {}
-    last_start: dict[str, int] = {}
-    starts: list[JournalRecord] = []
-    for record in records:
-        last_state[record.step_id] = record.state
-        if record.kind == "command" and record.state == "Started":
-            starts.append(record)
-            last_start[record.step_id] = record.seq
-    return [
-        (start.seq, last_state[start.step_id] == "Completed" and last_start[start.step_id] == start.seq)
-        for start in starts
-    ]
-
-
-def _undoable(records: list[JournalRecord], attempts: list[tuple[int, bool]]) -> tuple[int, int] | None:
-    """When the journal ends with a command started and never ended: its Started seq and the
-    workspace state before it (the last command the run itself completed, or `NO_COMMAND`).
-
-    None when there is nothing to undo, or when the state before it is not the run's own: a
-    command a person resolved as Completed since then left the workspace as it found it, which
-    no snapshot holds for certain, so that run waits for a person as before.
-    """
-    if not attempts or attempts[-1][1]:
-        return None
-    interrupted = attempts[-1][0]
-    step = next(record for record in records if record.seq == interrupted)
-    if [r.state for r in records if r.step_id == step.step_id][-1] != "Started":
-        return None  # already parked for a person, or decided
-    before = NO_COMMAND
-    for seq, completed in reversed(attempts[:-1]):
-        if completed:
-            before = seq
-            break
-    for record in records:  # between that state and now, every other command did nothing
-        if record.kind == "command" and before < record.seq < interrupted and record.state == "Resolved":
-            return None
-    return interrupted, before
 
 
 RemoteRunActor = ray.remote(num_cpus=0, max_restarts=0)(RunActor)

@@ -11,7 +11,7 @@ import pytest
 
 from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps
-from nodus_ray.runtime.run_actor import _command_attempts, _undoable
+from nodus_ray.runtime.interrupted import command_attempts, undoable_command
 from nodus_ray.sandbox.snapshots import NO_COMMAND
 from nodus_ray.store.storage import Storage
 
@@ -21,7 +21,7 @@ def _record(seq: int, step: str, state: str, attempt: int = 1, kind: str = "comm
 
 
 def _undo(records: list[JournalRecord]) -> tuple[int, int] | None:
-    return _undoable(records, _command_attempts(records))
+    return undoable_command(records, command_attempts(records))
 
 
 def test_the_first_command_interrupted_is_undone_to_the_empty_workspace() -> None:
