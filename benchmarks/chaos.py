@@ -33,7 +33,22 @@ from chaos.workload import Workload
 __all__ = ["campaign"]
 
 
-def campaign(minutes: float, seed: int, storage: str, settle: float, verbose: bool) -> int:
+def _tamper(checker: Checker) -> None:
+    """Check the checker: one more tick in a counted run's counter must be found as a repeat."""
+    from nodus_ray.sandbox.run_workspaces import workspace_path
+
+    for acked in checker.workload.runs.values():
+        path = workspace_path(checker.service.sandbox_root, "default", acked.name, acked.uid) / "counter.txt"
+        if path.exists():
+            with path.open("a") as counter:
+                counter.write("tick\n")
+            print(f"tampered: one more tick in {acked.name}'s counter", file=sys.stderr)
+            return
+
+
+def campaign(
+    minutes: float, seed: int, storage: str, settle: float, verbose: bool, tamper: bool = False
+) -> int:
     started = time.monotonic()
 
     def log(line: str) -> None:
@@ -61,6 +76,8 @@ def campaign(minutes: float, seed: int, storage: str, settle: float, verbose: bo
         checker = Checker(service, workload, log)
         checker.settle(max(10.0, settle - since_fault))
         log(f"at rest after {checker.settle_seconds:.0f}s; checking")
+        if tamper:
+            _tamper(checker)
         checker.check()
         notes = [
             f"seed {seed}, {minutes:g} min on {storage} storage; wall time {time.monotonic() - started:.0f} s "
@@ -96,8 +113,11 @@ def main() -> None:
     parser.add_argument("--storage", choices=("local", "s3"), default="local")
     parser.add_argument("--settle", type=float, default=150.0, help="bound (s) after the last fault")
     parser.add_argument("--quiet", action="store_true", help="no progress log on stderr")
+    parser.add_argument(
+        "--tamper", action="store_true", help="check the checker: add a tick to one counter (must exit 1)"
+    )
     args = parser.parse_args()
-    sys.exit(campaign(args.minutes, args.seed, args.storage, args.settle, not args.quiet))
+    sys.exit(campaign(args.minutes, args.seed, args.storage, args.settle, not args.quiet, args.tamper))
 
 
 if __name__ == "__main__":

@@ -153,7 +153,10 @@ class Checker:
     # -- reading -----------------------------------------------------------------------------
 
     def journal(self, name: str) -> list[JournalRecord]:
-        return Journal(self.service.store(), layout.journal_folder("default", name)).load()
+        records: list[JournalRecord] = Journal(
+            self.service.store(), layout.journal_folder("default", name)
+        ).load()
+        return records
 
     def history(self, name: str) -> str:
         try:

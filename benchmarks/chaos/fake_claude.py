@@ -30,7 +30,7 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
 
 
 def _stream(model: str, text: str, message_id: str) -> bytes:
-    start = {
+    start: dict[str, Any] = {
         "id": message_id,
         "type": "message",
         "role": "assistant",

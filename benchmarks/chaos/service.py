@@ -86,7 +86,7 @@ class Service:
     def kill_head(self) -> int:
         """`ray stop --force`, on this head alone."""
         cluster = self.cluster()
-        return stop_head(str(cluster["session_dir"]), str(cluster["ray_address"]), force=True)
+        return int(stop_head(str(cluster["session_dir"]), str(cluster["ray_address"]), force=True))
 
     def own_pids(self) -> set[int]:
         cluster = self.cluster()

@@ -132,6 +132,7 @@ class Workload:
             "batch": start + span * self.rng.uniform(0.1, 0.4),
             "map": start + span * self.rng.uniform(0.3, 0.6),
         }
+        self.keepalive()  # from the start, so messages flow all through the campaign
         while time.monotonic() < until and not stop.is_set():
             for what, at in list(once.items()):
                 if time.monotonic() >= at:
@@ -295,7 +296,7 @@ class Workload:
         """`nodus batch run`, run again (it resumes, nothing twice) until it exits 0."""
         work = self.service.base / "work"
         keys = [f"k{i}" for i in range(4)]
-        tasks = [{"key": key, "input": counted(1)} for key in keys]
+        tasks: list[dict[str, Any]] = [{"key": key, "input": counted(1)} for key in keys]
         tasks[-1]["depends_on"] = keys[:2]
         (work / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
         out = work / "answers.parquet"
