@@ -173,13 +173,29 @@ class Workload:
             "metadata": {"name": name},
             "spec": {"agent": agent, "input": text, **spec},
         }
-        response = self.service.request("POST", RUNS, body=body, key=uuid.uuid4().hex)
-        if response is None or response.status_code != 201:
+        response = self.service.request("POST", RUNS, body=body)
+        uid = (
+            response.json()["metadata"]["uid"]
+            if response is not None and response.status_code == 201
+            else None
+        )
+        if (
+            response is not None
+            and response.status_code == 409
+            and response.json().get("code") == "AlreadyExists"
+        ):
+            # Sent again after an answer that was lost (a replica or the cluster died): a single run
+            # is known by its name, so the run that exists is the one this workload created.
+            stored = self.service.request("GET", f"{RUNS}/{name}")
+            if stored is not None and stored.status_code == 200 and stored.json()["spec"]["input"] == text:
+                uid = stored.json()["metadata"]["uid"]
+                self.ops["run created by an unanswered send"] += 1
+        if uid is None:
             self.unanswered["run"] += 1
             self.log(f"run {name} not acknowledged: {response.text[:300] if response else 'no answer'}")
             return
         with self._lock:
-            self.runs[name] = AckRun(name, response.json()["metadata"]["uid"], agent, kind)
+            self.runs[name] = AckRun(name, uid, agent, kind)
             self.ops["run"] += 1
 
     def single(self) -> None:
@@ -243,7 +259,8 @@ class Workload:
             items.append({"apiVersion": V1, "kind": "AgentRun", "spec": spec})
         listed = {"apiVersion": V1, "kind": "AgentRunList", "items": items}
         response = self.service.request("POST", RUNS, body=listed, key=uuid.uuid4().hex)
-        if response is None or response.status_code != 201:
+        # 200: the first answer, replayed for the key sent again after an answer was lost.
+        if response is None or response.status_code not in (200, 201):
             self.unanswered["runs of a group"] += 1
             return
         with self._lock:
