@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps browser-deps demo check test unit integration faults bench down clean
+.PHONY: setup system-deps browser-deps demo check test unit integration faults chaos bench down clean
 
 $(BIN)/nodus: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,12 +50,20 @@ check: setup
 # Unit tests alone, with no Ray cluster; then the integration suite on its own Ray (own temp dir,
 # ports, HOME and storage, so a user's running service is never touched); then the
 # fault-injection suite, the only one whose service has crash points armed, on local storage and
-# on S3 (a local moto server the tests start).
+# on S3 (a local moto server the tests start); then a seeded 2-minute fault campaign, on a
+# service of its own, whose checker fails the build on any broken invariant.
 test: setup browser-deps check
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/pytest -q tests/integration --ignore=tests/integration/test_faults.py
 	$(BIN)/pytest -q tests/integration/test_faults.py
 	NODUS_TEST_STORAGE=s3 $(BIN)/pytest -q tests/integration/test_faults.py
+	$(BIN)/python benchmarks/chaos.py --minutes 2 --seed 1 --quiet
+
+# The fault campaign alone, longer: `make chaos MINUTES=20 STORAGE=s3`.
+MINUTES ?= 2
+STORAGE ?= local
+chaos: setup
+	$(BIN)/python benchmarks/chaos.py --minutes $(MINUTES) --seed 1 --storage $(STORAGE)
 
 unit: setup
 	$(BIN)/pytest -q tests/unit
