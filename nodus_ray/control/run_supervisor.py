@@ -286,14 +286,9 @@ class RunSupervisor:
                 run = self._registry.runs[key]
                 actor = self._find_actor(run)
                 if actor is None:
-                    if run["status"].get("actorName"):  # it had a live actor, and that one is gone
-                        losses = int(run["status"].get("actorLosses") or 0) + 1
-                        await self._note(key, {"actorLosses": losses, "actorName": None})
-                        if losses > self._settings.max_actor_restarts:
-                            await self._fail(
-                                key, RunReason.RUNNER_LOST, f"the run's actor was lost {losses} times"
-                            )
-                            return
+                    # It had a live actor, and that one is gone.
+                    if run["status"].get("actorName") and await self._lost_too_often(key):
+                        return
                     try:
                         actor = await self._start_actor(key)
                     except Exception:  # noqa: BLE001 - e.g. the run was deleted meanwhile
@@ -324,12 +319,7 @@ class RunSupervisor:
                         logger.warning("run %s/%s: %s; starting a new attempt", project, name, cause)
                         self._launcher.kill(actor)
                         # Counted as a loss (and so bounded by NODUS_MAX_ACTOR_RESTARTS), found here.
-                        losses = int(run["status"].get("actorLosses") or 0) + 1
-                        await self._note(key, {"actorLosses": losses, "actorName": None})
-                        if losses > self._settings.max_actor_restarts:
-                            await self._fail(
-                                key, RunReason.RUNNER_LOST, f"the run's actor was lost {losses} times"
-                            )
+                        if await self._lost_too_often(key):
                             return
                         continue
                     logger.exception("run %s/%s failed inside its actor", project, name)
@@ -352,6 +342,16 @@ class RunSupervisor:
                 return
         finally:
             await self._release_actor(key)
+
+    async def _lost_too_often(self, key: Key) -> bool:
+        """Count one lost actor of the run (and forget its name); fail the run with `RunnerLost`
+        past NODUS_MAX_ACTOR_RESTARTS, and say so."""
+        losses = int(self._registry.runs[key]["status"].get("actorLosses") or 0) + 1
+        await self._note(key, {"actorLosses": losses, "actorName": None})
+        if losses <= self._settings.max_actor_restarts:
+            return False
+        await self._fail(key, RunReason.RUNNER_LOST, f"the run's actor was lost {losses} times")
+        return True
 
     async def _release_actor(self, key: Key) -> None:
         """End the run's actor once the run no longer needs one; a cancelled run loses its sandbox.

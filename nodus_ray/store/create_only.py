@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["AlreadyExists", "CreateOnlyUnsupported", "create_local", "S3CreateOnly"]
+__all__ = ["AlreadyExists", "CreateOnlyUnsupported", "create_local", "write_local", "S3CreateOnly"]
 
 # A concurrent conditional write to the same key may be answered 409 (AWS asks to retry).
 _CONFLICT_RETRIES = 5
@@ -43,8 +43,9 @@ class CreateOnlyUnsupported(RuntimeError):
     """The storage's filesystem cannot refuse to replace an object (only local disk and S3 can)."""
 
 
-def create_local(full: str, data: bytes) -> None:
-    """Create ``full`` with ``data``, durably, or raise `AlreadyExists` and leave it unchanged."""
+def write_local(full: str, data: bytes, *, replace: bool) -> None:
+    """Write ``full`` durably and atomically: the bytes to a temporary name, fsync'd, then
+    renamed over it (``replace``) or linked to it, which raises `AlreadyExists` if it exists."""
     parent = os.path.dirname(full)
     os.makedirs(parent, exist_ok=True)
     temporary = f"{parent}/.{os.path.basename(full)}.{uuid.uuid4().hex}.tmp"
@@ -52,17 +53,27 @@ def create_local(full: str, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    try:
-        os.link(temporary, full)
-    except FileExistsError:
-        raise AlreadyExists(full) from None
-    finally:
-        os.unlink(temporary)
+    if replace:
+        os.replace(temporary, full)
+    else:
+        try:
+            os.link(temporary, full)
+        except FileExistsError:
+            raise AlreadyExists(full) from None
+        finally:
+            os.unlink(temporary)
+    # The new name is durable only once its directory entry is: a power cut must not take back
+    # a journal record the caller has already acted on.
     directory = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(directory)  # the new name is durable only once its directory entry is
+        os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def create_local(full: str, data: bytes) -> None:
+    """Create ``full`` with ``data``, durably, or raise `AlreadyExists` and leave it unchanged."""
+    write_local(full, data, replace=False)
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,19 @@ which refuses when the object exists (`store.create_only`).
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
-from nodus_ray.store.create_only import AlreadyExists, CreateOnlyUnsupported, S3CreateOnly, create_local
+from nodus_ray.store.create_only import (
+    AlreadyExists,
+    CreateOnlyUnsupported,
+    S3CreateOnly,
+    create_local,
+    write_local,
+)
 
 __all__ = ["Storage", "AlreadyExists", "CreateOnlyUnsupported", "default_storage_uri", "redact_uri"]
 
@@ -93,21 +97,7 @@ class Storage:
         """Write the whole object, atomically: a reader sees the old object or the new one."""
         full = self._full(key)
         if self._local:
-            parent = os.path.dirname(full)
-            os.makedirs(parent, exist_ok=True)
-            tmp = f"{parent}/.{os.path.basename(full)}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, full)
-            # The rename is durable only once the directory entry is: a power cut must not
-            # take back a journal record the caller has already acted on.
-            directory = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+            write_local(full, data, replace=True)
             return
         # compression=None: pyarrow would otherwise (de)compress by extension, e.g. ``.tar.gz``.
         with self._fs.open_output_stream(full, compression=None) as stream:

@@ -13,12 +13,21 @@ RUNS = "/v1/projects/default/agentruns"
 V1 = "nodus.dev/v1"
 
 
-def agent(server: Server, name: str, cap: str = "0.10", model: dict[str, Any] | None = None) -> None:
+def agent(
+    server: Server,
+    name: str,
+    cap: str = "0.10",
+    model: dict[str, Any] | None = None,
+    allowed_hosts: list[str] | None = None,
+) -> None:
+    """Apply an Agent; ``allowed_hosts``: its sandbox may reach those hosts (``spec.network``)."""
     spec: dict[str, Any] = {
         "system": "Answer in one sentence.",
         "perRunMaxCostUSD": cap,
         "model": model or {"access": "Nodus", "families": ["haiku"]},
     }
+    if allowed_hosts is not None:
+        spec["network"] = {"allowedHosts": allowed_hosts}
     with server.http() as http:
         response = http.put(
             f"{AGENTS}/{name}",

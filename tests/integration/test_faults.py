@@ -273,22 +273,7 @@ def test_a_run_that_can_reach_outside_killed_mid_command_waits_for_a_person_and_
     """With ``allowedHosts`` a command may have acted outside: nobody can undo that, so the run
     parks for a person, who looks at the effect (the counter) and records what happened."""
     agent_name, name = unique("mid-net"), unique("mid-net-run")
-    with server.http() as http:
-        response = http.put(
-            f"{AGENTS}/{agent_name}",
-            json={
-                "apiVersion": V1,
-                "kind": "Agent",
-                "metadata": {"name": agent_name},
-                "spec": {
-                    "system": "Answer in one sentence.",
-                    "perRunMaxCostUSD": "0.10",
-                    "model": {"access": "Nodus", "families": ["haiku"]},
-                    "network": {"allowedHosts": ["example.com"]},
-                },
-            },
-        )
-        assert response.status_code in (200, 201), response.text
+    agent(server, agent_name, allowed_hosts=["example.com"])
     _kill_mid_command(server, agent_name, name)
     run = wait_for(
         lambda: (r := _run(server, name))["status"].get("reason") == "NeedsResolution" and r,

@@ -16,29 +16,14 @@ import signal
 from typing import Any
 
 from .conftest import Server, unique, wait_for
-from .kit import AGENTS, RUNS, V1, batch, finished, get_group, group, member, runs_of, seal, workspace_of
+from .kit import RUNS, agent, batch, finished, get_group, group, member, runs_of, seal, workspace_of
 
 STEP = "turn-1/command-1-1"
 COMMAND = "Use the shell to run `echo tick >> counter.txt; sleep 30`"
 
 
 def _agent_with_egress(server: Server, name: str) -> None:
-    with server.http() as http:
-        response = http.put(
-            f"{AGENTS}/{name}",
-            json={
-                "apiVersion": V1,
-                "kind": "Agent",
-                "metadata": {"name": name},
-                "spec": {
-                    "system": "Answer in one sentence.",
-                    "perRunMaxCostUSD": "0.10",
-                    "model": {"access": "Nodus", "families": ["haiku"]},
-                    "network": {"allowedHosts": ["example.com"]},
-                },
-            },
-        )
-        assert response.status_code in (200, 201), response.text
+    agent(server, name, allowed_hosts=["example.com"])
 
 
 def _run(server: Server, name: str) -> dict[str, Any]:
