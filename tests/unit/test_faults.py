@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,27 @@ def test_without_nodus_faults_nothing_fires_and_unknown_points_are_refused(tmp_p
     assert _reach("api-answering", "POST /v1", None).stdout == "went on\n"
     with pytest.raises(ValueError, match="unknown crash point"):
         faults.arm(tmp_path, "no-such-point")
+
+
+def test_a_held_point_keeps_the_process_there_until_released_and_names_its_context(tmp_path: Path) -> None:
+    faults.arm(tmp_path, "step-started", "agentruns/r1/", action="hold")
+    environment = {**os.environ, "NODUS_FAULTS": str(tmp_path)}
+    code = (
+        "from nodus_ray import faults; "
+        "faults.crash_point('step-started', 'projects/p/agentruns/r1/journal/c1'); print('went on')"
+    )
+    held = subprocess.Popen([sys.executable, "-c", code], env=environment, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while (
+            context := faults.fired_context(tmp_path, "step-started")
+        ) is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the held state, with a deadline
+        assert context is not None and context.startswith("projects/p/agentruns/r1/journal/c1 node=")
+        assert held.poll() is None, "held at the point, not past it"
+        faults.release(tmp_path, "step-started")
+        out, _ = held.communicate(timeout=30)
+        assert (held.returncode, out) == (0, "went on\n")
+    finally:
+        if held.poll() is None:
+            held.kill()
