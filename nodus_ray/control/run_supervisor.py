@@ -35,17 +35,13 @@ from nodus.lifecycle import (
 from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.registry import Key, Registry, awaits_admission, merge_status, parked
 from nodus_ray.control.run_pool import RunActorPool
+from nodus_ray.control.workspace_sweep import WorkspaceSweeper
 from nodus_ray.durable.fencing import Fenced, JournalConflict
+from nodus_ray.durable.journal import Journal
 from nodus_ray.faults import crash_point
 from nodus_ray.money.credits import CreditLedger
 from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig, run_actor_name
-from nodus_ray.sandbox.run_workspaces import (
-    find_entries,
-    names_run,
-    remove_entries,
-    workspace_folder,
-    workspace_path,
-)
+from nodus_ray.sandbox.run_workspaces import workspace_path
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 from nodus_ray.settings import NAMESPACE, ServerSettings
 from nodus_ray.store import layout
@@ -106,8 +102,11 @@ class RunSupervisor:
         self._credits = credits
         self._tasks: dict[Key, asyncio.Task[None]] = {}
         self._actors: dict[Key, Any] = {}
-        self._sweeping: asyncio.Task[None] | None = None
-        self._sweep_again = False
+        # Actors lost since the run's program last ended or parked (in memory: a restarted
+        # control plane starts counting again). `status.actorLosses` counts all of them.
+        self._losses_in_a_row: dict[Key, int] = {}
+        # Workspaces of runs that no longer exist go (`sweep_soon`: at recovery, after deletes).
+        self.sweeper = WorkspaceSweeper(registry, settings.sandbox_root)
 
     # -- recovery ---------------------------------------------------------------------------
 
@@ -143,70 +142,6 @@ class RunSupervisor:
         workspace = Path(self.workspace(project, name))
         shutil.rmtree(workspace, ignore_errors=True)
         WorkspaceSnapshots.marker_of(workspace).unlink(missing_ok=True)
-
-    # -- sweeping ---------------------------------------------------------------------------
-
-    @property
-    def sweeping(self) -> asyncio.Task[None] | None:
-        """The sweep under way or last done (a test awaits it)."""
-        return self._sweeping
-
-    def sweep_soon(self) -> asyncio.Task[None]:
-        """Sweep this node's workspaces of runs that no longer exist, in the background.
-
-        Called once recovery has loaded the runs and after each delete; calls while a sweep
-        runs make it go round once more, so a thousand deletes are not a thousand sweeps.
-        """
-        self._sweep_again = True
-        if self._sweeping is None or self._sweeping.done():
-            self._sweeping = asyncio.get_running_loop().create_task(self._sweep_while_asked())
-        return self._sweeping
-
-    async def _sweep_while_asked(self) -> None:
-        while self._sweep_again:
-            self._sweep_again = False
-            try:
-                await self.sweep_workspaces()
-            except Exception:  # noqa: BLE001 - a failed sweep leaves orphans for the next one
-                logger.exception("could not sweep the workspaces under %s", self._settings.sandbox_root)
-
-    async def sweep_workspaces(self) -> list[str]:
-        """Remove the workspaces (and markers) on this node's disk of runs that no longer exist.
-
-        A workspace is spared when it is a known run's (by name and uid), or bears the name of a
-        run whose document is in storage but was not loaded (damaged, or being created): never
-        delete what may be a live run's. Only this node: other nodes' disks are out of reach.
-        """
-        entries = await asyncio.to_thread(find_entries, self._settings.sandbox_root)
-        if not entries:
-            return []
-        stored = await asyncio.to_thread(self._stored_run_names, {entry.project for entry in entries})
-        # Decided after listing, against the runs known now (no await between): a run's actor
-        # makes its workspace only after the run is known, so a listed workspace of a live run
-        # is a known run's, and a run created since has a uid no listed entry carries.
-        live = {
-            (project, workspace_folder(name, run["metadata"].get("uid")))
-            for (project, name), run in self._registry.runs.items()
-        }
-        orphans = [
-            entry
-            for entry in entries
-            if (entry.project, entry.folder) not in live
-            and not any(names_run(entry.folder, name) for name in stored.get(entry.project, ()))
-        ]
-        removed = await asyncio.to_thread(remove_entries, orphans)
-        if removed:
-            logger.info("swept %d workspace entries of runs that no longer exist", len(removed))
-        return [str(path) for path in removed]
-
-    def _stored_run_names(self, projects: set[str]) -> dict[str, set[str]]:
-        """Per project, the runs storage holds that the registry does not (blocking)."""
-        storage = self._registry.storage
-        unloaded: dict[str, set[str]] = {}
-        for project in projects:
-            names = set(storage.list_dir(layout.runs_folder(project)))
-            unloaded[project] = {name for name in names if (project, name) not in self._registry.runs}
-        return unloaded
 
     # -- supervising ------------------------------------------------------------------------
 
@@ -326,6 +261,7 @@ class RunSupervisor:
                     first_line = str(cause).splitlines()[0][:400] if str(cause) else ""
                     await self._fail(key, RunReason.INTERNAL_ERROR, f"{type(cause).__name__}: {first_line}")
                     return
+                self._losses_in_a_row.pop(key, None)  # its program ended or parked: it progressed
                 try:
                     resumed = await self.finish(key, outcome.to_patch())
                 except IllegalTransition as illegal:  # a bug, made visible: the run fails, it never hangs
@@ -345,12 +281,18 @@ class RunSupervisor:
 
     async def _lost_too_often(self, key: Key) -> bool:
         """Count one lost actor of the run (and forget its name); fail the run with `RunnerLost`
-        past NODUS_MAX_ACTOR_RESTARTS, and say so."""
+        when more than NODUS_MAX_ACTOR_RESTARTS were lost in a row, with no program end or park
+        between them: a keep-alive run that lives for days may lose many actors, one at a time."""
         losses = int(self._registry.runs[key]["status"].get("actorLosses") or 0) + 1
+        in_a_row = self._losses_in_a_row[key] = self._losses_in_a_row.get(key, 0) + 1
         await self._note(key, {"actorLosses": losses, "actorName": None})
-        if losses <= self._settings.max_actor_restarts:
+        if in_a_row <= self._settings.max_actor_restarts:
             return False
-        await self._fail(key, RunReason.RUNNER_LOST, f"the run's actor was lost {losses} times")
+        await self._fail(
+            key,
+            RunReason.RUNNER_LOST,
+            f"the run's actor was lost {in_a_row} times in a row ({losses} in all)",
+        )
         return True
 
     async def _release_actor(self, key: Key) -> None:
@@ -370,9 +312,21 @@ class RunSupervisor:
         return needed is not None and self._credits.project(project).available >= Decimal(needed)
 
     async def _fail(self, key: Key, reason: RunReason, message: str) -> bool:
-        """Fail the run for a reason of the supervisor's own (its actor lost, its deadline passed)."""
-        outcome = {"phase": RunPhase.FAILED.value, "reason": reason.value, "message": message}
+        """Fail the run for a reason of the supervisor's own (its actor lost, its deadline passed).
+
+        No actor reports the run's final cost then, and the last report may lag the journal (a
+        model call recorded, its report lost with the actor): the cost is the journal's.
+        """
+        outcome: dict[str, Any] = {"phase": RunPhase.FAILED.value, "reason": reason.value, "message": message}
+        outcome["cost"] = {"totalUSD": str(await asyncio.to_thread(self._journaled_cost, key))}
         return await self.finish(key, outcome)
+
+    def _journaled_cost(self, key: Key) -> Decimal:
+        """What the run's journal says it cost: the sum of its completed steps' costs."""
+        records = Journal(self._registry.storage, layout.journal_folder(*key)).load()
+        return sum(
+            (Decimal(record.cost_usd) for record in records if record.state == "Completed"), Decimal(0)
+        )
 
     async def finish(self, key: Key, outcome: dict[str, Any]) -> bool:
         """Record how the actor's program ended; True when the run must go on at once instead.
@@ -406,6 +360,9 @@ class RunSupervisor:
             ):
                 outcome["actorName"] = None  # given back on purpose: not a lost actor
             merge_status(run["status"], outcome)
+            # The ledger charges what the run's status says it cost (no report may come any more),
+            # in the same step as the status changes: whoever sees the one sees the other.
+            self._credits.record_run_spend(*key, Decimal(run["status"]["cost"].get("totalUSD") or "0"))
             await self._registry.persist_run(key)
         crash_point("run-ended-untold", f"{key[0]}/{key[1]}")
         await self._registry.run_changed(key)
@@ -452,7 +409,21 @@ class RunSupervisor:
             await self._registry.persist_run(key)
         await self._registry.run_changed(key)
         await self.stop_actor(key, run)
+        await self._settle_cost(key)
         return run
+
+    async def _settle_cost(self, key: Key) -> None:
+        """A run ended by the control plane (cancelled): once its actor is stopped, its cost is
+        the journal's, which a step finished during the cancel may have raised past the last report."""
+        total = await asyncio.to_thread(self._journaled_cost, key)
+        async with self._registry.locks[key]:
+            run = self._registry.runs.get(key)
+            if run is None or Decimal(run["status"]["cost"].get("totalUSD") or "0") == total:
+                return
+            run["status"]["cost"]["totalUSD"] = str(total)
+            self._credits.record_run_spend(*key, total)
+            await self._registry.persist_run(key)
+        await self._registry.run_changed(key)
 
     async def stop_actor(self, key: Key, run: dict[str, Any]) -> None:
         """Ask the run's actor to stop its command and delete its sandbox, then end the actor."""
@@ -483,4 +454,4 @@ class RunSupervisor:
             await asyncio.to_thread(self._credits.forget_run, *key)
             registry.runs.pop(key, None)
             self._inboxes.forget(key)
-        self.sweep_soon()  # what an earlier run of the name, or an unfinished delete, left
+        self.sweeper.sweep_soon()  # what an earlier run of the name, or an unfinished delete, left

@@ -75,7 +75,7 @@ class Services:
         await self.groups.recover()
         await self.run_pool.refill()
         self.supervisor.recover()
-        self.supervisor.sweep_soon()  # workspaces of runs that are gone (this node's disk)
+        self.supervisor.sweeper.sweep_soon()  # workspaces of runs that are gone (this node's disk)
 
 
 def compose(

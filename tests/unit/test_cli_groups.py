@@ -216,7 +216,17 @@ def test_get_ag_table(api: GroupAPI) -> None:
     result = invoke("get", "ag")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "AGENT", "PHASE", "RUNS", "ACTIVE", "WAITING", "QUEUED", "COST", "AGE"]
+    assert lines[0].split() == [
+        "NAME",
+        "AGENT",
+        "PHASE",
+        "RUNS",
+        "ACTIVE",
+        "WAITING",
+        "QUEUED",
+        "COST",
+        "AGE",
+    ]
     assert lines[1].split() == [
         "parallel-agents",
         "parallel-agents-worker",

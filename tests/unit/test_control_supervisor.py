@@ -126,3 +126,45 @@ def test_after_a_restart_a_parked_run_waits_and_an_unfinished_one_gets_an_actor(
         assert working["status"]["attempts"] == 2
 
     asyncio.run(scenario())
+
+
+def test_losses_fail_a_run_only_in_a_row_and_its_cost_is_then_the_journals(tmp_path: Path) -> None:
+    """A keep-alive run may lose many actors over its life, one at a time: only more than
+    NODUS_MAX_ACTOR_RESTARTS in a row (no park between) fail it. Failed by the supervisor, its
+    cost is what its journal recorded (the lost actor's last report may lag), and the ledger
+    charges exactly that."""
+    from nodus_ray.durable.journal import Journal
+    from nodus_ray.store import layout
+
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path, max_actor_restarts=1)
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("r1", keepAlive=True))
+        actors = lambda: plane.run_actors.of("r1")  # noqa: E731
+        plane.run_actors.kill((await until(actors, what="the first actor"))[0])  # loss 1
+        second = (await until(lambda: actors()[1:], what="the second actor"))[0]
+        second.end({"phase": "Waiting", "reason": "AwaitingMessage", "messages": {"read": 0}})
+        await until(lambda: plane.phase("r1") == "Waiting", what="the run parked")
+        await plane.services.messages.send_message("demo", "r1", "go on")
+        third = (await until(lambda: actors()[2:], what="an actor for the message"))[0]
+        plane.run_actors.kill(third)  # loss 2 in all, 1 in a row: the run goes on
+        fourth = (await until(lambda: actors()[3:], what="the fourth actor"))[0]
+        run = await plane.services.runs.get_run("demo", "r1")
+        assert (run["status"]["phase"], run["status"]["actorLosses"]) == ("Running", 2)
+        # The fourth actor records a model call and dies before it can report it.
+        journal = Journal(plane.storage, layout.journal_folder("demo", "r1"))
+        await asyncio.to_thread(journal.load)
+        await asyncio.to_thread(journal.append, "turn-2/model-1", "model", "Started")
+        await asyncio.to_thread(
+            journal.append, "turn-2/model-1", "model", "Completed", {"result": {}}, cost_usd="0.0042"
+        )
+        plane.run_actors.kill(fourth)  # 2 in a row: lost
+        await until(lambda: plane.phase("r1") == "Failed", what="the run lost")
+        run = await plane.services.runs.get_run("demo", "r1")
+        assert run["status"]["reason"] == "RunnerLost", run["status"]
+        assert "2 times in a row (3 in all)" in run["status"]["message"]
+        assert run["status"]["cost"]["totalUSD"] == "0.0042"
+        credits = await plane.services.credits.get_credits("demo")
+        assert credits["spentUSD"] == "0.0042" and credits["reservedUSD"] == "0"
+
+    asyncio.run(scenario())

@@ -84,7 +84,17 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
 }
 
 # The values the samples above use, by the names the `LAYOUT` patterns give them.
-VALUES = {"project": "p", "name": "n", "rev": 3, "seq": 7, "first": 0, "last": 7, "run": "r", "id": "b1", "attempt": 7}
+VALUES = {
+    "project": "p",
+    "name": "n",
+    "rev": 3,
+    "seq": 7,
+    "first": 0,
+    "last": 7,
+    "run": "r",
+    "id": "b1",
+    "attempt": 7,
+}
 
 _NOT_KEYS = {"Key", "LAYOUT", "layout_table"}
 

@@ -39,7 +39,7 @@ def _write(workspace: Path, file: str, text: str) -> None:
 
 
 async def _swept(plane: Plane) -> None:
-    task = plane.services.supervisor.sweeping
+    task = plane.services.supervisor.sweeper.sweeping
     assert task is not None, "a sweep was started"
     await task
 
