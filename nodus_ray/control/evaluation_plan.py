@@ -3,22 +3,24 @@
 `plan_evaluation` resolves the Environment and generates the task batch when the group is
 created, refusing anything that could not run before a byte is stored; `Evaluation` is one live
 evaluation's cases in memory (rebuilt after a restart from the Environment and the stored case
-records).
+records). `grading_request` is what the grader is asked for one finished case.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nodus.errors import Invalid, NotFound
 from nodus.resources import EvaluationStatus, parse_duration
 from nodus_ray.core.evaluation import Case, plan_cases
 from nodus_ray.environments import EnvironmentNotFound, Task, resolve
+from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp
 
-__all__ = ["Evaluation", "plan_evaluation"]
+__all__ = ["Evaluation", "grading_request", "plan_evaluation"]
 
 
 @dataclass
@@ -95,3 +97,40 @@ async def plan_evaluation(name: str, spec: dict[str, Any], created: str) -> tupl
         pending=len(cases),
     ).model_dump(mode="json")
     return status, tasks
+
+
+_GRADER_UID_OFFSET = 1_000_000_000
+
+
+def _grader_uid(status: dict[str, Any]) -> int | None:
+    """The grading sandbox's uid: one per case, never a run's (runs count up from 300000).
+
+    Unique, because the process fallback ends every process of its uid after each command:
+    two grades sharing a uid could kill each other's checks.
+    """
+    uid = (status.get("sandbox") or {}).get("uid")
+    return uid + _GRADER_UID_OFFSET if isinstance(uid, int) else None
+
+
+def grading_request(
+    evaluation: dict[str, Any],
+    case: Case,
+    project: str,
+    status: dict[str, Any],
+    answer: str,
+    local_workspace: Path,
+) -> dict[str, Any]:
+    """What the grader is asked for one case: the task, the run's answer and where its workspace is."""
+    return {
+        "environment": evaluation["environment"],
+        "split": evaluation["split"],
+        "seed": evaluation["seed"],
+        "tasks": evaluation["tasks"],
+        "taskIndex": case.task_index,
+        "run": case.run,
+        "runPrefix": layout.run_prefix(project, case.run),
+        "localWorkspace": str(local_workspace),
+        "commands": sum(int(turn.get("toolCalls") or 0) for turn in status.get("turns") or []),
+        "uid": _grader_uid(status),
+        "answer": answer,
+    }

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from nodus.errors import Conflict, NodusError
 from nodus.lifecycle import GROUP_TERMINAL_PHASES, RUN_TERMINAL_PHASES, GroupPhase, RunPhase
 from nodus.resources import API_VERSION, AgentRun, parse_resource
-from nodus_ray.control.evaluation_plan import Evaluation, plan_evaluation
+from nodus_ray.control.evaluation_plan import Evaluation, grading_request, plan_evaluation
 from nodus_ray.control.group_actors import Graders, GroupSupervisors, limits_wire
 from nodus_ray.control.registry import Key, Registry
 from nodus_ray.core.evaluation import (
@@ -77,19 +77,6 @@ class StatusTaker(Protocol):
     def __call__(
         self, key: Key, status: dict[str, Any], queued_reasons: dict[str, str]
     ) -> Awaitable[None]: ...
-
-
-_GRADER_UID_OFFSET = 1_000_000_000
-
-
-def _grader_uid(status: dict[str, Any]) -> int | None:
-    """The grading sandbox's uid: one per case, never a run's (runs count up from 300000).
-
-    Unique, because the process fallback ends every process of its uid after each command:
-    two grades sharing a uid could kill each other's checks.
-    """
-    uid = (status.get("sandbox") or {}).get("uid")
-    return uid + _GRADER_UID_OFFSET if isinstance(uid, int) else None
 
 
 class EvaluationService:
@@ -357,20 +344,14 @@ class EvaluationService:
                 evidence="the run answered, but not in time to be graded",
             )
         await self._take_status(key, {}, {})  # shows the case as Grading
-        evaluation = group["status"]["evaluation"]
-        request = {
-            "environment": evaluation["environment"],
-            "split": evaluation["split"],
-            "seed": evaluation["seed"],
-            "tasks": evaluation["tasks"],
-            "taskIndex": case.task_index,
-            "run": case.run,
-            "runPrefix": layout.run_prefix(key[0], case.run),
-            "localWorkspace": str(self._local_workspace(key[0], case.run)),
-            "commands": sum(int(turn.get("toolCalls") or 0) for turn in status.get("turns") or []),
-            "uid": _grader_uid(status),
-            "answer": answer,
-        }
+        request = grading_request(
+            group["status"]["evaluation"],
+            case,
+            key[0],
+            status,
+            answer,
+            self._local_workspace(key[0], case.run),
+        )
         try:
             outcome = await asyncio.wait_for(self._grader(key).grade.remote(request), timeout=left)
         except TimeoutError:
