@@ -223,33 +223,14 @@ def storage_service() -> Iterator[dict[str, str]]:
     if os.environ.get("NODUS_TEST_STORAGE", "local") != "s3":
         yield {}
         return
-    import pyarrow.fs as pafs
-    from moto.server import ThreadedMotoServer
+    from tests.fakes.s3 import CREDENTIALS, local_s3
 
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    moto.start()
-    try:
-        host, port = moto.get_host_and_port()
-        credentials = {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-        os.environ.update(credentials)  # this process reads the bucket too (`Server.store`)
-        pafs.S3FileSystem(
-            endpoint_override=f"{host}:{port}",
-            scheme="http",
-            region="us-east-1",
-            access_key="testing",
-            secret_key="testing",
-            allow_bucket_creation=True,
-        ).create_dir("nodus-it")
+    with local_s3("nodus-it") as endpoint:
+        os.environ.update(CREDENTIALS)  # this process reads the bucket too (`Server.store`)
         yield {
-            **credentials,
-            "NODUS_STORAGE": f"s3://nodus-it/storage?endpoint_override={host}:{port}&scheme=http&region=us-east-1",
+            **CREDENTIALS,
+            "NODUS_STORAGE": f"s3://nodus-it/storage?endpoint_override={endpoint}&scheme=http&region=us-east-1",
         }
-    finally:
-        moto.stop()
 
 
 @pytest.fixture(scope="session")

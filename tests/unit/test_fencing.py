@@ -14,6 +14,7 @@ from nodus_ray.durable.journal import Journal
 from nodus_ray.durable.steps import Steps
 from nodus_ray.store import layout
 from nodus_ray.store.storage import AlreadyExists, Storage
+from tests.fakes.s3 import CREDENTIALS, local_s3
 
 RUN = layout.run_prefix("p", "r")
 JOURNAL = layout.journal_folder("p", "r")
@@ -21,34 +22,16 @@ JOURNAL = layout.journal_folder("p", "r")
 
 @pytest.fixture(scope="module")
 def s3_uri() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    uri = f"s3://fencing-unit/root?endpoint_override={host}:{port}&scheme=http&region=us-east-1"
-    import pyarrow.fs as pafs
-
-    pafs.S3FileSystem(
-        endpoint_override=f"{host}:{port}",
-        scheme="http",
-        region="us-east-1",
-        access_key="testing",
-        secret_key="testing",
-        allow_bucket_creation=True,
-    ).create_dir("fencing-unit")
-    try:
-        yield uri
-    finally:
-        server.stop()
+    with local_s3("fencing-unit") as endpoint:
+        yield f"s3://fencing-unit/root?endpoint_override={endpoint}&scheme=http&region=us-east-1"
 
 
 @pytest.fixture(params=["local", "s3"])
 def storage(request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Storage:
     if request.param == "local":
         return Storage(str(tmp_path / "store"))
-    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(variable, "testing")
+    for variable, value in CREDENTIALS.items():
+        monkeypatch.setenv(variable, value)
     uri: str = request.getfixturevalue("s3_uri")
     # A fresh root per test in the shared bucket.
     return Storage(uri.replace("/root?", f"/{tmp_path.name}?"))
