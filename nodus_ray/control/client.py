@@ -119,6 +119,10 @@ class RunOutcome(BaseModel):
     step: str | None = None  # NeedsResolution: the step a person resolves
     messages: dict[str, int] | None = None  # AwaitingMessage: {"read": seq of the last message read}
     creditsNeededUSD: str | None = None  # InsufficientCredits: what the next call needs
+    # A Python program parked: when a timer starts it again (Sleeping, a message wait's
+    # timeout), and what else does (``{"message": name, "after": seq}``, ``{"children": [...]}``).
+    wakeAt: str | None = None
+    waitingFor: dict[str, Any] | None = None
 
     def to_patch(self) -> dict[str, Any]:
         """The outcome as the status patch the supervisor merges (set fields, plain strings)."""

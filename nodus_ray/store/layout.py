@@ -22,6 +22,10 @@ test checks this list against it)::
     projects/{project}/agentruns/{name}/seed.tar.gz                           seed
     projects/{project}/agentruns/{name}/epochs/{attempt:09d}                  run_epoch
     projects/{project}/agentruns/{name}/egress/{seq:012d}.json                command_egress
+    projects/{project}/agentruns/{name}/result.json                           run_result
+    projects/{project}/agentruns/{name}/outputs/{output}                      run_output
+    projects/{project}/agentruns/{name}/logs/{attempt:09d}.txt                program_log
+    projects/{project}/sources/{digest}.json                                  agent_source
     projects/{project}/agentgroups/{name}/group.json                          group_document
     projects/{project}/agentgroups/{name}/evaluation/cases/{run}.json         evaluation_case
     projects/{project}/agentgroups/{name}/evaluation/results.parquet          evaluation_results
@@ -71,6 +75,13 @@ __all__ = [
     "run_epoch",
     "egress_folder",
     "command_egress",
+    "run_result",
+    "outputs_folder",
+    "run_output",
+    "logs_folder",
+    "program_log",
+    "sources_folder",
+    "agent_source",
     "groups_folder",
     "group_prefix",
     "group_document",
@@ -297,6 +308,39 @@ def server_model_key() -> str:
     return f"{_SYSTEM}/anthropic-key.json"
 
 
+def run_result(project: str, name: str) -> str:
+    """A Python program's return value, as JSON (its parent's ``gather`` reads it)."""
+    return f"{run_prefix(project, name)}/result.json"
+
+
+def outputs_folder(project: str, name: str) -> str:
+    return f"{run_prefix(project, name)}/outputs"
+
+
+def run_output(project: str, name: str, output: str) -> str:
+    """One named output a program saved (``ctx.save_output``), byte for byte."""
+    return f"{outputs_folder(project, name)}/{output}"
+
+
+def logs_folder(project: str, name: str) -> str:
+    return f"{run_prefix(project, name)}/logs"
+
+
+def program_log(project: str, name: str, attempt: int) -> str:
+    """What a Python program printed while its actor of ``attempt`` ran it (replays excluded)."""
+    return f"{logs_folder(project, name)}/{attempt:0{_EPOCH_DIGITS}d}.txt"
+
+
+def sources_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/sources"
+
+
+def agent_source(project: str, digest: str) -> str:
+    """An Agent's source files, by the hex SHA-256 of their canonical JSON: written once, shared
+    by every revision (and so every run) that names the digest."""
+    return f"{sources_folder(project)}/{digest}.json"
+
+
 # -- the table -------------------------------------------------------------------------------
 
 
@@ -366,6 +410,20 @@ LAYOUT: tuple[Key, ...] = (
         "the connections of the command started at {seq} (host, port, outcome, bytes), as they happen",
         "run actor (egress proxy)",
         command_egress,
+    ),
+    Key(f"{_RUN}/result.json", "a Python program's return value (JSON)", "run actor", run_result),
+    Key(f"{_RUN}/outputs/{{output}}", "an output the program saved, byte for byte", "run actor", run_output),
+    Key(
+        f"{_RUN}/logs/{{attempt:09d}}.txt",
+        "what the program printed in that attempt (replays not repeated)",
+        "run actor",
+        program_log,
+    ),
+    Key(
+        "projects/{project}/sources/{digest}.json",
+        "an Agent's source files, content-addressed (SHA-256)",
+        "control plane (agents)",
+        agent_source,
     ),
     Key(f"{_GROUP}/group.json", "an AgentGroup: spec, last status", "control plane (groups)", group_document),
     Key(

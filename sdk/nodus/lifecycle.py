@@ -75,6 +75,9 @@ class RunReason(StrEnum):
     GROUP_WAIT = "GroupWait"
     # Waiting
     AWAITING_MESSAGE = "AwaitingMessage"
+    SLEEPING = "Sleeping"  # a Python program's ctx.sleep: a timer starts it again (status.wakeAt)
+    AWAITING_CHILDREN = "AwaitingChildren"  # ctx.gather/map on children that have not ended
+    SUSPENDED = "Suspended"  # AgentRun.suspend(): parked until resume()
     NEEDS_RESOLUTION = "NeedsResolution"
     MAX_COST_REACHED = "MaxCostReached"
     INSUFFICIENT_CREDITS = "InsufficientCredits"
@@ -92,6 +95,7 @@ class RunReason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     RUNNER_LOST = "RunnerLost"
     INTERNAL_ERROR = "InternalError"
+    PROGRAM_FAILED = "ProgramFailed"  # a Python program raised (status.message: the exception)
     STEP_CANCELLED = "StepCancelled"
     NON_DETERMINISTIC = "NonDeterministic"  # replay met a recorded step the program no longer asks for
     # Cancelled
@@ -140,6 +144,9 @@ PARKED_REASONS: frozenset[RunReason] = frozenset(
         RunReason.MAX_COST_REACHED,
         RunReason.AWAITING_MESSAGE,
         RunReason.INSUFFICIENT_CREDITS,
+        RunReason.SLEEPING,
+        RunReason.AWAITING_CHILDREN,
+        RunReason.SUSPENDED,
     }
 )
 

@@ -55,6 +55,13 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
     "run_epoch": (lambda: layout.run_epoch(RUN, 7), f"{RUN}/epochs/000000007"),
     "egress_folder": (lambda: layout.egress_folder(RUN), f"{RUN}/egress"),
     "command_egress": (lambda: layout.command_egress(RUN, 7), f"{RUN}/egress/000000000007.json"),
+    "run_result": (lambda: layout.run_result("p", "n"), f"{RUN}/result.json"),
+    "outputs_folder": (lambda: layout.outputs_folder("p", "n"), f"{RUN}/outputs"),
+    "run_output": (lambda: layout.run_output("p", "n", "report"), f"{RUN}/outputs/report"),
+    "logs_folder": (lambda: layout.logs_folder("p", "n"), f"{RUN}/logs"),
+    "program_log": (lambda: layout.program_log("p", "n", 7), f"{RUN}/logs/000000007.txt"),
+    "sources_folder": (lambda: layout.sources_folder("p"), "projects/p/sources"),
+    "agent_source": (lambda: layout.agent_source("p", "ab12"), "projects/p/sources/ab12.json"),
     "groups_folder": (lambda: layout.groups_folder("p"), "projects/p/agentgroups"),
     "group_prefix": (lambda: layout.group_prefix("p", "n"), GROUP),
     "group_document": (lambda: layout.group_document("p", "n"), f"{GROUP}/group.json"),
@@ -94,6 +101,8 @@ VALUES = {
     "run": "r",
     "id": "b1",
     "attempt": 7,
+    "output": "report",
+    "digest": "ab12",
 }
 
 _NOT_KEYS = {"Key", "LAYOUT", "layout_table"}

@@ -69,8 +69,17 @@ def test_the_metrics_label_every_run_phase() -> None:
 def test_every_parked_reason_holds_no_actor_including_credits() -> None:
     # The supervision gives the actor back for every one of these (actorName None); a run
     # waiting for credits is parked too and resumes in a new actor when credits are added.
-    assert PARKED_REASONS == {"NeedsResolution", "MaxCostReached", "AwaitingMessage", "InsufficientCredits"}
+    assert PARKED_REASONS == {
+        "NeedsResolution",
+        "MaxCostReached",
+        "AwaitingMessage",
+        "InsufficientCredits",
+        "Sleeping",
+        "AwaitingChildren",
+        "Suspended",
+    }
     assert is_parked("Waiting", "InsufficientCredits")
+    assert is_parked("Waiting", "Sleeping") and is_parked("Waiting", "Suspended")
     assert not is_parked("Running", "AwaitingMessage")
     assert not is_parked("Waiting", None)
 
