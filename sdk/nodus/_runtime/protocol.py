@@ -157,8 +157,10 @@ class Hello:
 
 @dataclass(frozen=True)
 class StepBegin:
-    """``name`` is the step's id in the journal (``fetch_issue-1``: the function's name and how
-    many times the program called it); ``effect`` is ``pure``, ``idempotent`` or ``external``."""
+    """``name`` is the step's name (the function's, or ``ctx.step``'s); the actor makes it the
+    journal's step id ``{name}-{n}``, n counting that name's calls in the run, because the
+    actor (trusted, and reading the requests in order) is what replay must agree with.
+    ``effect`` is ``pure``, ``idempotent`` or ``external``."""
 
     name: str
     effect: str = "pure"
