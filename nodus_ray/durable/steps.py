@@ -9,7 +9,10 @@ A journaled program (the Claude conversation today, durable Python agents later)
   call on the server's key, creating the sandbox) runs again as a new attempt. An
   ``external`` step (a sandbox command, a model call on the user's key) is not repeated
   blindly: the journal records ``NeedsResolution`` and the run parks until someone decides.
-- Nothing in the journal: write ``Started``, execute, write ``Completed`` or ``Failed``.
+- Nothing in the journal: write ``Started``, execute, write ``Completed`` or ``Failed``. A
+  ``pure`` step (and an ``idempotent`` one a program asks for without a ``Started`` payload,
+  `begin` with ``write_started=False``) writes only its end: interrupted, it simply runs again,
+  and the step costs one journal object instead of two.
 - A person resolves an uncertain step (`control.resolution`): ``Resolved`` returns the result they
   recorded, ``NoEffect`` runs the step again as a new attempt.
 
@@ -31,15 +34,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from nodus.lifecycle import RunReason
 from nodus_ray.durable.journal import Journal, JournalRecord, StepState
 from nodus_ray.faults import crash_point
 
-__all__ = ["Effect", "StepFailed", "NeedsResolution", "NonDeterministic", "Steps"]
+__all__ = ["Effect", "StepFailed", "NeedsResolution", "NonDeterministic", "Begun", "Steps"]
 
-Effect = Literal["idempotent", "external"]
+Effect = Literal["pure", "idempotent", "external"]
 
 
 class StepFailed(Exception):
@@ -87,6 +91,23 @@ class NonDeterministic(Exception):  # noqa: N818 - the run's reason name, as the
         self.requested = requested
 
 
+@dataclass(frozen=True)
+class Begun:
+    """What `Steps.begin` decided for a step.
+
+    ``recorded``: the journal holds its end; ``value`` is its result, or ``error`` its recorded
+    failure. Otherwise the step is to execute now as ``attempt``, then `Steps.end` or
+    `Steps.fail`; ``started`` is the payload of its open ``Started`` record (the one written
+    now, or the one found when ``keep_started`` resumed it), else None.
+    """
+
+    recorded: bool
+    value: Any = None
+    error: dict[str, Any] | None = None
+    attempt: int = 1
+    started: dict[str, Any] | None = None
+
+
 class Steps:
     """The replay index over one journal, and the executor of new steps."""
 
@@ -115,6 +136,11 @@ class Steps:
         """Whether replay returns this step's recorded result (so it needs no checks again)."""
         last = self._last.get(step_id)
         return last is not None and last.state in ("Completed", "Resolved")
+
+    @property
+    def replaying(self) -> bool:
+        """Whether the journal holds recorded steps after the ones asked for so far."""
+        return self._asked < len(self._order)
 
     def messages(self) -> list[dict[str, Any]]:
         """The conversation so far, from the journal's message records, in order."""
@@ -169,13 +195,57 @@ class Steps:
         Raises `NonDeterministic` (and runs nothing) when the journal recorded another step at
         this position of the program, or this step at another position.
         """
+        begun = await self.begin(
+            step_id,
+            kind,
+            effect=effect,
+            started=started,
+            retry_interrupted=retry_interrupted,
+            evidence_of=evidence_of,
+        )
+        if begun.recorded:
+            if begun.error is not None:
+                raise StepFailed(step_id, begun.error)
+            return dict(begun.value or {})
+        try:
+            result = await action()
+        except StepFailed as failure:
+            await self.fail(step_id, kind, failure.error, attempt=begun.attempt)
+            raise
+        crash_point("step-effect-done", f"{self.journal.prefix}/{step_id}")
+        summary = summary_of(result) if summary_of is not None else None
+        cost = cost_of(result) if cost_of is not None else "0"
+        await self.end(step_id, kind, result, attempt=begun.attempt, summary=summary, cost_usd=cost)
+        return result
+
+    async def begin(
+        self,
+        step_id: str,
+        kind: str,
+        *,
+        effect: Effect = "idempotent",
+        started: dict[str, Any] | None = None,
+        write_started: bool | None = None,
+        keep_started: bool = False,
+        retry_interrupted: Callable[[JournalRecord], bool] | None = None,
+        evidence_of: Callable[[JournalRecord], dict[str, Any]] | None = None,
+    ) -> Begun:
+        """Decide a step from the journal: its recorded end, or execute it now (see `Begun`).
+
+        ``write_started`` (default: unless ``pure``) writes ``Started`` before the effect, then
+        checks the fence; an ``external`` step always writes it. ``keep_started``: a ``Started``
+        found with no end is resumed as it is (a timer keeps the wake time it first recorded)
+        instead of starting a new attempt. Raises `NonDeterministic` and `NeedsResolution` as
+        `run` does.
+        """
         self._check_position(step_id, kind)
         last = self._last.get(step_id)
         if last is not None:
             if last.state == "Completed" or last.state == "Resolved":
-                return dict(last.payload.get("result", {}))
+                payload = last.payload if isinstance(last.payload, dict) else {}
+                return Begun(recorded=True, value=payload.get("result", {}))
             if last.state == "Failed":
-                raise StepFailed(step_id, dict(last.payload.get("error", {})))
+                return Begun(recorded=True, error=dict(last.payload.get("error", {})))
             if last.state == "NoEffect":
                 pass  # resolved as "it did nothing": run it again, as the next attempt
             elif last.state == "Started" and retry_interrupted is not None and retry_interrupted(last):
@@ -198,28 +268,40 @@ class Steps:
                     )
                 kept = last.payload if isinstance(last.payload, dict) else {}
                 raise NeedsResolution(step_id, kind, {k: v for k, v in kept.items() if k != "summary"})
+            elif last.state == "Started" and keep_started:
+                payload = last.payload if isinstance(last.payload, dict) else {}
+                return Begun(recorded=False, attempt=last.attempt, started=payload)
         attempt = self._attempts.get(step_id, 0) + 1
-        await self._append(step_id, kind, "Started", dict(started or {}), attempt=attempt)
+        if write_started is None:
+            write_started = effect != "pure"
+        if not (write_started or effect == "external"):
+            return Begun(recorded=False, attempt=attempt)
+        record = await self._append(step_id, kind, "Started", dict(started or {}), attempt=attempt)
         crash_point("step-started", f"{self.journal.prefix}/{step_id}")
         # A newer actor may have taken the run over while this one wrote Started (this one
         # froze, or its node was cut off): then it stops here, before the effect (`fencing`).
         await asyncio.to_thread(self.journal.check_fence, f"before the effect of {step_id}")
-        try:
-            result = await action()
-        except StepFailed as failure:
-            await self._append(
-                step_id,
-                kind,
-                "Failed",
-                {"error": failure.error, "summary": failure.error.get("message", "")},
-                attempt=attempt,
-            )
-            raise
-        crash_point("step-effect-done", f"{self.journal.prefix}/{step_id}")
+        return Begun(recorded=False, attempt=attempt, started=record.payload)
+
+    async def end(
+        self,
+        step_id: str,
+        kind: str,
+        result: Any,
+        *,
+        attempt: int,
+        summary: str | None = None,
+        cost_usd: str = "0",
+    ) -> None:
+        """Journal a step's result (``Completed``); replay returns it from now on."""
         payload: dict[str, Any] = {"result": result}
-        if summary_of is not None:
-            payload["summary"] = summary_of(result)
-        cost = cost_of(result) if cost_of is not None else "0"
-        await self._append(step_id, kind, "Completed", payload, attempt=attempt, cost_usd=cost)
+        if summary is not None:
+            payload["summary"] = summary
+        await self._append(step_id, kind, "Completed", payload, attempt=attempt, cost_usd=cost_usd)
         crash_point("step-recorded", f"{self.journal.prefix}/{step_id}")
-        return result
+
+    async def fail(self, step_id: str, kind: str, error: dict[str, Any], *, attempt: int) -> None:
+        """Journal a step's failure (``Failed``); replay raises it again from now on."""
+        await self._append(
+            step_id, kind, "Failed", {"error": error, "summary": error.get("message", "")}, attempt=attempt
+        )
