@@ -24,6 +24,7 @@ __all__ = [
     "TooManyRequests",
     "WaitTimeout",
     "AgentRunFailed",
+    "StepError",
     "error_from_response",
 ]
 
@@ -136,6 +137,20 @@ class AgentRunFailed(NodusError):
 
     status = 409
     default_code = "AgentRunFailed"
+
+
+class StepError(NodusError):
+    """A durable program's step raised, and on replay its exception's class could not be built
+    again (not importable, or not constructible from one message); ``type`` names the class."""
+
+    default_code = "StepError"
+
+    def __init__(self, type: str, message: str) -> None:
+        super().__init__(f"{type}: {message}", details={"type": type, "message": message})
+
+    @property
+    def type(self) -> str:
+        return str(self.details.get("type", ""))
 
 
 _BY_STATUS: dict[int, type[NodusError]] = {
