@@ -15,6 +15,7 @@ from nodus.errors import Conflict, Invalid, NotFound
 from nodus.lifecycle import GROUP_TERMINAL_PHASES, RUN_TERMINAL_PHASES
 from nodus.resources import Agent, AgentStatus, ObjectMeta, parse_resource
 from nodus_ray.control.registry import Registry, check_project
+from nodus_ray.control.sources import SourceService
 from nodus_ray.core.patch import patched_document
 from nodus_ray.money.prices import PriceTable
 from nodus_ray.store import layout
@@ -29,6 +30,8 @@ class AgentService:
     def __init__(self, registry: Registry, prices: PriceTable) -> None:
         self._registry = registry
         self._prices = prices
+        # A Python agent's source is uploaded before the Agent that names it (`sources`).
+        self.sources = SourceService(registry.storage)
 
     async def apply_agent(
         self, project: str, document: dict[str, Any], mode: str = "apply"
@@ -58,6 +61,7 @@ class AgentService:
                 and existing["metadata"].get("labels", {}) == labels
             ):
                 return {"resource": existing, "result": "unchanged"}
+            await self.sources.check_agent(project, agent.spec)  # an unknown digest, no entrypoint
             revision = (existing["status"]["revision"] + 1) if existing else 1
             resource = Agent(
                 metadata=ObjectMeta(

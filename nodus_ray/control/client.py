@@ -247,9 +247,11 @@ class ControlPlaneClient:
     # -- runs -------------------------------------------------------------------------------
 
     async def list_runs(
-        self, project: str, agent: str | None = None, group: str | None = None
+        self, project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.list_runs.remote(project, agent, group))
+        if parent is None:  # the plane's list_runs took no parent before Python agents' children
+            return await self._call(lambda h: h.list_runs.remote(project, agent, group))
+        return await self._call(lambda h: h.list_runs.remote(project, agent, group, parent))
 
     async def create_run(
         self, project: str, document: dict[str, Any], mode: str = "create"
@@ -293,6 +295,29 @@ class ControlPlaneClient:
 
     async def run_answer(self, project: str, name: str) -> dict[str, Any]:
         return await self._call(lambda h: h.run_answer.remote(project, name))
+
+    async def suspend_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.suspend_run.remote(project, name))
+
+    async def resume_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.resume_run.remote(project, name))
+
+    async def retry_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.retry_run.remote(project, name))
+
+    # -- Python agents: sources, a run's outputs and program log ------------------------------
+
+    async def upload_source(self, project: str, files: dict[str, str]) -> dict[str, Any]:
+        return await self._call(lambda h: h.upload_source.remote(project, files))
+
+    async def run_outputs(self, project: str, name: str) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.run_outputs.remote(project, name))
+
+    async def run_output(self, project: str, name: str, output: str) -> bytes:
+        return await self._call(lambda h: h.run_output.remote(project, name, output))
+
+    async def run_logs(self, project: str, name: str) -> str:
+        return await self._call(lambda h: h.run_logs.remote(project, name))
 
     # -- what a run actor asks ----------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import ray
 
 from nodus_ray.control.group_actors import RayGroupSupervisors
 from nodus_ray.control.recovery import RecoveryGate, after_recovery
+from nodus_ray.control.run_files import RunFiles
 from nodus_ray.control.run_supervisor import RayRunActors
 from nodus_ray.control.services import compose
 from nodus_ray.runtime.run_actor import RunConfig
@@ -55,6 +56,7 @@ class ControlPlane:
         self.credits = services.credits
         self.access = services.access
         self.run_pool = services.run_pool
+        self.run_files = RunFiles(services.registry)
         self._background: list[asyncio.Task[None]] = []
         # Started by the first call, not here: Ray may run a constructor on a loop other than the
         # one that serves calls, and a recovery there raced the one the calls waited for.
@@ -168,6 +170,24 @@ class ControlPlane:
     @after_recovery
     async def run_answer(self, project: str, name: str) -> dict[str, Any]:
         return await self.runs.run_answer(project, name)
+
+    # -- Python agents: sources, a run's outputs and program log ----------------------------
+
+    @after_recovery
+    async def upload_source(self, project: str, files: dict[str, str]) -> dict[str, Any]:
+        return await self.agents.sources.upload_source(project, files)
+
+    @after_recovery
+    async def run_outputs(self, project: str, name: str) -> list[dict[str, Any]]:
+        return await self.run_files.run_outputs(project, name)
+
+    @after_recovery
+    async def run_output(self, project: str, name: str, output: str) -> bytes:
+        return await self.run_files.run_output(project, name, output)
+
+    @after_recovery
+    async def run_logs(self, project: str, name: str) -> str:
+        return await self.run_files.run_logs(project, name)
 
     @after_recovery
     async def cancel_run(self, project: str, name: str) -> dict[str, Any]:
