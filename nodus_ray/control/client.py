@@ -247,11 +247,9 @@ class ControlPlaneClient:
     # -- runs -------------------------------------------------------------------------------
 
     async def list_runs(
-        self, project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
+        self, project: str, agent: str | None = None, group: str | None = None
     ) -> list[dict[str, Any]]:
-        if parent is None:  # the plane's list_runs took no parent before Python agents' children
-            return await self._call(lambda h: h.list_runs.remote(project, agent, group))
-        return await self._call(lambda h: h.list_runs.remote(project, agent, group, parent))
+        return await self._call(lambda h: h.list_runs.remote(project, agent, group))
 
     async def create_run(
         self, project: str, document: dict[str, Any], mode: str = "create"
@@ -295,15 +293,6 @@ class ControlPlaneClient:
 
     async def run_answer(self, project: str, name: str) -> dict[str, Any]:
         return await self._call(lambda h: h.run_answer.remote(project, name))
-
-    async def suspend_run(self, project: str, name: str) -> dict[str, Any]:
-        return await self._call(lambda h: h.suspend_run.remote(project, name))
-
-    async def resume_run(self, project: str, name: str) -> dict[str, Any]:
-        return await self._call(lambda h: h.resume_run.remote(project, name))
-
-    async def retry_run(self, project: str, name: str) -> dict[str, Any]:
-        return await self._call(lambda h: h.retry_run.remote(project, name))
 
     # -- Python agents: sources, a run's outputs and program log ------------------------------
 
