@@ -23,6 +23,9 @@ from nodus_ray.store.storage import AlreadyExists, CreateOnlyUnsupported, Storag
 
 __all__ = ["SourceService"]
 
+# A module name no upload has: checking an upload against it checks everything but the entrypoint.
+_NO_MODULE = "nodus_no_entrypoint_yet"
+
 
 def _files(value: Any) -> dict[str, str]:
     """The ``files`` of an upload: a JSON object of path -> text; anything else names ``files``."""
@@ -40,11 +43,22 @@ def _files(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def check_source(files: dict[str, str], entrypoint: str | None) -> None:
-    """The SDK's own checks (`nodus._runtime.sources.check_source`), so both refuse alike."""
-    from nodus._runtime.sources import check_source as check
+def _check(files: dict[str, str], entrypoint: str | None) -> dict[str, str]:
+    """The SDK's own checks (`nodus._runtime.sources`), so both ends refuse alike: paths, UTF-8,
+    limits, every ``.py`` file compiles, and (given one) the entrypoint is defined at top level.
+    Answers the files with their paths in normal form (``./main.py`` is ``main.py``)."""
+    from nodus._runtime.sources import check_source, source_files
 
-    check(files, entrypoint)
+    clean = source_files(files)
+    if entrypoint is not None:
+        check_source(clean, entrypoint)
+        return clean
+    try:  # an upload names no entrypoint yet: only the syntax is checked now
+        check_source(clean, f"{_NO_MODULE}:main")
+    except Invalid as refused:
+        if refused.details.get("field") != "spec.entrypoint":
+            raise
+    return clean
 
 
 def _hex(digest: str) -> str:
@@ -60,8 +74,7 @@ class SourceService:
     async def upload_source(self, project: str, files: Any) -> dict[str, Any]:
         """Check and store ``files``; answer ``{"digest", "files", "bytes"}`` (``spec.source``)."""
         check_project(project)
-        checked = _files(files)
-        check_source(checked, None)  # no entrypoint yet: the Agent that names one is checked on apply
+        checked = _check(_files(files), None)  # the Agent that names an entrypoint is checked on apply
         ref = source_ref(checked)
         key = layout.agent_source(project, _hex(str(ref["digest"])))
         data = json.dumps({"files": checked}, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -105,4 +118,4 @@ class SourceService:
                 f"{stored['bytes']} bytes, not {spec.source.files} and {spec.source.bytes}",
                 details={"field": "spec.source"},
             )
-        check_source(files, spec.entrypoint)
+        _check(files, spec.entrypoint)

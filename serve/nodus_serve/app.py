@@ -29,6 +29,7 @@ from .auth import Authenticator, PrincipalCache
 from .events import parse_cursor, run_events
 from .load_shedding import LoadShedder, max_inflight_from_env
 from .openapi import install as install_openapi
+from .program_routes import install_program_routes
 
 __all__ = ["create_app"]
 
@@ -337,6 +338,8 @@ def create_app(
     @app.get("/v1/projects/{project}/agentruns/{name}/answer")
     async def run_answer(project: str, name: str) -> dict[str, Any]:
         return await cp.run_answer(_project(project), name)
+
+    install_program_routes(app, cp, _project)  # sources, a run's outputs and program log
 
     # -- groups -----------------------------------------------------------------------------
 

@@ -95,6 +95,14 @@ _BODIES: dict[tuple[str, str], dict[str, Any]] = {
             },
         }
     ),
+    ("post", "/v1/projects/{project}/agentsources"): _json_body(
+        {
+            "type": "object",
+            "required": ["files"],
+            "additionalProperties": False,
+            "properties": {"files": {"type": "object", "additionalProperties": _STRING}},
+        }
+    ),
     ("post", "/v1/projects/{project}/credits"): _json_body(
         {"type": "object", "required": ["amountUSD"], "properties": {"amountUSD": _STRING}}
     ),
