@@ -86,6 +86,9 @@ class ServerSettings:
     # (NODUS_EGRESS_PRIVATE_NETWORKS, comma-separated CIDRs): none by default, so an Agent's
     # allowedHosts can never name the host's own ports or a cloud metadata address.
     egress_private_networks: str = ""
+    # The CPU seconds a durable Python program may use per actor (NODUS_PROGRAM_CPU_SECONDS):
+    # a program looping without steps is stopped by this, or by its run's deadline.
+    program_cpu_seconds: int = 3600
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -116,6 +119,9 @@ class ServerSettings:
             raise ValueError(f"NODUS_WORKSPACE_SNAPSHOTS={raw_snapshots!r} must be 'on' or 'off'")
         private_networks = os.environ.get(PRIVATE_NETWORKS_ENV, "").strip()
         parse_private_networks(private_networks)  # a bad CIDR is refused here, naming it
+        raw_cpu = os.environ.get("NODUS_PROGRAM_CPU_SECONDS", "3600") or "3600"
+        if not raw_cpu.isdigit() or not 1 <= int(raw_cpu) <= 10**7:
+            raise ValueError(f"NODUS_PROGRAM_CPU_SECONDS={raw_cpu!r} must be a whole number of seconds")
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -135,6 +141,7 @@ class ServerSettings:
             run_pool_per_node=int(raw_pool),
             workspace_snapshots=raw_snapshots == "on",
             egress_private_networks=private_networks,
+            program_cpu_seconds=int(raw_cpu),
         )
 
     def digest(self) -> str:

@@ -39,6 +39,9 @@ from nodus_ray.money.prices import PriceTable
 from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
+from nodus_ray.runtime.program.python_program import PythonProgram
+from nodus_ray.runtime.program.server import Parked
+from nodus_ray.runtime.program.wiring import build_program, ensure_program_workspace, is_program
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.runtime.waiting import command_evidence, needs_resolution_message
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
@@ -84,6 +87,7 @@ class RunConfig:
     workspace_seeded: bool = False  # an evaluation task's files are its first workspace
     egress_private_networks: str = ""  # the operator's NODUS_EGRESS_PRIVATE_NETWORKS
     attempt: int = 0  # status.attempts when this actor was started: its epoch (`durable.fencing`)
+    program_cpu_seconds: int = 3600  # a Python program's CPU seconds (NODUS_PROGRAM_CPU_SECONDS)
 
 
 class RunActor:
@@ -195,6 +199,8 @@ class RunActor:
             # The interrupted command may have half changed the local copy: what the snapshot
             # before it holds is the workspace now, and the command runs again.
             self._workspace_origin, self._undone = "restored", self._undo[0]
+        elif is_program(self.config.agent_spec):  # its snapshots follow its steps, not commands
+            self._workspace_origin = ensure_program_workspace(self._workspace)
         else:
             # The journal's commands happened in a workspace that may be on another node's
             # disk: use it here only if it is that workspace, else restore its snapshot, else fail.
@@ -279,37 +285,53 @@ class RunActor:
                 phase=RunPhase.FAILED, reason=refused.code, message=refused.message, finishedAt=utc_now()
             )
         budget = RunBudget(cap=Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None)
-        conversation = Conversation(
-            steps=steps,
-            provider=provider,
-            spec=ConversationSpec(
-                system=agent.get("system", ""),
-                families=model.get("families"),
-                model_name=model.get("name"),
-                max_tokens=int(agent.get("maxTokens", 1024)),
-                max_tool_calls=int(agent.get("maxToolCalls", 50)),
-                prompt=config.run_spec.get("input", ""),
-                keep_alive=bool(config.run_spec.get("keepAlive")),
-            ),
-            spend=RunSpend(
-                prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits
-            ),
-            router=self._route,
-            open_sandbox=self._open_sandbox,
-            on_progress=self._on_progress,
-            next_message=self._next_message,
-            on_answer=self._write_answer,
-            after_command=self._workspace.after_command,
-            redact=Redactor({**secrets["redact"], **own_key}),
-            take_egress=self._egress.take if self._egress is not None else None,
-            begin_egress=self._egress.begin if self._egress is not None else None,
-            egress_evidence=(
-                partial(command_evidence, self._storage, layout.run_prefix(config.project, config.name))
-                if self._egress is not None
-                else None
-            ),
-            restored_before=lambda seq: seq == self._undone,
-        )
+        spend = RunSpend(prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits)
+        redact = Redactor({**secrets["redact"], **own_key})
+        conversation: Conversation | PythonProgram
+        if is_program(agent):  # the Agent is a Python program: it runs in the sandbox, served here
+            conversation = build_program(
+                config=config,
+                steps=steps,
+                storage=self._storage,
+                control=self._control_plane,
+                provider=provider,
+                spend=spend,
+                router=self._route,
+                open_sandbox=self._open_sandbox,
+                on_progress=self._on_progress,
+                workspace=self._workspace,
+                redact=redact,
+            )
+        else:
+            conversation = Conversation(
+                steps=steps,
+                provider=provider,
+                spec=ConversationSpec(
+                    system=agent.get("system", ""),
+                    families=model.get("families"),
+                    model_name=model.get("name"),
+                    max_tokens=int(agent.get("maxTokens", 1024)),
+                    max_tool_calls=int(agent.get("maxToolCalls", 50)),
+                    prompt=config.run_spec.get("input", ""),
+                    keep_alive=bool(config.run_spec.get("keepAlive")),
+                ),
+                spend=spend,
+                router=self._route,
+                open_sandbox=self._open_sandbox,
+                on_progress=self._on_progress,
+                next_message=self._next_message,
+                on_answer=self._write_answer,
+                after_command=self._workspace.after_command,
+                redact=redact,
+                take_egress=self._egress.take if self._egress is not None else None,
+                begin_egress=self._egress.begin if self._egress is not None else None,
+                egress_evidence=(
+                    partial(command_evidence, self._storage, layout.run_prefix(config.project, config.name))
+                    if self._egress is not None
+                    else None
+                ),
+                restored_before=lambda seq: seq == self._undone,
+            )
         self._env = secrets["env"]
         self._conversation = conversation
         self.phase = RunPhase.RUNNING
@@ -342,14 +364,23 @@ class RunActor:
                 conversation,
                 credits_needed=str(short.needed),
             )
+        except Parked as parked:
+            return self._outcome(
+                RunPhase.WAITING,
+                parked.reason,
+                parked.message,
+                conversation,
+                wake_at=parked.wake_at,
+                waiting_for=parked.waiting_for,
+            )
         except AwaitingMessage as waiting:
             return self._outcome(
                 RunPhase.WAITING,
                 RunReason.AWAITING_MESSAGE,
                 f"turn {waiting.turn} is answered; the run reads the next message sent to it",
                 conversation,
-                answer=conversation.answer,
-                read_seq=conversation.read_seq,
+                answer=getattr(conversation, "answer", None),
+                read_seq=getattr(conversation, "read_seq", None),
             )
         except NeedsResolution as parked:
             return self._outcome(
@@ -370,7 +401,7 @@ class RunActor:
                 conversation,
             )
         await self._write_answer(answer)
-        cut = conversation.stop_reason == "max_tokens"
+        cut = getattr(conversation, "stop_reason", None) == "max_tokens"
         reason = RunReason.MAX_TOKENS_REACHED if cut else RunReason.COMPLETED
         message = "the answer was cut at maxTokens" if cut else None
         return self._outcome(RunPhase.SUCCEEDED, reason, message, conversation, answer=answer)
@@ -418,12 +449,14 @@ class RunActor:
         phase: RunPhase,
         reason: str,
         message: str | None,
-        conversation: Conversation,
+        conversation: Conversation | PythonProgram,
         *,
         answer: str | None = None,
         step: str | None = None,
         read_seq: int | None = None,
         credits_needed: str | None = None,
+        wake_at: str | None = None,
+        waiting_for: dict[str, Any] | None = None,
     ) -> RunOutcome:
         self.phase = phase
         fields: dict[str, Any] = {
@@ -438,6 +471,10 @@ class RunActor:
             fields["messages"] = {"read": read_seq}
         if credits_needed is not None:
             fields["creditsNeededUSD"] = credits_needed
+        if wake_at is not None:
+            fields["wakeAt"] = wake_at
+        if waiting_for is not None:
+            fields["waitingFor"] = waiting_for
         if answer is not None:
             encoded = answer.encode("utf-8")
             preview = encoded[:ANSWER_PREVIEW_BYTES].decode("utf-8", errors="ignore")

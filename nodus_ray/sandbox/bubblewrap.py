@@ -25,7 +25,7 @@ from typing import Any
 from nodus_ray.egress import wiring as egress
 from nodus_ray.sandbox import seccomp
 from nodus_ray.sandbox.api import _SANDBOX_PATH, SANDBOX_WORKSPACE, SandboxLimits
-from nodus_ray.sandbox.hidden import _NETWORK_FILES, _hide_args
+from nodus_ray.sandbox.hidden import _NETWORK_FILES, _hide_args, _keep_tmp_args
 from nodus_ray.sandbox.limits import _shell_argv
 from nodus_ray.sandbox.runner import _SandboxBase
 
@@ -47,6 +47,8 @@ def _bwrap_argv(
     hidden: Sequence[Path] = (),
     seccomp_fd: int | None = None,
     egress_socket: Path | None = None,
+    keep_dirs: Sequence[str] = (),
+    ro_binds: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """The bubblewrap command line; ``host_uid`` set means we are root and drop inside.
 
@@ -64,6 +66,10 @@ def _bwrap_argv(
     workspace bind, so a hidden path can never cover ``/tmp/workspace``. The workspace bind's
     source is resolved by bubblewrap on the host's root, not the new one, so a workspace under
     a hidden directory still works.
+
+    ``keep_dirs`` (a Python program's interpreter, its venv, the ``nodus`` package) stay
+    readable at their own paths even inside hidden directories or ``/tmp``; ``ro_binds``
+    (host, sandbox) are read-only binds into the private ``/tmp`` (the program's runtime dir).
     """
     tmpfs_bytes = str(max(_MIN_TMPFS_BYTES, limits.file_size_bytes))
     if host_uid is not None:
@@ -117,7 +123,9 @@ def _bwrap_argv(
         "--tmpfs",
         "/dev/shm",
         *(egress.bwrap_args(egress_socket) if egress_socket is not None else []),
-        *_hide_args(hidden, keep=_NETWORK_FILES if allow_network else ()),
+        *_keep_tmp_args(keep_dirs, hidden),
+        *[arg for host, inside in ro_binds for arg in ("--ro-bind", host, inside)],
+        *_hide_args(hidden, keep=_NETWORK_FILES if allow_network else (), keep_dirs=keep_dirs),
         "--bind",
         str(workspace),
         SANDBOX_WORKSPACE,

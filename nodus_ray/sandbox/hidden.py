@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["_default_hidden_paths", "_check_hidden_paths", "_hide_args", "_NETWORK_FILES"]
+__all__ = ["_default_hidden_paths", "_check_hidden_paths", "_hide_args", "_keep_tmp_args", "_NETWORK_FILES"]
 
 # Never hidden by default even if a home directory or Ray temp dir points there (system users
 # such as Debian's ``daemon`` have ``/usr/sbin`` as home): the command needs them to run at all.
@@ -108,7 +108,7 @@ def _check_hidden_paths(paths: Sequence[Path | str]) -> tuple[Path, ...]:
     return tuple(checked)
 
 
-def _hide_args(paths: Sequence[Path], keep: Sequence[str] = ()) -> list[str]:
+def _hide_args(paths: Sequence[Path], keep: Sequence[str] = (), keep_dirs: Sequence[str] = ()) -> list[str]:
     """bubblewrap arguments that cover each existing path with an empty read-only mount.
 
     Resolved now, per command, because paths (Ray's session, a storage directory) can appear
@@ -122,9 +122,12 @@ def _hide_args(paths: Sequence[Path], keep: Sequence[str] = ()) -> list[str]:
     ``keep``: host files to bind back, read-only, where they fall inside a hidden directory
     (resolved too, so ``/etc/resolv.conf`` pointing into ``/run`` keeps working). The bind
     goes between the tmpfs and its read-only remount, while a mount point can still be made.
+    ``keep_dirs``: host directories bound back the same way (a Python program's interpreter
+    under a hidden ``/root``); ones under ``/tmp`` are the caller's (`_keep_tmp_args`).
     """
     resolved = sorted({os.path.realpath(p) for p in paths if os.path.lexists(p)})
     kept_files = sorted({os.path.realpath(p) for p in keep if os.path.isfile(p)})
+    kept_files += sorted({os.path.realpath(p) for p in keep_dirs if os.path.isdir(p)})
     args: list[str] = []
     kept: list[str] = []
     for path in resolved:
@@ -141,4 +144,18 @@ def _hide_args(paths: Sequence[Path], keep: Sequence[str] = ()) -> list[str]:
             args += ["--remount-ro", path]
         else:
             args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
+def _keep_tmp_args(keep_dirs: Sequence[str], hidden: Sequence[Path]) -> list[str]:
+    """Read-only binds, at their own paths, of the ``keep_dirs`` under ``/tmp`` (a venv there),
+    which the private ``/tmp`` would cover; a hidden path inside one is covered again."""
+    args: list[str] = []
+    kept = sorted({os.path.realpath(d) for d in keep_dirs if os.path.isdir(d)})
+    kept = [d for d in kept if _within(d, "/tmp") and d != "/tmp"]
+    for directory in kept:
+        args += ["--ro-bind", directory, directory]
+    for path in sorted({os.path.realpath(p) for p in hidden if os.path.isdir(p)}):
+        if any(_within(path, d) for d in kept):
+            args += ["--tmpfs", path, "--remount-ro", path]
     return args

@@ -1,0 +1,377 @@
+"""One actor's run of an Agent's Python program: sandbox, source, setup, the process, its end.
+
+The run actor owns the journal; the program is the user's code in the run's sandbox, reaching
+the actor only through the runtime socket (`server.ProgramServer`). A new actor of the run
+(after a crash, a park, a node move) does all of this again: the ``sandbox`` and ``setup``
+steps come back from the journal, the program starts from the beginning and replays its
+recorded steps, and goes on from the first one that is not recorded.
+
+How it ends: the program returns (``result.json`` and the answer are written: Succeeded), it
+raises (Failed ``ProgramFailed`` with the exception and its traceback's tail), it parks (the
+server answered ``park``: the process is killed and `Parked` or the cost/resolution exception
+goes up to the run actor, which reports Waiting), or the process ends without a word (a CPU or
+memory limit, a crash: Failed ``ProgramFailed`` saying how, with its last output lines). The
+workspace is snapshotted whenever the program stops, so ``ctx.state_dir`` survives a move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from nodus._runtime import protocol as wire
+from nodus.lifecycle import RunReason
+from nodus.resources import Turn
+from nodus_ray.core.redaction import Redactor
+from nodus_ray.durable.steps import Steps
+from nodus_ray.runtime.conversation import RunFailure
+from nodus_ray.runtime.program.model_calls import ModelCalls
+from nodus_ray.runtime.program.server import ProgramEnd, ProgramServer
+from nodus_ray.runtime.program.waits import ProgramWaits
+from nodus_ray.sandbox import Sandbox, SandboxLimits
+from nodus_ray.sandbox.program import ProgramLaunch, start_program, stop_program
+from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
+from nodus_ray.store import layout
+from nodus_ray.store.storage import Storage
+
+__all__ = ["ProgramSpec", "PythonProgram", "parse_memory", "answer_text"]
+
+_SETUP_TIMEOUT_SECONDS = 1800.0
+_TAIL_LINES = 20
+_TAIL_CHARS = 4000
+_LOG_LIMIT = 8 << 20
+_EXIT_GRACE_SECONDS = 2.0  # after the process ends, how long its last request may take
+_MEMORY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti)?$")
+_UNITS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def parse_memory(text: str | None, default: int = 2 << 30) -> int:
+    """``"512Mi"``, ``"2Gi"`` -> bytes (the program's RLIMIT_AS)."""
+    if not text:
+        return default
+    matched = _MEMORY.match(text.strip())
+    if matched is None:
+        return default
+    return int(float(matched.group(1)) * _UNITS[matched.group(2)])
+
+
+def answer_text(value: Any) -> str:
+    """A program's answer: its return value when a str, else that value's JSON."""
+    return value if isinstance(value, str) else json.dumps(value, indent=2)
+
+
+def decoded_input(text: str) -> Any:
+    """A run's input as the program gets it: its JSON value, or the text itself when not JSON."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        return text
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """What of the run and its Agent the program's start needs (pinned in `RunConfig`)."""
+
+    project: str
+    run: str
+    attempt: int
+    input: str
+    entrypoint: str  # "module:function"
+    source_digest: str | None  # "sha256:<hex>"
+    setup: str | None = None
+    memory: str | None = None
+    cpu_seconds: int = 3600
+    cap_usd: Decimal | None = None
+
+
+class _Output:
+    """The process's own stdout/stderr (the bootstrap's, a crash's): kept whole for the log,
+    up to a limit, and its last lines for the run's message."""
+
+    def __init__(self) -> None:
+        self.text = bytearray()
+        self.dropped = 0
+
+    def read(self, pipe: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for chunk in iter(lambda: pipe.read1(65536), b""):
+                room = _LOG_LIMIT - len(self.text)
+                self.text += chunk[: max(0, room)]
+                self.dropped += max(0, len(chunk) - max(0, room))
+
+    def tail(self) -> str:
+        lines = self.text.decode("utf-8", "replace").rstrip().splitlines()[-_TAIL_LINES:]
+        return "\n".join(lines)[-_TAIL_CHARS:]
+
+
+@dataclass
+class PythonProgram:
+    """Runs the program once for this actor; `run` returns its answer or raises how it stopped.
+
+    ``open_sandbox`` makes (or reattaches to) the run's sandbox; ``control`` is the run's
+    control-plane client, ``models`` its model steps. ``turns``/``cost_usd`` feed the status
+    as the conversation's do.
+    """
+
+    spec: ProgramSpec
+    steps: Steps
+    storage: Storage
+    open_sandbox: Callable[[], Sandbox]
+    waits: ProgramWaits
+    models: ModelCalls
+    workspace: WorkspaceSnapshots
+    redact: Redactor = field(default_factory=lambda: Redactor({}))
+    sandbox: Sandbox | None = None
+    sandbox_info: dict[str, Any] = field(default_factory=dict)
+    logs: list[str] = field(default_factory=list)
+    _log_bytes: int = 0
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def turns(self) -> list[Turn]:
+        return self.models.turns
+
+    @property
+    def cost_usd(self) -> Decimal:
+        return self.models.spend.budget.spent
+
+    async def run(self) -> str:
+        runtime = Path(tempfile.mkdtemp(prefix="nodus-rt-"))
+        try:
+            return await self._run(runtime)
+        finally:
+            if self._proc is not None:
+                await asyncio.to_thread(stop_program, self._proc)
+            await asyncio.to_thread(self._write_log)
+            shutil.rmtree(runtime, ignore_errors=True)
+
+    async def _run(self, runtime: Path) -> str:
+        await self._open_sandbox()
+        await asyncio.to_thread(self._materialise, runtime)
+        await self._setup()
+        server = ProgramServer(self.steps, _Ops(self), self._facts(), on_log=self._on_log)
+        await server.start(runtime / "runtime.sock")
+        output = _Output()
+        try:
+            self._proc = proc = await asyncio.to_thread(start_program, self._sandbox(), self._launch(runtime))
+            reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
+            reader.start()
+            end = await self._await_end(server, proc, output)
+        except BaseException:
+            await self._snapshot()
+            raise
+        finally:
+            await server.close()
+        await self._snapshot()
+        if end.error is not None:
+            raise RunFailure(RunReason.PROGRAM_FAILED, _failure_text(end.error))
+        try:
+            data = json.dumps(end.value, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as bad:
+            raise RunFailure(
+                RunReason.PROGRAM_FAILED, f"the program's return value is not JSON: {bad}"
+            ) from None
+        await asyncio.to_thread(
+            self.storage.write_bytes, layout.run_result(self.spec.project, self.spec.run), data
+        )
+        return answer_text(end.value)
+
+    async def _await_end(
+        self, server: ProgramServer, proc: subprocess.Popen[bytes], output: _Output
+    ) -> ProgramEnd:
+        """The server's end (then the process is killed), or the process's (then it failed)."""
+        ended = asyncio.ensure_future(server.finished())
+        exited = asyncio.ensure_future(asyncio.to_thread(proc.wait))
+        try:
+            await asyncio.wait({ended, exited}, return_when=asyncio.FIRST_COMPLETED)
+            if not ended.done():  # its last request may still be on its way
+                await asyncio.wait({ended}, timeout=_EXIT_GRACE_SECONDS)
+            if ended.done():
+                await asyncio.to_thread(stop_program, proc)
+                return ended.result()  # raises what parked or failed the program
+            await exited
+            raise RunFailure(RunReason.PROGRAM_FAILED, self._died(proc, output))
+        finally:
+            for future in (ended, exited):
+                if not future.done():
+                    future.cancel()
+            with contextlib.suppress(BaseException):
+                await ended
+
+    def _died(self, proc: subprocess.Popen[bytes], output: _Output) -> str:
+        code = proc.returncode
+        tail = self.redact(output.tail() or "\n".join("".join(self.logs).splitlines()[-_TAIL_LINES:]))
+        if code is not None and code < 0:
+            how = f"was killed by signal {signal.Signals(-code).name}"
+        elif code is not None and code > 128:
+            how = f"was killed by signal {signal.Signals(code - 128).name}"
+        else:
+            how = f"exited with code {code}"
+        if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or "CPU time limit" in tail:
+            how += f" (its CPU limit of {self.spec.cpu_seconds} s)"
+        elif "MemoryError" in tail or "Cannot allocate memory" in tail:
+            how += f" (its memory limit of {self.spec.memory or '2Gi'})"
+        message = f"the program {how} without returning or raising"
+        return f"{message}; its last output:\n{tail}" if tail else message
+
+    # -- before the program --------------------------------------------------------------
+    def _sandbox(self) -> Sandbox:
+        assert self.sandbox is not None
+        return self.sandbox
+
+    async def _open_sandbox(self) -> None:
+        async def create() -> dict[str, Any]:
+            sandbox = await asyncio.to_thread(self.open_sandbox)
+            self.sandbox = sandbox
+            return {"backend": sandbox.backend, "workspace": str(sandbox.workspace), "note": sandbox.note}
+
+        self.sandbox_info = await self.steps.run(
+            "sandbox", "sandbox", create, summary_of=lambda r: f"{r['backend']} sandbox at {r['workspace']}"
+        )
+        if self.sandbox is None:  # replayed: the workspace exists; reattach to it
+            self.sandbox = await asyncio.to_thread(self.open_sandbox)
+        env = getattr(self.sandbox, "env", None)
+        if isinstance(env, dict):  # what setup installs lands in the workspace, first on sys.path
+            env["PIP_TARGET"] = wire.SANDBOX_SITE_DIR
+
+    def _materialise(self, runtime: Path) -> None:
+        """The Agent's source files, read-only, in the runtime dir the sandbox sees."""
+        runtime.chmod(0o711)
+        source = runtime / "source"
+        source.mkdir(mode=0o755)
+        digest = self.spec.source_digest
+        if not digest:
+            raise RunFailure(RunReason.PROGRAM_FAILED, "the Agent has an entrypoint but no source")
+        key = layout.agent_source(self.spec.project, digest.split(":", 1)[-1])
+        try:
+            files = json.loads(self.storage.read_bytes(key))["files"]
+        except FileNotFoundError:
+            raise RunFailure(
+                RunReason.PROGRAM_FAILED, f"the Agent's source {digest} is not in storage"
+            ) from None
+        for relative, text in files.items():
+            parts = PurePosixPath(relative).parts
+            if not parts or PurePosixPath(relative).is_absolute() or ".." in parts:
+                raise RunFailure(RunReason.PROGRAM_FAILED, f"the source holds a bad path {relative!r}")
+            path = source.joinpath(*parts)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            path.write_text(str(text), encoding="utf-8")
+            path.chmod(0o644)
+        for directory, _dirs, _files in os.walk(source):
+            Path(directory).chmod(0o755)
+
+    async def _setup(self) -> None:
+        command = self.spec.setup
+        if not command:
+            return
+        sandbox = self._sandbox()
+
+        async def install() -> dict[str, Any]:
+            result = await asyncio.to_thread(sandbox.run, command, timeout=_SETUP_TIMEOUT_SECONDS)
+            await asyncio.to_thread(self._snapshot_now)
+            return {**result.to_dict(), "output": self.redact(result.output)}
+
+        done = await self.steps.run(
+            "setup", "setup", install, summary_of=lambda r: f"setup -> exit {r.get('exit_code')}"
+        )
+        if done.get("exit_code") != 0:
+            tail = "\n".join(str(done.get("output", "")).splitlines()[-_TAIL_LINES:])
+            how = (
+                f"exit {done.get('exit_code')}"
+                if done.get("exit_code") is not None
+                else str(done.get("limit"))
+            )
+            raise RunFailure(RunReason.PROGRAM_FAILED, f"setup failed ({how}): {tail}")
+
+    def _facts(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "input": decoded_input(spec.input),
+            "run": spec.run,
+            "project": spec.project,
+            "idempotencyKey": f"{spec.project}/{spec.run}",
+            "attempt": spec.attempt,
+        }
+
+    def _launch(self, runtime: Path) -> ProgramLaunch:
+        return ProgramLaunch(
+            argv=[sys.executable, "-m", "nodus._runtime.bootstrap"],
+            runtime_dir=runtime,
+            limits=SandboxLimits(
+                cpu_seconds=self.spec.cpu_seconds,
+                memory_bytes=parse_memory(self.spec.memory),
+                timeout_seconds=float("inf"),
+            ),
+            env={
+                wire.ENV_SOCKET: wire.SANDBOX_RUNTIME_SOCKET,
+                wire.ENV_ENTRYPOINT: self.spec.entrypoint,
+                "PIP_TARGET": wire.SANDBOX_SITE_DIR,
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "ANTHROPIC_API_KEY": f"nodus-run-{secrets.token_hex(16)}",
+            },
+        )
+
+    # -- while and after -----------------------------------------------------------------
+    def _on_log(self, log: wire.Log) -> None:
+        text = self.redact(log.text)
+        if self._log_bytes + len(text) > _LOG_LIMIT:
+            return
+        self._log_bytes += len(text)
+        self.logs.append(text)
+
+    def _write_log(self) -> None:
+        if not self.logs:
+            return
+        key = layout.program_log(self.spec.project, self.spec.run, self.spec.attempt)
+        with contextlib.suppress(Exception):  # logs are best effort; the journal is the record
+            self.storage.write_bytes(key, "".join(self.logs).encode("utf-8"))
+
+    def _snapshot_now(self) -> None:
+        records = self.steps.journal.records
+        if records and self.sandbox is not None and Path(self.sandbox.workspace).is_dir():
+            self.workspace.after_command(records[-1].seq)
+
+    async def _snapshot(self) -> None:
+        await asyncio.to_thread(self._snapshot_now)
+
+
+class _Ops:
+    """The server's `ProgramOps`: waits and outputs from `ProgramWaits`, models from `ModelCalls`."""
+
+    def __init__(self, program: PythonProgram) -> None:
+        self._program = program
+        waits = program.waits
+        self.model = program.models.model
+        self.sleep = waits.sleep
+        self.wait_for_message = waits.wait_for_message
+        self.spawn = waits.spawn
+        self.gather = waits.gather
+        self.child_output = waits.child_output
+        self.send = waits.send
+        self.save_output = waits.save_output
+
+    async def after_external(self, step_id: str) -> None:
+        await self._program._snapshot()
+
+
+def _failure_text(error: wire.ErrorInfo) -> str:
+    kind = error.type.removeprefix("builtins.")
+    head = f"{kind}: {error.message}" if error.message else kind
+    tail = "\n".join(error.traceback.rstrip().splitlines()[-_TAIL_LINES:])[-_TAIL_CHARS:]
+    return f"{head}\n{tail}" if tail else head

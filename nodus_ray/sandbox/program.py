@@ -1,0 +1,122 @@
+"""Starting a durable Python program inside a run's sandbox (rather than one shell command).
+
+The program is the user's code: it runs under the same bubblewrap containment as commands
+(namespaces, read-only host, seccomp, hidden paths, the egress proxy, rlimits), with three
+additions. The server's own interpreter runs it, so ``sys.base_prefix``, ``sys.prefix`` and
+the directory holding the ``nodus`` package are readable at their own paths even where a
+hidden directory or the private ``/tmp`` would cover them; the run's runtime directory (the
+actor's socket and the Agent's source) is bound read-only at ``SANDBOX_RUNTIME_DIR``; and the
+process is long-lived, so the caller owns it (`start_program` returns the ``Popen``) and stops
+it with `stop_program`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodus._runtime.protocol import ENV_SOCKET, SANDBOX_RUNTIME_DIR
+from nodus_ray.sandbox.api import _SANDBOX_PATH, Sandbox, SandboxLimits
+from nodus_ray.sandbox.bubblewrap import BubblewrapSandbox, _bwrap_argv, _seccomp_fd
+from nodus_ray.sandbox.limits import _shell_argv
+from nodus_ray.sandbox.process import ProcessSandbox
+
+__all__ = ["ProgramLaunch", "interpreter_dirs", "start_program", "stop_program", "ENV_RUNTIME_DIR"]
+
+# Only under the process fallback (no bubblewrap, so no bind): where the runtime dir is.
+ENV_RUNTIME_DIR = "NODUS_RUNTIME_DIR"
+
+
+def interpreter_dirs() -> list[str]:
+    """What the program's interpreter needs to read: its prefixes and the ``nodus`` package."""
+    import nodus
+
+    package_parent = str(Path(nodus.__file__).resolve().parent.parent)
+    dirs = [os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), package_parent]
+    return list(dict.fromkeys(dirs))
+
+
+@dataclass(frozen=True)
+class ProgramLaunch:
+    """One program start: ``argv`` in the sandbox, its extra ``env``, the host runtime dir."""
+
+    argv: Sequence[str]
+    runtime_dir: Path
+    limits: SandboxLimits
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _path_env() -> str:
+    return f"{os.path.dirname(sys.executable)}:{_SANDBOX_PATH}"
+
+
+def start_program(sandbox: Sandbox, launch: ProgramLaunch) -> subprocess.Popen[bytes]:
+    """Start the program in ``sandbox`` (its own process group); stdout and stderr are one pipe."""
+    command = "exec " + shlex.join(list(launch.argv))
+    shell = _shell_argv(command, launch.limits)
+    if isinstance(sandbox, BubblewrapSandbox):
+        sandbox._reseal()
+        with _seccomp_fd() as fd:
+            argv = _bwrap_argv(
+                sandbox._bwrap,
+                sandbox._setpriv,
+                sandbox.workspace,
+                shell,
+                launch.limits,
+                allow_network=sandbox.allow_network,
+                host_uid=sandbox.host_uid,
+                hidden=sandbox._hidden,
+                seccomp_fd=fd,
+                egress_socket=sandbox.egress_socket,
+                keep_dirs=interpreter_dirs(),
+                ro_binds=[(str(launch.runtime_dir), SANDBOX_RUNTIME_DIR)],
+            )
+            env = {**sandbox.command_env(), **launch.env, "PATH": _path_env()}
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=env,
+                cwd="/",
+                pass_fds=() if fd is None else (fd,),
+            )
+    if isinstance(sandbox, ProcessSandbox):
+        sandbox._reseal()
+        kwargs = sandbox._popen_kwargs()
+        socket_path = str(launch.runtime_dir / "runtime.sock")
+        kwargs["env"] = {
+            **kwargs["env"],
+            **launch.env,
+            ENV_SOCKET: socket_path,
+            ENV_RUNTIME_DIR: str(launch.runtime_dir),
+            "PATH": _path_env(),
+        }
+        return subprocess.Popen(
+            shell,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            **kwargs,
+        )
+    raise TypeError(f"cannot start a program in a {type(sandbox).__name__}")
+
+
+def stop_program(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """SIGKILL the program's process group (bubblewrap's: its namespace ends with it) and reap it."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout)
