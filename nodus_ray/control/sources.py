@@ -15,6 +15,7 @@ import asyncio
 import json
 from typing import Any
 
+from nodus._runtime.sources import check_source, source_files
 from nodus.errors import Invalid
 from nodus.schema_agent import AgentSpec, source_ref
 from nodus_ray.control.registry import check_project
@@ -47,8 +48,6 @@ def _check(files: dict[str, str], entrypoint: str | None) -> dict[str, str]:
     """The SDK's own checks (`nodus._runtime.sources`), so both ends refuse alike: paths, UTF-8,
     limits, every ``.py`` file compiles, and (given one) the entrypoint is defined at top level.
     Answers the files with their paths in normal form (``./main.py`` is ``main.py``)."""
-    from nodus._runtime.sources import check_source, source_files
-
     clean = source_files(files)
     if entrypoint is not None:
         check_source(clean, entrypoint)

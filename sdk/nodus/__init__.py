@@ -6,7 +6,7 @@ SDK can define agents, submit runs and read their answers; the server parts live
 """
 
 from . import errors, resources
-from .agent import Agent, ClaudeAgent, SecretKey
+from .agent import Agent, ClaudeAgent, Egress, SecretKey
 from .agent_map import AgentMap
 from .agent_run import AgentRun, RunContext
 from .client import Client
@@ -23,6 +23,7 @@ __all__ = [
     "AgentMap",
     "RunContext",
     "SecretKey",
+    "Egress",
     "View",
     "Client",
     "errors",

@@ -1,11 +1,13 @@
 """Agents from Python: define, deploy, submit runs, wait for answers.
 
-This is the client side of the product's ``nodus.agent`` module, over HTTP only. The server runs
-every agent on Claude, and runs many of them at once through an `AgentGroup` (a shared concurrency
-limit, one cost cap, dependencies between tasks; `Agent.map` is the one-call form). It does not
-yet run user code, messages or group evaluations. Whatever a call names that the server cannot do
-raises `errors.Unsupported` *before anything is sent*, because a silently dropped setting is one
-the user believes in and does not get.
+This is the client side of the product's ``nodus.agent`` module, over HTTP only. An Agent is
+either a Claude agent (`ClaudeAgent`: a system prompt the server runs on Claude) or a durable
+Python agent: your program (``@agent.entrypoint``, ``@agent.step``, or ``source=`` and
+``entrypoint=``) that the server runs in the run's sandbox, journaling every step so a run
+survives its process (docs/python-agents.md). Many runs go at once through an `AgentGroup`
+(`Agent.map` is the one-call form). Whatever a call names that the server cannot do raises
+`errors.Unsupported` *before anything is sent*, because a silently dropped setting is one the
+user believes in and does not get.
 
 `Agent` and `ClaudeAgent` are definitions; what they return lives elsewhere: `AgentRun` (the
 handle of a run, `agent_run`), `AgentMap` (`Agent.map`, `agent_map`) and `View` (`view`).
@@ -13,30 +15,47 @@ handle of a run, `agent_run`), `AgentMap` (`Agent.map`, `agent_map`) and `View` 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import secrets as _secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from ._runtime.definition import ProgramDefinition, guard_client_call
+from ._runtime.sources import check_source, source_files
 from .agent_run import AgentRun, RunContext
-from .agent_spec import AGENT_PARAMS, SecretKey, claude_agent_spec
+from .agent_spec import AGENT_PARAMS, Egress, SecretKey, claude_agent_spec, python_agent_spec
 from .client import Client
 from .errors import Conflict, Invalid, Unsupported
-from .handles import _LATER, _encode_input, _format_deadline, _run_name, _unsupported, _usd
+from .handles import _encode_input, _format_deadline, _run_name, _unsupported
 from .resources import (
     API_VERSION,
     parse_resource,
 )
+from .schema_agent import source_ref
 from .view import View
 
 if TYPE_CHECKING:
     from .agent_map import AgentMap
 
 # AgentRun, RunContext and View are re-exported: ``from nodus.agent import AgentRun`` keeps working.
-__all__ = ["View", "Agent", "ClaudeAgent", "AgentRun", "RunContext", "SecretKey", "claude_agent_spec"]
+__all__ = [
+    "View",
+    "Agent",
+    "ClaudeAgent",
+    "AgentRun",
+    "RunContext",
+    "SecretKey",
+    "Egress",
+    "claude_agent_spec",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+# Stands in for the program while a definition is checked before its entrypoint is known.
+_PLACEHOLDER_SOURCE = {"digest": "sha256:" + "0" * 64, "files": 1, "bytes": 0}
 
 
 # -- Agent ------------------------------------------------------------------------------------
@@ -45,28 +64,20 @@ __all__ = ["View", "Agent", "ClaudeAgent", "AgentRun", "RunContext", "SecretKey"
 class Agent:
     """A durable agent definition; deploy it, then submit runs with `remote`, `submit` or `map`.
 
-    The server runs every agent on Claude, so only ``image`` and ``per_run_max_cost`` of the
-    durable-Python definition are served; naming any other setting raises `errors.Unsupported`
-    here, at construction. `ClaudeAgent` defines the system prompt and model.
+    A Python agent's program is the ``@agent.entrypoint`` function's module (uploaded by
+    `deploy`), or ``source=`` (a file, a directory or a dict of files) with ``entrypoint=``
+    (``"module:function"``). ``setup`` runs once per run before it (``pip install ...``);
+    ``secrets`` (`SecretKey`) and ``env`` become its environment, ``network`` (`Egress`) the hosts
+    it may reach, ``models`` the Claude families its model calls are routed among; ``cpu`` (cores)
+    and ``memory`` (``"2Gi"``) are its limits, ``per_run_max_cost`` and ``max_cost`` (all runs
+    together) its caps. Without a program, the agent runs on Claude, as `ClaudeAgent` does.
+
+    ``min_workers``, ``max_workers``, ``scaledown_window`` and ``app`` raise `errors.Unsupported`:
+    the server keeps no pre-started workers per Agent yet.
     """
 
-    # Settings of a durable-Python agent that the server cannot run yet.
-    _UNSUPPORTED_ARGS: tuple[str, ...] = (
-        "source",
-        "entrypoint",
-        "setup",
-        "secrets",
-        "env",
-        "network",
-        "models",
-        "min_workers",
-        "max_workers",
-        "scaledown_window",
-        "max_cost",
-        "cpu",
-        "memory",
-        "app",
-    )
+    # Settings the server cannot honour yet: refused at construction, before anything is sent.
+    _UNSUPPORTED_ARGS: tuple[str, ...] = ("min_workers", "max_workers", "scaledown_window", "app")
 
     name: str
 
@@ -75,13 +86,13 @@ class Agent:
         name: str,
         *,
         image: Any = None,
-        source: str | Path | dict[str, Any] | None = None,
+        source: str | Path | Mapping[str, Any] | None = None,
         entrypoint: str | None = None,
         setup: str | None = None,
-        secrets: list[Any] | None = None,
-        env: dict[str, str] | None = None,
-        network: Any = None,
-        models: list[str] | None = None,
+        secrets: Sequence[SecretKey] | None = None,
+        env: Mapping[str, str | SecretKey] | None = None,
+        network: Egress | None = None,
+        models: Sequence[str] | None = None,
         min_workers: int | None = None,
         max_workers: int | None = None,
         scaledown_window: Any = None,
@@ -98,19 +109,35 @@ class Agent:
             if given[arg] is not None:
                 raise _unsupported(
                     f"Agent({arg}=...)",
-                    "runs execute on Claude, not as your code; use nodus.ClaudeAgent, or leave it out",
+                    "the server keeps no pre-started workers per Agent yet; leave it out",
                     arg,
                 )
         if image is not None and not isinstance(image, str):
             raise Unsupported(
                 "Agent(image=...) takes an image reference string for now", details={"field": "image"}
             )
-        spec: dict[str, Any] = {}
-        if image is not None:
-            spec["image"] = image
-        cost = _usd(per_run_max_cost, "per_run_max_cost")
-        if cost is not None:
-            spec["perRunMaxCostUSD"] = cost
+        if source is not None and not isinstance(source, str | Path | Mapping):
+            raise Invalid(
+                "source is a file, a directory or a dict of files (path -> text)", details={"field": "source"}
+            )
+        if entrypoint is not None and not isinstance(entrypoint, str):
+            raise Invalid(
+                'entrypoint is "module:function", e.g. "main:main"', details={"field": "entrypoint"}
+            )
+        spec = python_agent_spec(
+            image=image,
+            setup=setup,
+            secrets=secrets,
+            env=env,
+            network=network,
+            models=models,
+            per_run_max_cost=per_run_max_cost,
+            max_cost=max_cost,
+            cpu=cpu,
+            memory=memory,
+        )
+        self._source = source
+        self._entrypoint = entrypoint
         self._setup(name, spec, project, client)
 
     def _setup(
@@ -122,9 +149,17 @@ class Agent:
         *,
         validate: bool = True,
     ) -> None:
-        manifest = {"apiVersion": API_VERSION, "kind": "Agent", "metadata": {"name": name}, "spec": spec}
+        manifest: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": "Agent",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        self.__dict__.setdefault("_source", None)
+        self.__dict__.setdefault("_entrypoint", None)
+        self._definition = ProgramDefinition()
         if validate:  # refuse a bad definition here, before anything is sent
-            parse_resource(manifest)
+            self._check(manifest)
         self.name = name
         self._manifest = manifest
         self._project = project
@@ -154,9 +189,63 @@ class Agent:
             self._client = Client(project=self._project)
         return self._client
 
+    def _check(self, manifest: dict[str, Any]) -> None:
+        """Validate the manifest; a Python agent's settings with a stand-in for its program."""
+        spec = manifest["spec"]
+        if "source" not in spec and (self._source is not None or self._entrypoint or "setup" in spec):
+            manifest = copy.deepcopy(manifest)
+            manifest["spec"]["source"] = _PLACEHOLDER_SOURCE
+            manifest["spec"]["entrypoint"] = self._entrypoint or "main:main"
+        parse_resource(manifest)
+
+    def _program(self) -> tuple[dict[str, str], str] | None:
+        """The files and entrypoint to deploy, checked as the server checks them; None for an
+        agent without a program (it runs on Claude)."""
+        registered = self._definition.entrypoint_fn is not None
+        if self._source is None and self._entrypoint is None and not registered:
+            return None
+        entrypoint = self._entrypoint or (self._definition.entrypoint_ref() if registered else None)
+        if entrypoint is None:
+            raise Invalid(
+                'source= needs entrypoint="module:function" or an @agent.entrypoint function',
+                details={"field": "entrypoint"},
+            )
+        if self._source is None and not registered:
+            raise Invalid(
+                "entrypoint= needs source= (a file, a directory or a dict of files), or decorate the "
+                "function with @agent.entrypoint so its module is the source",
+                details={"field": "source"},
+            )
+        files = source_files(self._source) if self._source is not None else self._definition.module_source()
+        check_source(files, entrypoint)
+        return files, entrypoint
+
+    def manifest(self) -> dict[str, Any]:
+        """The Agent document `deploy` applies (a program's source as its digest); sends nothing."""
+        manifest = copy.deepcopy(self._manifest)
+        program = self._program()
+        if program is not None:
+            manifest["spec"]["source"] = source_ref(program[0])
+            manifest["spec"]["entrypoint"] = program[1]
+        return manifest
+
     def deploy(self) -> View:
-        """Create or update the Agent; every accepted change is a new revision, and new runs pin it."""
-        applied = self.client.apply("agents", self._manifest, project=self._project)
+        """Create or update the Agent; every accepted change is a new revision, and new runs pin it.
+
+        A Python agent's source is checked here (every ``.py`` file compiles, the entrypoint is
+        defined at the top level of its module; `errors.Invalid` naming file and line) before
+        anything is sent, then uploaded (stored once per content), then the Agent is applied.
+        """
+        guard_client_call("deploy")
+        manifest = copy.deepcopy(self._manifest)
+        program = self._program()
+        if program is not None:
+            files, entrypoint = program
+            manifest["spec"]["source"] = source_ref(files)
+            manifest["spec"]["entrypoint"] = entrypoint
+            parse_resource(manifest)  # the whole document, before the upload
+            manifest["spec"]["source"] = self.client.upload_source(files, project=self._project)
+        applied = self.client.apply("agents", manifest, project=self._project)
         self._deployed = True
         return View(applied.resource)
 
@@ -183,6 +272,7 @@ class Agent:
         idempotent: when that run exists already with the same agent and input, its handle is
         returned instead of an error.
         """
+        guard_client_call("submit")
         if group is not None:
             raise _unsupported("submit(group=...)", "submit group runs with AgentGroup.submit_many", "group")
         if session_key is not None:
@@ -228,6 +318,7 @@ class Agent:
 
     def remote(self, input: Any = None, **kwargs: Any) -> str:
         """Submit, wait and return the run's answer text; raises `errors.AgentRunFailed`."""
+        guard_client_call("remote")
         if kwargs.get("keep_alive"):
             # A keep-alive run waits for messages instead of finishing, so this would never return.
             raise Invalid(
@@ -257,6 +348,7 @@ class Agent:
         deleted at the end, also when the loop stops early: closing the iterator (a ``break``
         that drops it, ``close()``, or a ``with`` block) cancels whatever is still running.
         """
+        guard_client_call("map")
         from .agent_map import AgentMap  # the map module builds on this one
 
         return AgentMap(
@@ -267,16 +359,51 @@ class Agent:
             return_exceptions=return_exceptions,
         )
 
-    def step(self, _fn: Callable[..., Any] | None = None, **kwargs: Any) -> NoReturn:
-        raise _unsupported("Agent.step", f"runs execute on Claude, not as your code; {_LATER}", "step")
+    def step(
+        self, _fn: Callable[..., Any] | None = None, *, effect: str = "pure", name: str | None = None
+    ) -> Any:
+        """Journal a function as a step: ``pure``, ``idempotent`` or ``external`` (an interrupted
+        external step's outcome is unknown, and the run waits for `AgentRun.resolve`).
 
-    def entrypoint(self, fn: Callable[..., Any]) -> NoReturn:
-        raise _unsupported(
-            "Agent.entrypoint", f"runs execute on Claude, not as your code; {_LATER}", "entrypoint"
-        )
+        In a run, a completed step returns its recorded result on replay without running; outside
+        a run (a script, a test) it is a plain call. ``@agent.step`` or ``@agent.step(effect=...)``.
+        """
+        try:
+            return self._definition.step(_fn, effect=effect, name=name)
+        except ValueError as exc:
+            raise Invalid(
+                f"Agent.step: {exc}", details={"field": "effect" if "effect" in str(exc) else "name"}
+            ) from None
 
-    def local(self, input: Any = None) -> NoReturn:
-        raise _unsupported("Agent.local", f"it needs the durable Python runtime; {_LATER}", "local")
+    def entrypoint(self, fn: F) -> F:
+        """Mark ``fn(ctx, input)`` as the run entrypoint; unless ``source=`` was given, its module
+        is uploaded as the Agent's source by `deploy`."""
+        return self._definition.entrypoint(fn)
+
+    def local(
+        self,
+        input: Any = None,
+        *,
+        messages: Mapping[str, Any] | None = None,
+        outputs_dir: str | Path | None = None,
+    ) -> Any:
+        """Run the entrypoint in this process with an in-memory journal: no server, no Ray.
+
+        ``messages`` answers ``ctx.wait_for_message(name)``: ``{name: [payload, ...]}``, one per
+        wait in order (a name with none left times out at once). Saved outputs are copied under
+        ``outputs_dir`` (a temporary directory by default). Returns the entrypoint's return
+        value; a program that raises raises here.
+        """
+        guard_client_call("local")
+        from ._runtime.local import run_local  # the in-process runtime, loaded when used
+
+        if self._definition.entrypoint_fn is None:
+            raise Invalid(
+                "Agent.local runs the @agent.entrypoint function; this agent has none",
+                details={"field": "entrypoint"},
+            )
+        outputs = Path(outputs_dir) if outputs_dir is not None else None
+        return run_local(self._definition, input, messages=dict(messages or {}), outputs_dir=outputs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, project={self._project!r})"
@@ -314,3 +441,23 @@ class ClaudeAgent(Agent):
         given = locals()
         spec = claude_agent_spec(**{param.name: given[param.name] for param in AGENT_PARAMS})
         self._setup(name, spec, project, client)
+
+    # A ClaudeAgent is a system prompt the server runs on Claude, not a program.
+    _NOT_A_PROGRAM = "a ClaudeAgent runs its system prompt on Claude; define a program with nodus.Agent"
+
+    def step(
+        self, _fn: Callable[..., Any] | None = None, *, effect: str = "pure", name: str | None = None
+    ) -> Any:
+        raise _unsupported("ClaudeAgent.step", self._NOT_A_PROGRAM, "step")
+
+    def entrypoint(self, fn: F) -> F:
+        raise _unsupported("ClaudeAgent.entrypoint", self._NOT_A_PROGRAM, "entrypoint")
+
+    def local(
+        self,
+        input: Any = None,
+        *,
+        messages: Mapping[str, Any] | None = None,
+        outputs_dir: str | Path | None = None,
+    ) -> Any:
+        raise _unsupported("ClaudeAgent.local", self._NOT_A_PROGRAM, "local")

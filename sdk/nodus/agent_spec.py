@@ -14,9 +14,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .errors import Invalid
 from .handles import _usd
 
-__all__ = ["SecretKey", "AgentParam", "AGENT_PARAMS", "agent_param", "claude_agent_spec"]
+__all__ = [
+    "SecretKey",
+    "Egress",
+    "AgentParam",
+    "AGENT_PARAMS",
+    "agent_param",
+    "claude_agent_spec",
+    "python_agent_spec",
+]
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,22 @@ class SecretKey:
 
     secret: str
     key: str
+
+
+@dataclass(frozen=True)
+class Egress:
+    """Where a run's code (its commands, a Python agent's program) may connect: only the listed
+    hosts, through the egress proxy (docs/network.md): ``nodus.Egress(allowed_hosts=["api.github.com"])``.
+    Entries are ``example.com``, ``*.example.com`` or an address, each with an optional ``:port``."""
+
+    allowed_hosts: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allowed_hosts, str) or not all(isinstance(h, str) for h in self.allowed_hosts):
+            raise Invalid(
+                'Egress(allowed_hosts=...) takes a list of hosts, e.g. ["api.github.com"]',
+                details={"field": "network.allowedHosts"},
+            )
 
 
 def _env_entries(env: Mapping[str, str | SecretKey]) -> list[dict[str, Any]]:
@@ -141,4 +166,80 @@ def claude_agent_spec(
         for parent in parents:
             place = place.setdefault(parent, {})
         place[leaf] = param.to_spec(value)
+    return spec
+
+
+def _secret_entries(secrets: Sequence[Any]) -> list[dict[str, Any]]:
+    """``secrets=[SecretKey("github", "GITHUB_TOKEN")]``: each key is a variable of that name."""
+    entries: list[dict[str, Any]] = []
+    for index, item in enumerate(secrets):
+        if not isinstance(item, SecretKey):
+            raise Invalid(
+                f"secrets[{index}]: a nodus.SecretKey(secret, key), not {type(item).__name__}; the key "
+                "is the variable's name (env={NAME: SecretKey(...)} names it otherwise)",
+                details={"field": "secrets"},
+            )
+        entries.append(
+            {"name": item.key, "valueFrom": {"secretKeyRef": {"name": item.secret, "key": item.key}}}
+        )
+    return entries
+
+
+def _cpu(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Invalid("cpu is a number of cores, e.g. 1 or 0.5", details={"field": "cpu"})
+    return float(value)
+
+
+def python_agent_spec(
+    *,
+    image: str | None = None,
+    setup: str | None = None,
+    secrets: Sequence[Any] | None = None,
+    env: Mapping[str, str | SecretKey] | None = None,
+    network: Egress | None = None,
+    models: Sequence[str] | None = None,
+    per_run_max_cost: Any = None,
+    max_cost: Any = None,
+    cpu: Any = None,
+    memory: str | None = None,
+) -> dict[str, Any]:
+    """The Agent spec of `nodus.Agent(...)` without its program (``source`` and ``entrypoint``
+    are added at deploy, once the entrypoint is known); unset settings are left out, so an
+    Agent with none of them sends the document it always did."""
+    spec: dict[str, Any] = {}
+    if image is not None:
+        spec["image"] = image
+    if models:
+        if isinstance(models, str):
+            raise Invalid(
+                'models is a list of families, e.g. ["haiku", "sonnet"]', details={"field": "models"}
+            )
+        spec["model"] = {"access": "Nodus", "families": list(models)}
+    cost = _usd(per_run_max_cost, "per_run_max_cost")
+    if cost is not None:
+        spec["perRunMaxCostUSD"] = cost
+    entries = _secret_entries(secrets or ()) + _env_entries(env or {})
+    if entries:
+        spec["env"] = entries
+    if network is not None:
+        if not isinstance(network, Egress):
+            raise Invalid("network takes nodus.Egress(allowed_hosts=[...])", details={"field": "network"})
+        spec["network"] = {"allowedHosts": list(network.allowed_hosts)}
+    if setup is not None:
+        if not isinstance(setup, str):
+            raise Invalid("setup is a shell script (a str)", details={"field": "setup"})
+        spec["setup"] = setup
+    cores = _cpu(cpu)
+    if cores is not None:
+        spec["cpu"] = cores
+    if memory is not None:
+        if not isinstance(memory, str):
+            raise Invalid('memory is an amount such as "512Mi" or "2Gi"', details={"field": "memory"})
+        spec["memory"] = memory
+    total = _usd(max_cost, "max_cost")
+    if total is not None:
+        spec["maxCostUSD"] = total
     return spec

@@ -25,7 +25,7 @@ __all__ = ["COLLECTIONS", "Applied", "Client"]
 
 # The REST collections this server serves; the CLI maps kinds onto these.
 COLLECTIONS: frozenset[str] = frozenset(
-    {"agents", "agentruns", "agentgroups", "secrets", "credits", "environments", "tokens"}
+    {"agents", "agentruns", "agentgroups", "secrets", "credits", "environments", "tokens", "agentsources"}
 )
 
 # Only connection failures of idempotent GETs are retried: the request never reached the server,
@@ -369,6 +369,53 @@ class Client:
         return self._object(
             self._request("POST", self._path("agentruns", project, name, "resolve"), json=dict(resolution))
         )
+
+    def suspend_run(self, name: str, *, project: str | None = None) -> dict[str, Any]:
+        """Park the run with no process (``Waiting``, ``Suspended``) until `resume_run`."""
+        return self._object(self._request("POST", self._path("agentruns", project, name, "suspend")))
+
+    def resume_run(self, name: str, *, project: str | None = None) -> dict[str, Any]:
+        """Start a suspended run again; it replays its journal."""
+        return self._object(self._request("POST", self._path("agentruns", project, name, "resume")))
+
+    def retry_run(self, name: str, *, project: str | None = None) -> dict[str, Any]:
+        """Run a Failed run again from its journal (its completed steps are kept)."""
+        return self._object(self._request("POST", self._path("agentruns", project, name, "retry")))
+
+    def run_children(self, name: str, *, project: str | None = None) -> builtins.list[dict[str, Any]]:
+        """The child runs a Python run spawned (``ctx.spawn``), in creation order."""
+        return self.list("agentruns", project=project, params={"parent": name})
+
+    def run_outputs(self, name: str, *, project: str | None = None) -> builtins.list[dict[str, Any]]:
+        """``[{"name", "bytes"}]``: the outputs a Python run saved (``ctx.save_output``)."""
+        body = self._json(self._request("GET", self._path("agentruns", project, name, "outputs")))
+        items = body.get("items") if isinstance(body, dict) else None
+        return list(items or [])
+
+    def run_output(self, name: str, output: str, *, project: str | None = None) -> bytes:
+        """One output, byte for byte; `NotFound` naming it when the run saved none by that name."""
+        path = self._path("agentruns", project, name, "outputs", _segment(output, "output"))
+        return self._request("GET", path).content
+
+    def run_logs(self, name: str, *, project: str | None = None) -> str:
+        """What a Python run's program printed so far, every attempt in order."""
+        return self._request("GET", self._path("agentruns", project, name, "logs")).text
+
+    def upload_source(self, files: Mapping[str, str], *, project: str | None = None) -> dict[str, Any]:
+        """Store a Python agent's files; answers ``spec.source`` (``{"digest", "files", "bytes"}``).
+
+        Safe to repeat (the same files are the same digest), so it rides out a replaced replica.
+        """
+        body = {"files": dict(files)}
+        delays = iter(_IDEMPOTENT_WRITE_RETRY_DELAYS)
+        while True:
+            try:
+                return self._object(self._request("POST", self._path("agentsources", project), json=body))
+            except NodusError as error:
+                delay = next(delays, None)
+                if error.status < 500 or delay is None:
+                    raise
+                time.sleep(delay)
 
     def run_events(
         self, name: str, *, follow: bool = True, last_event_id: str | None = None, project: str | None = None

@@ -192,19 +192,11 @@ def one_error_line(result: Any) -> str:
 @pytest.mark.parametrize(
     "argument, value",
     [
-        ("source", "."),
-        ("entrypoint", "main:run"),
-        ("setup", "pip install x"),
-        ("secrets", ["s"]),
-        ("env", {"A": "1"}),
-        ("network", "none"),
-        ("models", ["m"]),
+        # Pre-started workers per Agent are not built; source, entrypoint, setup, secrets, env,
+        # network, models, max_cost, cpu and memory are (tests/unit/test_python_agent_sdk.py).
         ("min_workers", 1),
         ("max_workers", 2),
         ("scaledown_window", "5m"),
-        ("max_cost", "1"),
-        ("cpu", 1),
-        ("memory", "1Gi"),
         ("app", "x"),
     ],
 )
@@ -234,11 +226,8 @@ def test_submit_unsupported_arguments_send_nothing(api: FakeAPI, kwargs: dict[st
 
 def test_later_features_raise_unsupported(api: FakeAPI) -> None:
     agent = nodus.ClaudeAgent("helper", client=api.client())
+    # A ClaudeAgent is a system prompt, not a program (nodus.Agent takes these).
     for call in (lambda: agent.step(lambda: 1), lambda: agent.entrypoint(print), lambda: agent.local("x")):
-        with pytest.raises(errors.Unsupported):
-            call()
-    run = nodus.AgentRun("helper-1", client=api.client())
-    for call in (run.retry, run.suspend, run.resume, run.children, lambda: run.outputs):
         with pytest.raises(errors.Unsupported):
             call()
     with pytest.raises(errors.Unsupported) as caught:
