@@ -247,9 +247,9 @@ class ControlPlaneClient:
     # -- runs -------------------------------------------------------------------------------
 
     async def list_runs(
-        self, project: str, agent: str | None = None, group: str | None = None
+        self, project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.list_runs.remote(project, agent, group))
+        return await self._call(lambda h: h.list_runs.remote(project, agent, group, parent))
 
     async def create_run(
         self, project: str, document: dict[str, Any], mode: str = "create"
@@ -269,6 +269,15 @@ class ControlPlaneClient:
 
     async def cancel_run(self, project: str, name: str) -> dict[str, Any]:
         return await self._call(lambda h: h.cancel_run.remote(project, name))
+
+    async def suspend_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.suspend_run.remote(project, name))
+
+    async def resume_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.resume_run.remote(project, name))
+
+    async def retry_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.retry_run.remote(project, name))
 
     async def send_message(
         self,
@@ -324,8 +333,27 @@ class ControlPlaneClient:
     async def reserve_credits(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
         return await self._call(lambda h: h.reserve_credits.remote(project, name, amount, attempt))
 
-    async def next_message(self, project: str, name: str, after_seq: int) -> dict[str, Any] | None:
-        return await self._call(lambda h: h.next_message.remote(project, name, after_seq))
+    async def next_message(
+        self, project: str, name: str, after_seq: int, message_name: str | None = None
+    ) -> dict[str, Any] | None:
+        return await self._call(lambda h: h.next_message.remote(project, name, after_seq, message_name))
+
+    async def spawn_child(
+        self,
+        project: str,
+        parent: str,
+        key: str,
+        input_text: str,
+        deadline: str | None = None,
+        cap_usd: str | None = None,
+    ) -> dict[str, Any]:
+        """Create the child run ``<parent>-<key>`` once (the same key and input again: it)."""
+        return await self._call(
+            lambda h: h.spawn_child.remote(project, parent, key, input_text, deadline, cap_usd)
+        )
+
+    async def children_status(self, project: str, parent: str, names: list[str]) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.children_status.remote(project, parent, names))
 
     # -- groups -----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Keep-alive runs' inboxes: each run's messages, read from storage once, then kept in memory.
+"""Keep-alive and Python runs' inboxes: each run's messages, read from storage once, then kept in memory.
 
 The message service appends to them; the run supervisor asks whether a run that parked for a
 message has one unread already (then it goes on at once instead of parking).
@@ -33,8 +33,12 @@ class Inbox:
     def last_seq(self) -> int:
         return int(self.messages[-1]["seq"]) if self.messages else 0
 
-    def after(self, seq: int) -> dict[str, Any] | None:
-        return next((m for m in self.messages if int(m["seq"]) > seq), None)
+    def after(self, seq: int, name: str | None = None) -> dict[str, Any] | None:
+        """The first message after ``seq`` (of that ``name`` when one is given)."""
+        return next(
+            (m for m in self.messages if int(m["seq"]) > seq and (name is None or m.get("name") == name)),
+            None,
+        )
 
 
 class Inboxes:
@@ -55,9 +59,12 @@ class Inboxes:
             self._inboxes[key] = inbox
         return inbox
 
-    def unread(self, key: Key, read_seq: int) -> bool:
-        """Whether the run has a message after the one it read last."""
-        return self.get(key).last_seq > read_seq
+    def unread(self, key: Key, read_seq: int, name: str | None = None) -> bool:
+        """Whether the run has a message after the one it read last (of that ``name``: what a
+        Python program's ``wait_for_message(name)`` waits for)."""
+        if name is None:
+            return self.get(key).last_seq > read_seq
+        return self.get(key).after(read_seq, name) is not None
 
     def forget(self, key: Key) -> None:
         """The run was deleted: its inbox goes with it."""

@@ -1,9 +1,10 @@
-"""Messages to keep-alive runs: stored once, numbered, delivered once per message key.
+"""Messages to keep-alive and Python runs: stored once, numbered, delivered once per message key.
 
 A message is written to the run's storage (``messages/<seq>.json``) before it is acknowledged,
 so it survives any restart; the run reads messages in sequence order as journaled steps
-(`conversation.Conversation`), so a replayed run reads the same messages in the same turns. A
-run parked waiting for a message holds no actor: storing a message for it starts one.
+(`conversation.Conversation`, or a Python program's ``wait_for_message(name)``, which reads
+the next message of that name), so a replayed run reads the same messages at the same steps.
+A run parked waiting for a message holds no actor: storing one it waits for starts one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from nodus.errors import Conflict, Invalid, PayloadTooLarge
 from nodus.lifecycle import RUN_TERMINAL_PHASES, RunPhase, RunReason, run_transition
 from nodus.resources import MAX_INPUT_BYTES
 from nodus_ray.control.inbox import Inboxes
-from nodus_ray.control.registry import Registry
+from nodus_ray.control.registry import Registry, is_python
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
@@ -60,15 +61,17 @@ class MessageService:
         message_key: str | None = None,
         message_name: str = "message",
     ) -> dict[str, Any]:
-        """Store a message for a keep-alive run; the same ``message_key`` again is delivered once.
+        """Store a message for a keep-alive or Python run; the same ``message_key`` again is
+        delivered once.
 
-        A run that is working reads it after its current turn; a run waiting for one gets an
-        actor now. A finished run refuses it (``AgentRunFinished``).
+        A run that is working reads it after its current turn (or step); a run waiting for one
+        (of this name, for a Python program) gets an actor now. A finished run refuses it
+        (``AgentRunFinished``).
         """
         _check(payload, message_key, message_name)
         run = self._registry.run(project, name)
         key = (project, name)
-        if not run["spec"].get("keepAlive"):
+        if not run["spec"].get("keepAlive") and not is_python(run):
             raise Conflict(
                 f"agentrun {name!r} is not keepAlive: it ends after its first turn and reads no "
                 "messages (create it with spec.keepAlive: true)",
@@ -99,7 +102,11 @@ class MessageService:
             inbox.add(message)
             status = run["status"]
             status["messages"] = {**(status.get("messages") or {}), "received": message["seq"]}
-            waiting = phase == RunPhase.WAITING and status.get("reason") == RunReason.AWAITING_MESSAGE
+            waiting = (
+                phase == RunPhase.WAITING
+                and status.get("reason") == RunReason.AWAITING_MESSAGE
+                and (status.get("waitingFor") or {}).get("message") in (None, message_name)
+            )
             if waiting:
                 status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
             await self._registry.persist_run(key)
@@ -107,11 +114,14 @@ class MessageService:
             self._supervisor.supervise(key)
         return {**_receipt(name, message), "duplicate": False}
 
-    async def next_message(self, project: str, name: str, after_seq: int) -> dict[str, Any] | None:
-        """The first message after ``after_seq`` (what a run reads next), or None."""
+    async def next_message(
+        self, project: str, name: str, after_seq: int, message_name: str | None = None
+    ) -> dict[str, Any] | None:
+        """The first message after ``after_seq`` (of that name when given: what a Python
+        program's ``wait_for_message(name)`` reads), or None."""
         self._registry.run(project, name)
         inbox = await asyncio.to_thread(self._inboxes.get, (project, name))
-        message = inbox.after(int(after_seq))
+        message = inbox.after(int(after_seq), message_name)
         if message is None:
             return None
         return {key: message[key] for key in ("seq", "name", "payload", "messageKey")}

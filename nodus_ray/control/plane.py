@@ -56,6 +56,8 @@ class ControlPlane:
         self.credits = services.credits
         self.access = services.access
         self.run_pool = services.run_pool
+        self.children = services.children
+        self.controls = services.controls
         self.run_files = RunFiles(services.registry)
         self._background: list[asyncio.Task[None]] = []
         # Started by the first call, not here: Ray may run a constructor on a loop other than the
@@ -155,9 +157,9 @@ class ControlPlane:
 
     @after_recovery
     async def list_runs(
-        self, project: str, agent: str | None = None, group: str | None = None
+        self, project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self.runs.list_runs(project, agent, group)
+        return await self.runs.list_runs(project, agent, group, parent)
 
     @after_recovery
     async def run_steps(self, project: str, name: str) -> list[dict[str, Any]]:
@@ -217,8 +219,40 @@ class ControlPlane:
         return await self.messages.send_message(project, name, payload, message_key, message_name)
 
     @after_recovery
-    async def next_message(self, project: str, name: str, after_seq: int) -> dict[str, Any] | None:
-        return await self.messages.next_message(project, name, after_seq)
+    async def next_message(
+        self, project: str, name: str, after_seq: int, message_name: str | None = None
+    ) -> dict[str, Any] | None:
+        return await self.messages.next_message(project, name, after_seq, message_name)
+
+    # -- a Python program's children, and a person's controls of a run ------------------------
+
+    @after_recovery
+    async def spawn_child(
+        self,
+        project: str,
+        parent: str,
+        key: str,
+        input_text: str,
+        deadline: str | None = None,
+        cap_usd: str | None = None,
+    ) -> dict[str, Any]:
+        return await self.children.spawn_child(project, parent, key, input_text, deadline, cap_usd)
+
+    @after_recovery
+    async def children_status(self, project: str, parent: str, names: list[str]) -> list[dict[str, Any]]:
+        return await self.children.children_status(project, parent, names)
+
+    @after_recovery
+    async def suspend_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self.controls.suspend_run(project, name)
+
+    @after_recovery
+    async def resume_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self.controls.resume_run(project, name)
+
+    @after_recovery
+    async def retry_run(self, project: str, name: str) -> dict[str, Any]:
+        return await self.controls.retry_run(project, name)
 
     # -- groups and evaluations -----------------------------------------------------------
 

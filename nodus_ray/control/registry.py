@@ -19,7 +19,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nodus.errors import Invalid, NotFound
-from nodus.lifecycle import PARKED_REASONS, RUN_TERMINAL_PHASES, RunPhase, check_run_transition
+from nodus.lifecycle import (
+    PARKED_REASONS,
+    RUN_TERMINAL_PHASES,
+    WAITING_FIELDS,
+    RunPhase,
+    RunReason,
+    check_run_transition,
+)
 from nodus.resources import validate_dns_label
 from nodus_ray.control.batches import BatchRecords
 from nodus_ray.store import layout
@@ -35,6 +42,9 @@ __all__ = [
     "awaits_admission",
     "admission_state",
     "is_over",
+    "is_python",
+    "suspended",
+    "children_ended",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,6 +65,24 @@ def check_project(project: str) -> str:
 def parked(run: Resource) -> bool:
     """A Waiting run that holds no actor: nothing moves it but a person or its deadline."""
     return run["status"]["phase"] == RunPhase.WAITING and run["status"].get("reason") in PARKED_REASONS
+
+
+def suspended(run: Resource) -> bool:
+    """Parked by `suspend` until `resume`: no timer, message or child's end moves it."""
+    return bool(
+        run["status"]["phase"] == RunPhase.WAITING and run["status"].get("reason") == RunReason.SUSPENDED
+    )
+
+
+def is_python(run: Resource) -> bool:
+    """A run of an Agent whose pinned spec has an ``entrypoint`` (a durable Python program)."""
+    return bool(run["status"].get("program") == "Python")
+
+
+def children_ended(runs: dict[Key, Resource], project: str, names: list[str]) -> bool:
+    """Whether every named child run has finished (a deleted one counts as finished: nothing
+    would ever end it, and a parent waiting for it must not wait forever)."""
+    return all(is_terminal_run(runs.get((project, name))) for name in names)
 
 
 def is_terminal_run(run: Resource | None) -> bool:
@@ -84,7 +112,13 @@ def merge_status(status: dict[str, Any], patch: dict[str, Any]) -> None:
     an illegal one raises `IllegalTransition` and changes nothing.
     """
     if "phase" in patch:
-        check_run_transition(str(status.get("phase") or RunPhase.PENDING), str(patch["phase"]))
+        frm = str(status.get("phase") or RunPhase.PENDING)
+        check_run_transition(frm, str(patch["phase"]))
+        if frm == RunPhase.WAITING and patch["phase"] != RunPhase.WAITING:
+            # What a parked program waited for is over once it leaves Waiting (`WAITING_FIELDS`).
+            for field in WAITING_FIELDS:
+                if field not in patch and status.get(field) is not None:
+                    status[field] = None
     for field, value in patch.items():
         if isinstance(value, dict) and isinstance(status.get(field), dict):
             status[field].update(value)

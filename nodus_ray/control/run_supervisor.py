@@ -33,8 +33,17 @@ from nodus.lifecycle import (
     run_transition,
 )
 from nodus_ray.control.inbox import Inboxes
-from nodus_ray.control.registry import Key, Registry, awaits_admission, merge_status, parked
+from nodus_ray.control.registry import (
+    Key,
+    Registry,
+    awaits_admission,
+    children_ended,
+    merge_status,
+    parked,
+    suspended,
+)
 from nodus_ray.control.run_pool import RunActorPool
+from nodus_ray.control.wake_timers import WakeTimers
 from nodus_ray.control.workspace_sweep import WorkspaceSweeper
 from nodus_ray.durable.fencing import Fenced, JournalConflict
 from nodus_ray.durable.journal import Journal
@@ -107,6 +116,8 @@ class RunSupervisor:
         self._losses_in_a_row: dict[Key, int] = {}
         # Workspaces of runs that no longer exist go (`sweep_soon`: at recovery, after deletes).
         self.sweeper = WorkspaceSweeper(registry, settings.sandbox_root)
+        # Parked Python runs that sleep (or wait with a timeout): one timer each, no actor.
+        self.wake_timers = WakeTimers(registry, self.supervise)
 
     # -- recovery ---------------------------------------------------------------------------
 
@@ -119,6 +130,7 @@ class RunSupervisor:
                 self.arm_deadline(key)
             else:
                 self.supervise(key)
+        self.wake_timers.recover()
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -210,6 +222,7 @@ class RunSupervisor:
             workspace_seeded=bool(run["status"].get("workspaceSeeded")),
             egress_private_networks=settings.egress_private_networks,
             attempt=attempt,
+            program_cpu_seconds=settings.program_cpu_seconds,
         )
 
     async def _supervise_run(self, key: Key) -> None:
@@ -219,6 +232,8 @@ class RunSupervisor:
         try:
             while not is_over(key):
                 run = self._registry.runs[key]
+                if parked(run):
+                    return  # suspended (its actor killed on purpose): no replacement, no loss
                 actor = self._find_actor(run)
                 if actor is None:
                     # It had a live actor, and that one is gone.
@@ -235,7 +250,7 @@ class RunSupervisor:
                         )
                         return
                 self._actors[key] = actor
-                if is_over(key):  # cancelled or deleted while the actor was starting
+                if is_over(key) or parked(self._registry.runs[key]):  # cancelled, deleted or suspended
                     return
                 try:
                     outcome = await actor.run.remote()
@@ -263,7 +278,7 @@ class RunSupervisor:
                     return
                 self._losses_in_a_row.pop(key, None)  # its program ended or parked: it progressed
                 try:
-                    resumed = await self.finish(key, outcome.to_patch())
+                    resumed = await self.finish(key, outcome.to_patch(), actor_outcome=True)
                 except IllegalTransition as illegal:  # a bug, made visible: the run fails, it never hangs
                     logger.error("run %s/%s: %s", project, name, illegal)
                     await self._fail(key, RunReason.INTERNAL_ERROR, str(illegal))
@@ -278,6 +293,10 @@ class RunSupervisor:
                 return
         finally:
             await self._release_actor(key)
+
+    def forget_losses(self, key: Key) -> None:
+        """A retried run starts counting its lost actors again."""
+        self._losses_in_a_row.pop(key, None)
 
     async def _lost_too_often(self, key: Key) -> bool:
         """Count one lost actor of the run (and forget its name); fail the run with `RunnerLost`
@@ -328,33 +347,29 @@ class RunSupervisor:
             (Decimal(record.cost_usd) for record in records if record.state == "Completed"), Decimal(0)
         )
 
-    async def finish(self, key: Key, outcome: dict[str, Any]) -> bool:
+    async def finish(self, key: Key, outcome: dict[str, Any], *, actor_outcome: bool = False) -> bool:
         """Record how the actor's program ended; True when the run must go on at once instead.
 
-        That is a keep-alive run that parked for a message while one arrived, or a run that
-        parked for credits while they were added: the message (or the grant) came either before
-        this check (then it is seen here) or after (then the run is parked already, and the
-        sender, or `add_credits`, starts it).
+        That is a run that parked for a message while one arrived, for credits while they were
+        added, or for children that all ended meanwhile: the message (the grant, the child's
+        end) came either before this check (then it is seen here) or after (then the run is
+        parked already, and the sender, `add_credits` or the child's end starts it). The outcome
+        of an actor a suspend killed is dropped: the run is parked, and a replay reaches it again.
         """
-        resume = False
         async with self._registry.locks[key]:
             run = self._registry.runs.get(key)
             if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
+                return False
+            if actor_outcome and suspended(run):
                 return False
             outcome = dict(outcome)
             check_run_transition(run["status"]["phase"], outcome["phase"])  # before anything changes
             if outcome.get("phase") in RUN_TERMINAL_PHASES:
                 outcome.setdefault("finishedAt", utc_now())
-            read = int((outcome.get("messages") or {}).get("read") or 0)
-            if outcome.get("reason") == RunReason.AWAITING_MESSAGE and await asyncio.to_thread(
-                self._inboxes.unread, key, read
-            ):
-                resume = True
-            needed = outcome.pop("creditsNeededUSD", None)
-            if outcome.get("reason") == RunReason.INSUFFICIENT_CREDITS and self._affordable(key[0], needed):
-                resume = True  # credits were added while the actor was finishing
+            resume = await self._goes_on_at_once(key, outcome)
             if resume:
                 outcome.update({"phase": RunPhase.RUNNING.value, "reason": None, "message": None})
+                outcome.update({"wakeAt": None, "waitingFor": None})
             if resume or (
                 outcome.get("phase") == RunPhase.WAITING and outcome.get("reason") in PARKED_REASONS
             ):
@@ -368,7 +383,26 @@ class RunSupervisor:
         await self._registry.run_changed(key)
         if parked(run):
             self.arm_deadline(key)
+            self.wake_timers.arm(key)
         return resume
+
+    async def _goes_on_at_once(self, key: Key, outcome: dict[str, Any]) -> bool:
+        """Whether what the program parks for is there already (a message, credits, its children)."""
+        reason = outcome.get("reason")
+        needed = outcome.pop("creditsNeededUSD", None)
+        if reason == RunReason.INSUFFICIENT_CREDITS:
+            return self._affordable(key[0], needed)  # credits were added while the actor was finishing
+        waiting_for = outcome.get("waitingFor") or {}
+        if reason == RunReason.AWAITING_MESSAGE:
+            if waiting_for.get("message"):  # a Python program waits for a message of one name
+                after, name = int(waiting_for.get("after") or 0), str(waiting_for["message"])
+                return await asyncio.to_thread(self._inboxes.unread, key, after, name)
+            read = int((outcome.get("messages") or {}).get("read") or 0)
+            return await asyncio.to_thread(self._inboxes.unread, key, read)
+        if reason == RunReason.AWAITING_CHILDREN:
+            names = [str(name) for name in waiting_for.get("children") or []]
+            return bool(names) and children_ended(self._registry.runs, key[0], names)
+        return False
 
     # -- deadlines --------------------------------------------------------------------------
 
@@ -409,12 +443,20 @@ class RunSupervisor:
             await self._registry.persist_run(key)
         await self._registry.run_changed(key)
         await self.stop_actor(key, run)
-        await self._settle_cost(key)
+        await self.settle_cost(key)
         return run
 
-    async def _settle_cost(self, key: Key) -> None:
-        """A run ended by the control plane (cancelled): once its actor is stopped, its cost is
-        the journal's, which a step finished during the cancel may have raised past the last report."""
+    def kill_actor(self, key: Key) -> None:
+        """End the run's actor (and so its sandbox's process), keeping its workspace: a suspend."""
+        run = self._registry.runs.get(key)
+        actor = self._actors.get(key) or (self._find_actor(run) if run is not None else None)
+        if actor is not None:
+            self._launcher.kill(actor)
+
+    async def settle_cost(self, key: Key) -> None:
+        """A run stopped by the control plane (cancelled, suspended): once its actor is stopped,
+        its cost is the journal's, which a step finished meanwhile may have raised past the last
+        report."""
         total = await asyncio.to_thread(self._journaled_cost, key)
         async with self._registry.locks[key]:
             run = self._registry.runs.get(key)

@@ -16,6 +16,8 @@ import copy
 import logging
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -30,6 +32,7 @@ from nodus.resources import (
     parse_run_list,
 )
 from nodus_ray import metrics
+from nodus_ray.control.agent_budget import AgentBudget
 from nodus_ray.control.batches import BatchRecords, request_digest
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
@@ -41,7 +44,7 @@ from nodus_ray.faults import crash_point
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp, utc_now
 
-__all__ = ["RunService"]
+__all__ = ["RunService", "ChildOf"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,20 @@ logger = logging.getLogger(__name__)
 # uses (200000-249999), so no two runs ever share a process budget or kill each other's work.
 _FIRST_SANDBOX_UID = 300_000
 _METRICS_SECONDS = 5.0  # how often runs by phase are published (Prometheus scrapes every 10 s or so)
+
+
+@dataclass(frozen=True)
+class ChildOf:
+    """What a child run takes from its parent (`children`): its name, the cap the program gave
+    the child (``cap_usd``, at most the Agent's per-run cap) and the parent's deadline, which
+    the child cannot outlive."""
+
+    parent: str
+    cap_usd: str | None = None
+    deadline_at: str | None = None
+
+
+CancelChildren = Callable[[str, str], Awaitable[None]]  # (project, parent): its unfinished children end
 
 
 class RunService:
@@ -71,6 +88,12 @@ class RunService:
         self._credits = credits
         self._creating: set[Key] = set()  # run names taken by a batch that is being written
         self._last_sandbox_uid: int | None = None
+        self._budget = AgentBudget(registry)  # the Agent's maxCostUSD over all its runs
+        self._cancel_children: CancelChildren | None = None
+
+    def connect(self, cancel_children: CancelChildren) -> None:
+        """The children service, built after this one: deleting a parent cancels its children."""
+        self._cancel_children = cancel_children
 
     async def publish_metrics(self) -> None:
         """Runs by phase for Ray's metrics export (`metrics`); a project emptied shows zeros."""
@@ -144,6 +167,7 @@ class RunService:
         digest: str | None = None,
         evaluation_member: bool = False,
         pinned_agent: dict[str, Any] | None = None,
+        child_of: ChildOf | None = None,
     ) -> list[dict[str, Any]]:
         """Check every run, then write them all (behind a batch record when there are several).
 
@@ -189,7 +213,7 @@ class RunService:
                 for group in groups:
                     await stack.enter_async_context(self._registry.locks[("group", project, group)])
                 members = await self._groups.check_members(project, fresh, groups, evaluation_member)
-                created = await self._write_runs(project, fresh, idempotency_key, digest)
+                created = await self._write_runs(project, fresh, idempotency_key, digest, child_of)
                 for (index, _, _), (_, resource) in zip(fresh, created, strict=True):
                     # As written: the answer a repeated Idempotency-Key replays must be the same.
                     results[index] = {"resource": copy.deepcopy(resource), "result": "created"}
@@ -220,12 +244,23 @@ class RunService:
             )
         return agent
 
+    async def create_child(
+        self, project: str, run: AgentRun, pinned_agent: dict[str, Any], child_of: ChildOf
+    ) -> dict[str, Any]:
+        """A Python program's child run (`children`), of the Agent revision its parent pinned."""
+        (result,) = await self._create_runs(
+            project, [run], mode="create", pinned_agent=pinned_agent, child_of=child_of
+        )
+        resource: dict[str, Any] = result["resource"]
+        return resource
+
     async def _write_runs(
         self,
         project: str,
         fresh: list[NewRun],
         idempotency_key: str | None,
         digest: str | None,
+        child_of: ChildOf | None = None,
     ) -> list[tuple[Key, dict[str, Any]]]:
         """Store the runs, all or none: several go behind a batch record (see `batches`)."""
         names = [run.metadata.name for _, run, _ in fresh]
@@ -245,7 +280,7 @@ class RunService:
                         len(self._registry.group_members[(project, run.spec.group)]) + added[run.spec.group]
                     )
                     added[run.spec.group] += 1
-                resource = self._new_run(project, run, agent, group_index)
+                resource = self._new_run(project, run, agent, group_index, child_of)
                 await asyncio.to_thread(self._clear_leftovers, key)
                 # The pinned agent is stored with the run: the run never depends on the Agent again.
                 await asyncio.to_thread(self._registry.storage.write_json, layout.run_agent(*key), agent)
@@ -264,6 +299,9 @@ class RunService:
             if record is not None:
                 await asyncio.to_thread(self._batches.abandon, project, record)
             raise
+        finally:
+            for _, run, _ in fresh:
+                self._budget.written((project, run.metadata.name))
         for key, resource in created:
             self._registry.runs[key] = resource
             group = resource["spec"].get("group")
@@ -283,20 +321,40 @@ class RunService:
                 storage.delete_tree(f"{prefix}/{name}")
 
     def _new_run(
-        self, project: str, run: AgentRun, agent: dict[str, Any], group_index: int | None
+        self,
+        project: str,
+        run: AgentRun,
+        agent: dict[str, Any],
+        group_index: int | None,
+        child_of: ChildOf | None = None,
     ) -> dict[str, Any]:
         """The stored form of an accepted run: Pending, pinned to the agent's current revision."""
         created = utc_now()
         status = AgentRunStatus(
             phase=RunPhase.PENDING.value, agentRevision=agent["status"]["revision"], createdAt=created
         ).model_dump(mode="json")
+        if agent["spec"].get("entrypoint"):
+            status["program"] = "Python"  # a durable Python program, not a Claude conversation
         # The cap is copied now: changing the agent later does not change a started run.
         cap = run_cap(agent)
-        status["cost"]["limitUSD"] = None if cap == "0" else cap
+        limit = None if cap == "0" else Decimal(cap)
+        if limit is not None and child_of is not None and child_of.cap_usd is not None:
+            limit = min(limit, Decimal(child_of.cap_usd))
+        if limit is not None:
+            limit = self._budget.limit(project, run.spec.agent, run.metadata.name, limit)
+        status["cost"]["limitUSD"] = None if limit is None else str(limit)
         status["sandbox"]["uid"] = self._next_sandbox_uid()
         if run.spec.deadline:
             deadline = parse_timestamp(created) + parse_duration(run.spec.deadline)
             status["deadlineAt"] = format_timestamp(deadline)
+        if child_of is not None:
+            status["parent"] = child_of.parent
+            parent_deadline = child_of.deadline_at
+            if parent_deadline and (
+                not status.get("deadlineAt")
+                or parse_timestamp(parent_deadline) < parse_timestamp(status["deadlineAt"])
+            ):
+                status["deadlineAt"] = parent_deadline  # a child never outlives its parent's deadline
         if group_index is not None:
             status["groupIndex"] = group_index  # creation order in the group, which admission follows
             status["reason"] = (
@@ -330,10 +388,14 @@ class RunService:
         return self._registry.run(project, name)
 
     async def list_runs(
-        self, project: str, agent: str | None = None, group: str | None = None
+        self, project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
     ) -> list[dict[str, Any]]:
-        """Runs by name; a group's runs in creation order (the order they are admitted in)."""
+        """Runs by name; a group's runs in creation order (the order they are admitted in); a
+        parent run's children (``parent``) by name."""
         check_project(project)
+        if parent is not None:
+            runs = await self.list_runs(project, agent, group)
+            return [run for run in runs if run["status"].get("parent") == parent]
         if group is not None:
             names = self._registry.group_members.get((project, group), [])
             runs = [
@@ -392,6 +454,8 @@ class RunService:
                 details={"kind": "AgentRun", "name": name, "group": group},
             )
         await self._supervisor.remove((project, name))
+        if self._cancel_children is not None:
+            await self._cancel_children(project, name)  # a finished parent's unfinished children too
         return run
 
     async def report(self, project: str, name: str, patch: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from nodus_ray.control.access import AccessService
 from nodus_ray.control.agents import AgentService
 from nodus_ray.control.batches import BatchRecords
+from nodus_ray.control.children import ChildService
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
 from nodus_ray.control.group_actors import Graders, GroupSupervisors, RayGraders
@@ -24,6 +25,7 @@ from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.messages import MessageService
 from nodus_ray.control.registry import Registry
 from nodus_ray.control.resolution import ResolutionService
+from nodus_ray.control.run_controls import RunControls
 from nodus_ray.control.run_pool import RunActorPool, RunPoolService
 from nodus_ray.control.run_supervisor import RunActorLauncher, RunSupervisor
 from nodus_ray.control.runs import RunService
@@ -58,6 +60,8 @@ class Services:
     resolution: ResolutionService
     secrets: SecretService
     access: AccessService
+    children: ChildService
+    controls: RunControls
 
     async def recover(self) -> None:
         """Reload every resource from storage, then bring back what runs: supervision, groups, pool.
@@ -122,4 +126,6 @@ def compose(
         resolution=ResolutionService(registry, supervisor),
         secrets=SecretService(registry, secret_store, run_pool, settings.anthropic_base_url),
         access=AccessService(token_store),
+        children=ChildService(registry, runs, supervisor),
+        controls=RunControls(registry, supervisor),
     )

@@ -35,12 +35,15 @@ __all__ = [
     "RUN_TERMINAL_PHASES",
     "GROUP_TERMINAL_PHASES",
     "PARKED_REASONS",
+    "WAITING_FIELDS",
     "RUN_TRANSITIONS",
+    "RUN_RETRY_TRANSITIONS",
     "GROUP_TRANSITIONS",
     "IllegalTransition",
     "check_run_transition",
     "check_group_transition",
     "run_transition",
+    "retry_transition",
     "is_terminal",
     "is_parked",
 ]
@@ -150,6 +153,9 @@ PARKED_REASONS: frozenset[RunReason] = frozenset(
     }
 )
 
+# Status fields that describe what a parked (Waiting) run waits for; gone when it leaves Waiting.
+WAITING_FIELDS: tuple[str, ...] = ("wakeAt", "waitingFor")
+
 _P, _R, _W = RunPhase.PENDING, RunPhase.RUNNING, RunPhase.WAITING
 _S, _F, _C = RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED
 
@@ -159,9 +165,12 @@ _S, _F, _C = RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED
 # Pending -> Failed       refused before it starts (a missing secret), its actor lost or not
 #                         startable, or its deadline passed while queued
 # Running -> Running      a replacement actor starts the program again (replay)
-# Running -> Waiting      the program parked (a message, a resolution, the cap, credits)
+# Running -> Waiting      the program parked (a message, a resolution, the cap, credits, a
+#                         timer, children), or the run was suspended
 # Running -> Succeeded / Failed    the program ended
-# Waiting -> Running      a message, credits or a resolution arrived
+# Waiting -> Running      a message, credits, a resolution, a wake timer, a child's end or a
+#                         resume arrived
+#                         (suspending a parked run changes its reason only, not its phase)
 # Waiting -> Failed       the deadline passed while parked, or a step was resolved Cancelled
 # * -> Cancelled          on request, on delete, or by its group (dependency, group cancel)
 RUN_TRANSITIONS: Mapping[RunPhase, frozenset[RunPhase]] = {
@@ -172,6 +181,11 @@ RUN_TRANSITIONS: Mapping[RunPhase, frozenset[RunPhase]] = {
     _F: frozenset(),
     _C: frozenset(),
 }
+
+# The one way out of a finished phase, and only for `retry` (AgentRun.retry()): a Failed run
+# runs again from its journal (completed steps kept). It is a table of its own, so that no
+# report, outcome or status merge (which check RUN_TRANSITIONS) can ever revive a finished run.
+RUN_RETRY_TRANSITIONS: Mapping[RunPhase, frozenset[RunPhase]] = {_F: frozenset({_R})}
 
 # Running -> Running: counts, cost, messages change; Running -> Cancelling when cancelled with
 # runs (or cases) unfinished; Cancelling -> Cancelled once they stopped; a sealed group ends.
@@ -237,8 +251,34 @@ def run_transition(
     ``phase``, ``reason`` and ``message`` (plain strings, as stored); the caller adds the rest
     (``finishedAt``, ``answer``, ...) and merges it.
     """
-    target = check_run_transition(str(status.get("phase") or RunPhase.PENDING), to)
-    return {"phase": target.value, "reason": None if reason is None else str(reason), "message": message}
+    frm = str(status.get("phase") or RunPhase.PENDING)
+    target = check_run_transition(frm, to)
+    return _patch(status, frm, target, reason, message)
+
+
+def retry_transition(status: Mapping[str, Any], message: str | None = None) -> dict[str, Any]:
+    """The patch that moves a Failed run back to Running for a retry (and only for one: see
+    :data:`RUN_RETRY_TRANSITIONS`); raises :class:`IllegalTransition` for any other phase."""
+    frm = str(status.get("phase") or RunPhase.PENDING)
+    source = _run_phase("AgentRun", frm, frm, RunPhase.RUNNING)
+    if RunPhase.RUNNING not in RUN_RETRY_TRANSITIONS.get(source, frozenset()):
+        raise IllegalTransition("AgentRun", frm, RunPhase.RUNNING)
+    return _patch(status, frm, RunPhase.RUNNING, None, message)
+
+
+def _patch(
+    status: Mapping[str, Any], frm: str, target: RunPhase, reason: str | None, message: str | None
+) -> dict[str, Any]:
+    patch: dict[str, Any] = {
+        "phase": target.value,
+        "reason": None if reason is None else str(reason),
+        "message": message,
+    }
+    if frm == RunPhase.WAITING and target != RunPhase.WAITING:
+        # What a parked program waited for (its timer, a message, its children) is over once it
+        # leaves Waiting: cleared, only when set, so other runs' statuses stay as they were.
+        patch.update({field: None for field in WAITING_FIELDS if status.get(field) is not None})
+    return patch
 
 
 def is_terminal(phase: str) -> bool:

@@ -44,7 +44,8 @@ FACADE = {
     "create_run": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'create')",
     "create_runs": "(self, project: 'str', document: 'dict[str, Any]', idempotency_key: 'str | None' = None)",
     "get_run": "(self, project: 'str', name: 'str')",
-    "list_runs": "(self, project: 'str', agent: 'str | None' = None, group: 'str | None' = None)",
+    "list_runs": "(self, project: 'str', agent: 'str | None' = None, group: 'str | None' = None, "
+    "parent: 'str | None' = None)",
     "run_steps": "(self, project: 'str', name: 'str')",
     "run_events": "(self, project: 'str', name: 'str', after_seq: 'int')",
     "run_answer": "(self, project: 'str', name: 'str')",
@@ -54,7 +55,17 @@ FACADE = {
     "resolve_run": "(self, project: 'str', name: 'str', body: 'dict[str, Any]')",
     "send_message": "(self, project: 'str', name: 'str', payload: 'Any', message_key: 'str | None' = None, "
     "message_name: 'str' = 'message')",
-    "next_message": "(self, project: 'str', name: 'str', after_seq: 'int')",
+    "next_message": "(self, project: 'str', name: 'str', after_seq: 'int', message_name: 'str | None' = None)",
+    "spawn_child": "(self, project: 'str', parent: 'str', key: 'str', input_text: 'str', "
+    "deadline: 'str | None' = None, cap_usd: 'str | None' = None)",
+    "children_status": "(self, project: 'str', parent: 'str', names: 'list[str]')",
+    "suspend_run": "(self, project: 'str', name: 'str')",
+    "resume_run": "(self, project: 'str', name: 'str')",
+    "retry_run": "(self, project: 'str', name: 'str')",
+    "upload_source": "(self, project: 'str', files: 'dict[str, str]')",
+    "run_outputs": "(self, project: 'str', name: 'str')",
+    "run_output": "(self, project: 'str', name: 'str', output: 'str')",
+    "run_logs": "(self, project: 'str', name: 'str')",
     "get_group": "(self, project: 'str', name: 'str')",
     "list_groups": "(self, project: 'str')",
     "apply_group": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'apply')",

@@ -189,3 +189,31 @@ def test_illegal_group_transitions(frm: str, to: str) -> None:
     with pytest.raises(IllegalTransition) as raised:
         check_group_transition(frm, to)
     assert raised.value.kind == "AgentGroup"
+
+
+def test_only_a_retry_takes_a_failed_run_back_to_running() -> None:
+    from nodus.lifecycle import RUN_RETRY_TRANSITIONS, retry_transition
+
+    assert {str(frm): {str(to) for to in tos} for frm, tos in RUN_RETRY_TRANSITIONS.items()} == {
+        "Failed": {"Running"}
+    }
+    patch = retry_transition({"phase": "Failed", "reason": "ProgramFailed"}, "retried on request")
+    assert patch == {"phase": "Running", "reason": None, "message": "retried on request"}
+    for frm in ("Pending", "Running", "Waiting", "Succeeded", "Cancelled"):
+        with pytest.raises(IllegalTransition):
+            retry_transition({"phase": frm})
+    with pytest.raises(IllegalTransition):  # the ordinary table still never revives a finished run
+        check_run_transition("Failed", "Running")
+
+
+def test_leaving_waiting_clears_what_the_run_waited_for() -> None:
+    waiting = {"phase": "Waiting", "reason": "Sleeping", "wakeAt": "2026-12-01T00:00:00Z", "waitingFor": None}
+    assert run_transition(waiting, "Running", None) == {
+        "phase": "Running",
+        "reason": None,
+        "message": None,
+        "wakeAt": None,
+    }
+    children = {"phase": "Waiting", "reason": "AwaitingChildren", "waitingFor": {"children": ["a"]}}
+    assert run_transition(children, "Cancelled", "Cancelled")["waitingFor"] is None
+    assert "wakeAt" not in run_transition({"phase": "Running", "wakeAt": "x"}, "Waiting", "Sleeping")
