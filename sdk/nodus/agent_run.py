@@ -1,19 +1,87 @@
-"""`AgentRun`, the handle of one run (wait, result, answer, steps, send, resolve, cancel, logs),
-and `RunContext`, what a durable Python entrypoint will receive.
+"""`AgentRun`, the handle of one run (wait, result, answer, steps, send, resolve, cancel, logs;
+for a Python agent's run also children, outputs, retry, suspend and resume), and `RunContext`,
+what a durable Python entrypoint receives.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
+from .client import Client
+from .errors import NotFound
 from .events import afollow_events, log_line
-from .handles import _LATER, _encode_input, _ResourceHandle, _run_failed, _unsupported
+from .handles import _encode_input, _ResourceHandle, _run_failed, _unsupported
 from .resources import TERMINAL_PHASES, at_cost_cap, awaiting_message
 from .view import View
 
-__all__ = ["AgentRun", "RunContext"]
+__all__ = ["AgentRun", "RunContext", "RunOutput", "RunOutputs"]
+
+# How often `logs(follow=True)` of a Python run reads its program log again (seconds).
+_PROGRAM_LOG_POLL = 0.5
+
+
+class RunOutput:
+    """One output a Python run saved (``ctx.save_output``): read it, or save it to a file."""
+
+    def __init__(self, run: str, name: str, size: int, *, client: Client, project: str | None) -> None:
+        self.run = run
+        self.name = name
+        self.bytes = size
+        self._client = client
+        self._project = project
+
+    def read_bytes(self) -> bytes:
+        return self._client.run_output(self.run, self.name, project=self._project)
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the output to ``path`` (a directory: a file of the output's name in it)."""
+        target = Path(path)
+        if target.is_dir():
+            target = target / self.name
+        target.write_bytes(self.read_bytes())
+        return target
+
+    def __repr__(self) -> str:
+        return f"RunOutput(run={self.run!r}, name={self.name!r}, bytes={self.bytes})"
+
+
+class RunOutputs(Mapping[str, RunOutput]):
+    """``run.outputs``: the run's saved outputs by name, listed when asked (a live view)."""
+
+    def __init__(self, run: str, *, client: Client, project: str | None) -> None:
+        self._run = run
+        self._client = client
+        self._project = project
+
+    def _listing(self) -> dict[str, int]:
+        items = self._client.run_outputs(self._run, project=self._project)
+        return {str(item["name"]): int(item.get("bytes") or 0) for item in items}
+
+    def __getitem__(self, name: str) -> RunOutput:
+        listing = self._listing()
+        if name not in listing:
+            saved = ", ".join(sorted(listing)) or "none"
+            raise NotFound(
+                f"agentrun/{self._run} has no output {name!r} (saved: {saved})",
+                details={"kind": "AgentRun", "name": self._run, "output": name},
+            )
+        return RunOutput(self._run, name, listing[name], client=self._client, project=self._project)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._listing()))
+
+    def __len__(self) -> int:
+        return len(self._listing())
+
+    def __repr__(self) -> str:
+        return f"RunOutputs(run={self._run!r})"
 
 
 class AgentRun(_ResourceHandle):
@@ -83,9 +151,6 @@ class AgentRun(_ResourceHandle):
         """Cancel the run if unfinished, then delete it with its journal and sandbox."""
         self._client.delete("agentruns", self.name, project=self._project)
 
-    def _later(self, what: str) -> NoReturn:
-        raise _unsupported(f"AgentRun.{what}", f"the API does not serve it yet; {_LATER}", what)
-
     def send(self, name: str, payload: Any, message_key: str | None = None) -> View:
         """Send a keep-alive run a message (``name`` is its kind, usually ``"message"``).
 
@@ -104,57 +169,109 @@ class AgentRun(_ResourceHandle):
         self,
         step_id: str,
         decision: str,
+        evidence: str | Mapping[str, str] | None = None,
+        result: Any = None,
+        checkpoint_seq: int | None = None,
+        expected_revision: int | None = None,
         *,
-        evidence: str | None = None,
-        result: Mapping[str, Any] | None = None,
         revision: int | None = None,
     ) -> View:
         """Decide a step whose outcome is unknown (the run waits with ``NeedsResolution``).
 
-        ``decision`` is ``Completed`` (the command did run; ``result={"exitCode": 0, "output":
-        "..."}`` is what it returned), ``NoEffect`` (it did nothing: it runs again) or
-        ``Cancelled`` (the run fails). ``revision`` is the run's ``metadata.resourceVersion``
-        the decision was made on (default: the run as it is now); a stale one is refused with
-        `errors.Conflict` (``RevisionMismatch``), so two people cannot both decide.
+        ``decision`` is ``Completed`` (the step did take effect; ``result`` is what it returned:
+        a Python step's JSON value, or ``{"exitCode": 0, "output": "..."}`` for a command),
+        ``NoEffect`` (it did nothing: it runs again) or ``Cancelled`` (the run fails).
+        ``evidence`` says how you know (text, or a dict of text, stored JSON-encoded).
+        ``expected_revision`` (``revision`` is its older name) is the run's
+        ``metadata.resourceVersion`` the decision was made on (default: the run as it is now);
+        a stale one is refused with `errors.Conflict` (``RevisionMismatch``), so two people
+        cannot both decide. ``checkpoint_seq`` raises `errors.Unsupported`: the journal has no
+        checkpoints to resolve at.
         """
-        if revision is None:
-            revision = int((self._refresh().get("metadata") or {}).get("resourceVersion") or 0)
-        body: dict[str, Any] = {"step": step_id, "decision": decision, "revision": revision}
-        if evidence is not None:
+        if checkpoint_seq is not None:
+            raise _unsupported(
+                "resolve(checkpoint_seq=...)",
+                "a run's journal has no checkpoints to resolve at",
+                "checkpoint_seq",
+            )
+        if expected_revision is None:
+            expected_revision = revision
+        if expected_revision is None:
+            expected_revision = int((self._refresh().get("metadata") or {}).get("resourceVersion") or 0)
+        body: dict[str, Any] = {"step": step_id, "decision": decision, "revision": expected_revision}
+        if isinstance(evidence, Mapping):
+            body["evidence"] = json.dumps(dict(evidence), ensure_ascii=False, sort_keys=True)
+        elif evidence is not None:
             body["evidence"] = evidence
         if result is not None:
-            body["result"] = dict(result)
+            body["result"] = dict(result) if isinstance(result, Mapping) else result
         self._resource = self._client.resolve_run(self.name, body, project=self._project)
         return View(self._resource)
 
-    def retry(self) -> NoReturn:
-        self._later("retry")
+    def retry(self) -> None:
+        """Run a Failed run again from its journal: its completed steps are kept, not run again."""
+        self._resource = self._client.retry_run(self.name, project=self._project)
 
-    def suspend(self) -> NoReturn:
-        self._later("suspend")
+    def suspend(self) -> None:
+        """Park the run with no process (``Waiting``, ``Suspended``; its deadline still runs)."""
+        self._resource = self._client.suspend_run(self.name, project=self._project)
 
-    def resume(self) -> NoReturn:
-        self._later("resume")
+    def resume(self) -> None:
+        """Start a suspended run again; it replays its journal and goes on."""
+        self._resource = self._client.resume_run(self.name, project=self._project)
 
-    def children(self) -> NoReturn:
-        self._later("children")
+    def children(self) -> list[AgentRun]:
+        """The child runs this run spawned (``ctx.spawn``, ``ctx.map``), in creation order."""
+        return [
+            AgentRun(child, project=self._project, client=self._client)
+            for child in self._client.run_children(self.name, project=self._project)
+        ]
 
     @property
-    def outputs(self) -> NoReturn:
-        self._later("outputs")
+    def outputs(self) -> RunOutputs:
+        """The outputs the run saved: ``run.outputs["report"].read_text()``, ``.save(path)``;
+        a name it did not save raises `errors.NotFound` naming it."""
+        return RunOutputs(self.name, client=self._client, project=self._project)
+
+    def _is_program(self) -> bool:
+        return (self._resource.get("status") or {}).get("program") == "Python" or (
+            (self._refresh().get("status") or {}).get("program") == "Python"
+        )
 
     async def logs(self, follow: bool = False) -> AsyncIterator[str]:
-        """The run's log, line by line: its steps, phase changes, turns and answer.
+        """The run's log, line by line. A Python run's is what its program printed (a replay's
+        output is not repeated); another run's is its steps, phase changes, turns and answer.
 
         With ``follow`` it goes on until the run ends (reconnecting by itself if the connection
         drops, without losing or repeating a line); without, it ends once caught up.
         """
+        if await asyncio.to_thread(self._is_program):
+            async for printed in self._program_log(follow):
+                yield printed
+            return
         path = self._client._path("agentruns", self._project, self.name, "events")
         async with self._client.async_http() as http:
             async for event in afollow_events(http, path, follow=follow):
                 line = log_line(event)
                 if line is not None:
                     yield line
+
+    async def _program_log(self, follow: bool) -> AsyncIterator[str]:
+        shown = 0  # characters of the log already yielded (the log only grows)
+        while True:
+            # Terminal first: a log read after the run ended is complete.
+            done = (
+                not follow
+                or (await asyncio.to_thread(self._refresh)).get("status", {}).get("phase") in TERMINAL_PHASES
+            )
+            text = await asyncio.to_thread(self._client.run_logs, self.name, project=self._project)
+            complete = text[: text.rfind("\n") + 1] if not done else text
+            for line in complete[shown:].splitlines():
+                yield line
+            shown = max(shown, len(complete))
+            if done:
+                return
+            await asyncio.sleep(_PROGRAM_LOG_POLL)
 
 
 # -- RunContext -------------------------------------------------------------------------------
