@@ -127,7 +127,7 @@ def _hide_args(paths: Sequence[Path], keep: Sequence[str] = (), keep_dirs: Seque
     """
     resolved = sorted({os.path.realpath(p) for p in paths if os.path.lexists(p)})
     kept_files = sorted({os.path.realpath(p) for p in keep if os.path.isfile(p)})
-    kept_files += sorted({os.path.realpath(p) for p in keep_dirs if os.path.isdir(p)})
+    kept_dirs = sorted({os.path.realpath(p) for p in keep_dirs if os.path.isdir(p)})
     args: list[str] = []
     kept: list[str] = []
     for path in resolved:
@@ -141,6 +141,18 @@ def _hide_args(paths: Sequence[Path], keep: Sequence[str] = (), keep_dirs: Seque
             for file in kept_files:
                 if _within(file, path):
                     args += ["--ro-bind", file, file]
+            for directory in kept_dirs:
+                if _within(directory, path) and directory != path:
+                    # bubblewrap would make the mount point's parents 0700 (root's): the
+                    # sandbox uid must pass through them to reach the directory.
+                    parent = os.path.dirname(directory)
+                    between: list[str] = []
+                    while parent != path and _within(parent, path):
+                        between.insert(0, parent)
+                        parent = os.path.dirname(parent)
+                    for step in between:
+                        args += ["--perms", "0755", "--dir", step]
+                    args += ["--ro-bind", directory, directory]
             args += ["--remount-ro", path]
         else:
             args += ["--ro-bind", "/dev/null", path]

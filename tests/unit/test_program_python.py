@@ -1,0 +1,150 @@
+"""PythonProgram: the real bootstrap under real bubblewrap, a real Journal on local storage.
+
+A program that counts its external step's executions in its state dir: it succeeds with its
+answer, a second actor over the same journal replays without running the step again, a
+sleep parks with its wake time, and a raise fails ProgramFailed with the exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodus_ray.durable.journal import Journal
+from nodus_ray.durable.steps import Steps
+from nodus_ray.models.offline.provider import OfflineProvider
+from nodus_ray.money.billing import RunBudget
+from nodus_ray.money.prices import PriceTable
+from nodus_ray.money.spend import RunSpend
+from nodus_ray.runtime.conversation import RunFailure
+from nodus_ray.runtime.program.model_calls import ModelCalls
+from nodus_ray.runtime.program.python_program import ProgramSpec, PythonProgram
+from nodus_ray.runtime.program.server import Parked
+from nodus_ray.runtime.program.waits import ProgramWaits
+from nodus_ray.sandbox import bwrap_available, create_sandbox
+from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
+from nodus_ray.store import layout
+from nodus_ray.store.storage import Storage
+
+needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+
+SOURCE = """
+import os
+
+
+def main(ctx, input):
+    def bump():
+        path = os.path.join(str(ctx.state_dir), "count")
+        n = int(open(path).read()) if os.path.exists(path) else 0
+        with open(path, "w") as f:
+            f.write(str(n + 1))
+        return n + 1
+
+    print("hello from the program")
+    a = ctx.step("bump", bump, effect="external")
+    b = ctx.step("double", lambda: a * 2)
+    if input.get("sleep"):
+        ctx.sleep(input["sleep"])
+    if input.get("fail"):
+        raise ValueError("boom")
+    return {"a": a, "b": b}
+"""
+DIGEST = "sha256:" + "ab" * 32
+
+
+class FakeControl:
+    async def next_message(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def send_message(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+    async def spawn_child(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"name": "child"}
+
+    async def children_status(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return []
+
+
+async def _route(prompt: str, allowed: list[str]) -> dict[str, Any]:
+    return {"family": allowed[0]}
+
+
+async def _reserve(amount: Decimal) -> None:
+    return None
+
+
+def run_program(tmp_path: Path, input: dict[str, Any], attempt: int = 1) -> str:
+    storage = Storage(str(tmp_path / "store"))
+    storage.write_bytes(
+        layout.agent_source("p", DIGEST.split(":")[1]), json.dumps({"files": {"main.py": SOURCE}}).encode()
+    )
+    prefix = layout.run_prefix("p", "r")
+    journal = Journal(storage, layout.journal_folder("p", "r"))
+    journal.load()
+    steps = Steps(journal)
+    workspace = tmp_path / "ws"
+    spend = RunSpend(
+        prices=PriceTable.load(), access="Nodus", budget=RunBudget(cap=None), reserve_credits=_reserve
+    )
+    program = PythonProgram(
+        spec=ProgramSpec(
+            project="p",
+            run="r",
+            attempt=attempt,
+            input=json.dumps(input),
+            entrypoint="main:main",
+            source_digest=DIGEST,
+        ),
+        steps=steps,
+        storage=storage,
+        open_sandbox=lambda: create_sandbox(workspace),
+        waits=ProgramWaits(
+            steps=steps, control=FakeControl(), storage=storage, project="p", run="r", workspace=workspace
+        ),
+        models=ModelCalls(steps=steps, provider=OfflineProvider(), spend=spend, router=_route, families=None),
+        workspace=WorkspaceSnapshots(storage, prefix, workspace),
+    )
+    return asyncio.run(asyncio.wait_for(program.run(), timeout=60))
+
+
+def count(tmp_path: Path) -> int:
+    return int((tmp_path / "ws" / "state" / "count").read_text())
+
+
+@needs_bwrap
+def test_a_program_succeeds_and_a_second_actor_replays_without_running_its_steps(tmp_path: Path) -> None:
+    answer = run_program(tmp_path, {})
+    assert json.loads(answer) == {"a": 1, "b": 2}
+    storage = Storage(str(tmp_path / "store"))
+    assert json.loads(storage.read_bytes(layout.run_result("p", "r"))) == {"a": 1, "b": 2}
+    assert "hello from the program" in storage.read_bytes(layout.program_log("p", "r", 1)).decode()
+    assert count(tmp_path) == 1
+    again = run_program(tmp_path, {}, attempt=2)
+    assert json.loads(again) == {"a": 1, "b": 2}
+    assert count(tmp_path) == 1, "the external step ran once"
+    assert not storage.exists(layout.program_log("p", "r", 2)), "nothing is printed twice on replay"
+
+
+@needs_bwrap
+def test_a_sleep_parks_with_its_wake_time_and_keeps_it(tmp_path: Path) -> None:
+    with pytest.raises(Parked) as parked:
+        run_program(tmp_path, {"sleep": 3600})
+    assert parked.value.reason == "Sleeping" and parked.value.wake_at
+    with pytest.raises(Parked) as again:
+        run_program(tmp_path, {"sleep": 3600}, attempt=2)
+    assert again.value.wake_at == parked.value.wake_at, "the wake time is recorded once"
+    assert count(tmp_path) == 1
+
+
+@needs_bwrap
+def test_a_program_that_raises_fails_with_its_exception(tmp_path: Path) -> None:
+    with pytest.raises(RunFailure) as failed:
+        run_program(tmp_path, {"fail": True})
+    assert failed.value.reason == "ProgramFailed"
+    assert failed.value.message.startswith("ValueError: boom")
