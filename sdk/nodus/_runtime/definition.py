@@ -21,7 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast, overload
 
 from ..errors import Invalid
 
@@ -120,6 +120,14 @@ class ProgramDefinition:
             raise TypeError("entrypoint takes a function fn(ctx, input)")
         self.entrypoint_fn = fn
         return fn
+
+    @overload
+    def step(self, _fn: F, *, effect: str = "pure", name: str | None = None) -> F: ...
+
+    @overload
+    def step(
+        self, _fn: None = None, *, effect: str = "pure", name: str | None = None
+    ) -> Callable[[F], F]: ...
 
     def step(
         self, _fn: Callable[..., Any] | None = None, *, effect: str = "pure", name: str | None = None
