@@ -281,7 +281,11 @@ class RunContext(Protocol):
     """What an agent entrypoint receives as ``ctx``; the agent runtime provides the implementation."""
 
     idempotency_key: str
-    state_dir: Path
+
+    @property
+    def state_dir(self) -> Path:
+        """A directory that persists across replays and node moves (created when first read)."""
+        ...
 
     def step(self, name: str, fn: Callable[[], Any], effect: str = "pure") -> Any: ...
 

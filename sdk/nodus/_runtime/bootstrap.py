@@ -2,7 +2,7 @@
 
 1. Connect to the run actor (``NODUS_RUNTIME_SOCKET``) and say `Hello`; the answer is the
    run's facts (input, run, project, idempotencyKey, attempt) and whether it replays.
-2. Put the Agent's source and what ``setup`` installed first on ``sys.path``; start the model
+2. Put the Agent's source, then what ``setup`` installed, first on ``sys.path``; start the model
    relay and point ``ANTHROPIC_BASE_URL`` at it; send ``print`` output as `Log` lines, except
    while the program replays steps whose output was shown the first time.
 3. Import the entrypoint's module (``NODUS_ENTRYPOINT``, ``module:function``) and call
@@ -159,9 +159,8 @@ def main() -> NoReturn:
         client.exit(EXIT_FATAL)
     facts: dict[str, Any] = hello.value if isinstance(hello.value, dict) else {}
 
-    for directory in (SANDBOX_SOURCE_DIR, SANDBOX_SITE_DIR):  # site first, then the source
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
+    # The Agent's own modules first (what the user wrote wins), then what ``setup`` installed.
+    sys.path[:0] = [d for d in (SANDBOX_SOURCE_DIR, SANDBOX_SITE_DIR) if d not in sys.path]
     relay = ModelRelay(client.call, os.environ.get("ANTHROPIC_API_KEY", "")).start()
     os.environ["ANTHROPIC_BASE_URL"] = relay.base_url
     for proxy_env in ("NO_PROXY", "no_proxy"):  # an egress proxy must not carry the relay's calls

@@ -87,7 +87,7 @@ def _type_name(cls: type) -> str:
 
 def error_info(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(
-        type=_type_name(type(exc)), message=str(exc)[:_MESSAGE_CHARS], traceback=traceback_tail(exc)
+        type=_type_name(type(exc))[:256], message=str(exc)[:_MESSAGE_CHARS], traceback=traceback_tail(exc)
     )
 
 
