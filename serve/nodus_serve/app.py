@@ -271,8 +271,11 @@ def create_app(
     # -- runs: the generic routes, plus a filtered list and the run's own verbs ---------------
 
     @app.get("/v1/projects/{project}/agentruns")
-    async def list_runs(project: str, agent: str | None = None, group: str | None = None) -> dict[str, Any]:
-        return _listing("AgentRunList", await cp.list_runs(_project(project), agent, group))
+    async def list_runs(
+        project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
+    ) -> dict[str, Any]:
+        """The project's runs; ``agent``, ``group`` and ``parent`` (a Python run's children) filter."""
+        return _listing("AgentRunList", await cp.list_runs(_project(project), agent, group, parent))
 
     _resource_routes(
         app,

@@ -1,4 +1,5 @@
-"""The routes of durable Python agents: source uploads, a run's outputs and its program log.
+"""The routes of durable Python agents: source uploads, suspend/resume/retry, a run's outputs
+and its program log.
 
 Thin like every route: each one checks the shape of what it was sent and calls the control plane,
 whose refusals reach the client as ``{code, message, details}`` through the app's handlers.
@@ -83,6 +84,21 @@ def install_program_routes(app: FastAPI, cp: ControlPlaneClient, project_of: Cal
         body = await _source_body(request)
         ref = await cp.upload_source(project_of(project), body["files"])
         return JSONResponse(status_code=201, content=ref)
+
+    @app.post(f"{runs}/suspend")
+    async def suspend_run(project: str, name: str) -> dict[str, Any]:
+        """Park the run with no process (Waiting, Suspended) until resumed; its deadline runs on."""
+        return await cp.suspend_run(project_of(project), name)
+
+    @app.post(f"{runs}/resume")
+    async def resume_run(project: str, name: str) -> dict[str, Any]:
+        """Start a suspended run again; it replays its journal."""
+        return await cp.resume_run(project_of(project), name)
+
+    @app.post(f"{runs}/retry")
+    async def retry_run(project: str, name: str) -> dict[str, Any]:
+        """Run a Failed run again from its journal, its completed steps kept."""
+        return await cp.retry_run(project_of(project), name)
 
     @app.get(f"{runs}/outputs")
     async def run_outputs(project: str, name: str) -> dict[str, Any]:

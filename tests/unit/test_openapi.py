@@ -24,6 +24,10 @@ def test_every_write_that_reads_a_body_documents_it() -> None:
     bodiless = {
         ("post", "/v1/projects/{project}/agentruns/{name}/cancel"),
         ("post", "/v1/projects/{project}/agentgroups/{name}/cancel"),
+        *(
+            ("post", f"/v1/projects/{{project}}/agentruns/{{name}}/{verb}")
+            for verb in ("suspend", "resume", "retry")
+        ),
     }
     for path, operations in paths.items():
         for method, operation in operations.items():

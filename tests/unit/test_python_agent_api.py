@@ -22,7 +22,7 @@ from nodus_ray.store import layout
 from nodus_serve.app import create_app
 from nodus_serve.program_routes import MAX_SOURCE_BODY_BYTES
 from tests.fakes.control_plane import client_over
-from tests.unit.test_control_support import Plane, agent_doc, make_plane, run_doc
+from tests.unit.test_control_support import Plane, agent_doc, make_plane, run_doc, until
 
 BASE = "/v1/projects/demo"
 TOKEN = "nodus_test_writer"
@@ -41,6 +41,10 @@ def _call(plane: Plane) -> Callable[..., Awaitable[Any]]:
         "run_outputs": files.run_outputs,
         "run_output": files.run_output,
         "run_logs": files.run_logs,
+        "list_runs": services.runs.list_runs,
+        "suspend_run": services.controls.suspend_run,
+        "resume_run": services.controls.resume_run,
+        "retry_run": services.controls.retry_run,
     }
 
     async def call(method: str, *args: Any) -> Any:
@@ -194,6 +198,40 @@ def test_a_runs_outputs_and_program_log_are_read_back(tmp_path: Path) -> None:
         for path in ("outputs", "outputs/report", "logs"):
             body = _refusal(await http.get(f"{BASE}/agentruns/missing/{path}"), 404)
             assert body["details"]["name"] == "missing"
+
+    _run(tmp_path, scenario)
+
+
+def test_suspend_resume_retry_and_the_children_filter_reach_the_plane(tmp_path: Path) -> None:
+    async def scenario(http: httpx.AsyncClient, plane: Plane) -> None:
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("r1"))
+        await until(
+            lambda: plane.services.registry.runs[("demo", "r1")]["status"]["phase"] == "Running",
+            what="r1 running",
+        )
+        body = _refusal(await http.post(f"{BASE}/agentruns/r1/resume"), 409)
+        assert body["code"] == "NotSuspended"
+        body = _refusal(await http.post(f"{BASE}/agentruns/r1/retry"), 409)
+        assert body["code"] == "NotFailed"
+        suspended = await http.post(f"{BASE}/agentruns/r1/suspend")
+        assert suspended.status_code == 200, suspended.text
+        assert (suspended.json()["status"]["phase"], suspended.json()["status"]["reason"]) == (
+            "Waiting",
+            "Suspended",
+        )
+        resumed = await http.post(f"{BASE}/agentruns/r1/resume")
+        assert resumed.status_code == 200 and resumed.json()["status"]["phase"] == "Running"
+        for verb in ("suspend", "resume", "retry"):
+            body = _refusal(await http.post(f"{BASE}/agentruns/missing/{verb}"), 404)
+            assert body["details"]["name"] == "missing"
+        assert (await http.get(f"{BASE}/agentruns", params={"parent": "r1"})).json()["items"] == []
+        await plane.services.runs.create_run("demo", run_doc("r1-a"))
+        plane.services.registry.runs[("demo", "r1-a")]["status"]["parent"] = "r1"  # as spawn_child sets it
+        children = (await http.get(f"{BASE}/agentruns", params={"parent": "r1"})).json()["items"]
+        assert [run["metadata"]["name"] for run in children] == ["r1-a"]
+        everything = (await http.get(f"{BASE}/agentruns")).json()["items"]
+        assert sorted(run["metadata"]["name"] for run in everything) == ["r1", "r1-a"]
 
     _run(tmp_path, scenario)
 
