@@ -64,6 +64,7 @@ class Start:
     returned: Any = None
     raised: ErrorInfo | None = None
     ended: bool = False
+    fatal: str = ""  # why the actor ended the run (it answered ``fatal``)
     exit_code: int | None = None
     stderr: str = ""
     handling_seconds: float = 0.0  # the actor's own time answering (not the program's)
@@ -119,8 +120,9 @@ class FakeActor:
             nonlocal cursor
             if cursor < len(self.journal):
                 entry = self.journal[cursor]
-                if entry.id != step_id:
-                    raise AssertionError(f"NonDeterministic: {step_id} where the journal has {entry.id}")
+                if entry.id != step_id:  # the real actor fails the run NonDeterministic
+                    start.fatal = f"NonDeterministic: {step_id} where the journal has {entry.id}"
+                    return Entry(step_id)
                 cursor += 1
                 return entry
             return None
@@ -201,6 +203,8 @@ class FakeActor:
                         reply = Reply(Outcome.OK)
                     case _:
                         reply = Reply(Outcome.RECORDED)
+                if start.fatal:
+                    reply = Reply(Outcome.FATAL, message=start.fatal)
                 if reply is not None:
                     conn.sendall(encode(reply))
                 start.handling_seconds += time.perf_counter() - began
@@ -276,3 +280,23 @@ def main(ctx, input):
     assert [e.id for e in actor.journal] == ["add-1", "sleep-1", "add-2", "add-3"]
     assert asdict(actor.journal[0]) == {"id": "add-1", "value": 3, "error": None}
     assert json.loads(json.dumps(done.returned)) == [3, 7, 10]
+
+
+def test_a_fatal_answer_ends_the_program_where_it_is(actor: FakeActor, tmp_path: Path) -> None:
+    actor.journal.append(Entry("other-1", 1))
+    source = write_program(
+        tmp_path / "src",
+        """
+from pathlib import Path
+def main(ctx, input):
+    try:
+        ctx.step("fetch", lambda: 1)
+    finally:
+        Path("went-on").write_text("yes")
+""",
+    )
+    start = actor.start(source)
+    assert start.fatal == "NonDeterministic: fetch-1 where the journal has other-1"
+    assert start.exit_code == 3 and not start.ended
+    assert "nodus: the run ended: NonDeterministic" in start.stderr
+    assert not (tmp_path / "src" / "went-on").exists()

@@ -209,3 +209,23 @@ def test_the_definition_refuses_an_unknown_effect_and_names_its_entrypoint() -> 
 
 def top_level_entrypoint(ctx: Any, input: Any) -> Any:
     return input
+
+
+def test_a_child_output_that_is_not_utf8_comes_back_as_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    agent = ProgramDefinition()
+
+    @agent.entrypoint
+    def main(ctx: Any, input: Any) -> Any:
+        if input == "child":
+            Path("blob.bin").write_bytes(b"\xff\x00\xfe")
+            ctx.save_output("blob", "blob.bin")
+            return None
+        child = ctx.spawn("child", key="c")
+        ctx.gather([child])
+        data = ctx.child_output(child, "blob")
+        return [type(data).__name__, list(data)]
+
+    assert run_local(agent, "root") == ["bytes", [255, 0, 254]]
