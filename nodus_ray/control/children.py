@@ -197,8 +197,9 @@ class ChildService:
         if parent and is_terminal_run(run):
             await self._wake_parent((project, parent))
 
-    async def _wake_parent(self, key: Key) -> None:
-        """Start the parent again when it waits for its children and they have all ended."""
+    async def _wake_parent(self, key: Key, *, child_ended: bool = True) -> None:
+        """Start the parent again when it waits for its children and they have all ended (a
+        parent that named none is woken by any child's end, and replays to see which)."""
         registry = self._registry
         async with registry.locks[key]:
             parent = registry.runs.get(key)
@@ -208,12 +209,20 @@ class ChildService:
             if (status["phase"], status.get("reason")) != (RunPhase.WAITING, RunReason.AWAITING_CHILDREN):
                 return
             awaited = [str(name) for name in (status.get("waitingFor") or {}).get("children") or []]
-            if awaited and not children_ended(registry.runs, key[0], awaited):
+            if not (awaited or child_ended) or not children_ended(registry.runs, key[0], awaited):
                 return  # one ended; the others still run
             status.update(run_transition(status, RunPhase.RUNNING, None, "its children ended"))
             await registry.persist_run(key)
         await registry.run_changed(key)
         self._supervisor.supervise(key)
+
+    async def recover(self) -> None:
+        """After a (re)start: a parent whose last child ended just before the control plane
+        stopped (the child's end written, the parent's wake-up not) is woken now."""
+        for key, run in list(self._registry.runs.items()):
+            status = run["status"]
+            if (status["phase"], status.get("reason")) == (RunPhase.WAITING, RunReason.AWAITING_CHILDREN):
+                await self._wake_parent(key, child_ended=False)
 
     async def settled(self) -> None:
         """Wait for the cancels under way (tests, and an orderly shutdown)."""

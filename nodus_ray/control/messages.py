@@ -114,6 +114,29 @@ class MessageService:
             self._supervisor.supervise(key)
         return {**_receipt(name, message), "duplicate": False}
 
+    async def recover(self) -> None:
+        """After a (re)start: a run parked for a message that was stored just before the control
+        plane stopped (the message written, the run's wake-up not) goes on now."""
+        for key, run in list(self._registry.runs.items()):
+            status = run["status"]
+            if (status["phase"], status.get("reason")) != (RunPhase.WAITING, RunReason.AWAITING_MESSAGE):
+                continue
+            waiting_for = status.get("waitingFor") or {}
+            name = waiting_for.get("message")
+            after = (
+                int(waiting_for.get("after") or 0)
+                if name
+                else int((status.get("messages") or {}).get("read") or 0)
+            )
+            if not await asyncio.to_thread(self._inboxes.unread, key, after, name):
+                continue
+            async with self._registry.locks[key]:
+                if (status["phase"], status.get("reason")) != (RunPhase.WAITING, RunReason.AWAITING_MESSAGE):
+                    continue
+                status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
+                await self._registry.persist_run(key)
+            self._supervisor.supervise(key)
+
     async def next_message(
         self, project: str, name: str, after_seq: int, message_name: str | None = None
     ) -> dict[str, Any] | None:

@@ -37,7 +37,7 @@ from nodus_ray.control.batches import BatchRecords, request_digest
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
 from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
-from nodus_ray.control.registry import Key, Registry, check_project, merge_status
+from nodus_ray.control.registry import Key, Registry, check_project, merge_status, suspended
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.durable.journal import Journal, record_view, step_views
 from nodus_ray.faults import crash_point
@@ -465,6 +465,8 @@ class RunService:
             run = self._registry.runs.get(key)
             if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
                 return
+            if suspended(run):
+                return  # the actor a suspend killed, reporting on its way out (its cost is settled)
             patch = dict(patch)
             attempt = patch.pop("attempt", None)
             if attempt is not None and int(attempt) < int(run["status"].get("attempts") or 0):

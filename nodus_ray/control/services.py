@@ -79,6 +79,8 @@ class Services:
         await self.groups.recover()
         await self.run_pool.refill()
         self.supervisor.recover()
+        await self.children.recover()  # wake-ups a stop came between: a child's end, a message
+        await self.messages.recover()
         self.supervisor.sweeper.sweep_soon()  # workspaces of runs that are gone (this node's disk)
 
 

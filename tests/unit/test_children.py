@@ -213,3 +213,24 @@ def test_a_child_of_a_group_member_is_not_a_member(tmp_path: Path) -> None:
         await until(lambda: plane.run_actors.of("g-t1-sub"), what="the child's own actor, not admitted")
 
     asyncio.run(scenario())
+
+
+def test_a_parent_whose_children_ended_just_before_a_restart_is_woken_by_recovery(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await python_agent(plane)
+        await _parent(plane)
+        (name,) = [(await plane.services.children.spawn_child("demo", "p", "a", "a"))["name"]]
+        plane.run_actors.of("p")[0].end(
+            {"phase": "Waiting", "reason": "AwaitingChildren", "waitingFor": {"children": [name]}}
+        )
+        await until(lambda: plane.run_actors.of("p")[0].killed, what="the parent parked")
+        # The child's end is written, and the control plane stops before it tells the parent.
+        registry = plane.services.registry
+        registry.runs[("demo", name)]["status"].update({"phase": "Succeeded", "reason": "Completed"})
+        await registry.persist_run(("demo", name))
+        restarted = await plane.restart()
+        await until(lambda: restarted.run_actors.of("p")[1:], what="the parent woken at recovery")
+        assert restarted.phase("p") == "Running"
+
+    asyncio.run(scenario())

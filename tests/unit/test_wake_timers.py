@@ -9,6 +9,7 @@ from typing import Any
 
 from nodus_ray.control.registry import Registry
 from nodus_ray.control.wake_timers import WakeTimers
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import format_timestamp
 from tests.unit.test_control_support import Plane, agent_doc, make_plane, run_doc, until
@@ -202,5 +203,24 @@ def test_a_claude_run_that_is_not_keep_alive_still_refuses_messages(tmp_path: Pa
             assert refused.code == "NotKeepAlive"
         else:
             raise AssertionError("a one-turn Claude run took a message")
+
+    asyncio.run(scenario())
+
+
+def test_a_message_stored_just_before_a_restart_wakes_its_run_at_recovery(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await python_agent(plane)
+        await plane.services.runs.create_run("demo", run_doc("r1", agent="py"))
+        (first,) = await until(lambda: plane.run_actors.of("r1"), what="the first actor")
+        waiting = {"message": "approval", "after": 0}
+        first.end({"phase": "Waiting", "reason": "AwaitingMessage", "waitingFor": waiting})
+        await until(lambda: first.killed, what="parked for its message")
+        # The message is written, and the control plane stops before the run is started again.
+        message = {"seq": 1, "name": "approval", "payload": "yes", "messageKey": None, "receivedAt": "x"}
+        plane.storage.write_json(layout.message("demo", "r1", 1), message)
+        restarted = await plane.restart()
+        await until(lambda: restarted.run_actors.of("r1")[1:], what="the run woken at recovery")
+        assert restarted.phase("r1") == "Running"
 
     asyncio.run(scenario())
