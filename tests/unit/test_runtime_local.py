@@ -98,7 +98,7 @@ def test_map_runs_children_in_process_and_gather_reports_a_failed_child() -> Non
     out = run_local(agent, "root", journal=journal)
     assert out["first"] == [0, 10, 20] and out["again"] == [40]
     assert "AgentRunFailed" in out["gathered"]
-    assert out["raised"] == "agentrun/local-broken ended Failed (ProgramFailed): ValueError: part 9 is broken"
+    assert out["raised"] == "agentrun/local-broken: Failed (ProgramFailed): ValueError: part 9 is broken"
     spawned = [e["value"]["name"] for e in journal if e["kind"] == "spawn"]
     assert spawned == ["local-map1-0", "local-map1-1", "local-map1-2", "local-map2-0", "local-broken"]
 

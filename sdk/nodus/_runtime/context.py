@@ -364,6 +364,13 @@ class ProgramContext:
 
 
 def _child_failure(name: str, error: Any) -> AgentRunFailed:
+    """A failed child as `gather` gives it: the actor's error is ``{"type", "message", "run",
+    "phase", "reason"}`` with the whole story in ``message``; else its status's fields."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and "type" in error:
+        details = {"name": name, "phase": error.get("phase"), "reason": error.get("reason")}
+        return AgentRunFailed(
+            f"agentrun/{error['message']}", details={**details, "message": error["message"]}
+        )
     if isinstance(error, dict):
         return _run_failed(name, error)
     return _run_failed(name, {"phase": "Failed", "message": str(error or "")})

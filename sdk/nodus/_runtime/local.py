@@ -104,14 +104,15 @@ class _Runs:
             result: dict[str, Any] = {"ok": True, "value": value}
         except Exception as exc:  # noqa: BLE001 - a failed child is its parent's result to gather
             info = error_info(exc)
-            result = {
-                "ok": False,
-                "error": {
-                    "phase": "Failed",
-                    "reason": "ProgramFailed",
-                    "message": f"{info.type.removeprefix('builtins.')}: {info.message}",
-                },
-            }
+            cause = f"{info.type.removeprefix('builtins.')}: {info.message}"
+            error = {
+                "type": "nodus.errors.AgentRunFailed",
+                "message": f"{name}: Failed (ProgramFailed): {cause}",
+                "run": name,
+                "phase": "Failed",
+                "reason": "ProgramFailed",
+            }  # the actor's shape
+            result = {"ok": False, "error": error}
         self.children[name] = (input, result)
         return name
 
