@@ -88,6 +88,9 @@ class RunControls:
                     details={"kind": "AgentRun", "name": name, "phase": status["phase"]},
                 )
             status.update(run_transition(status, RunPhase.RUNNING, None, "resumed on request"))
+            # An actor started while the suspend was under way was ended by its supervision: it
+            # is no lost actor, and the resumed run's supervision must not count it as one.
+            status["actorName"] = None
             await self._registry.persist_run(key)
         await self._registry.run_changed(key)
         self._supervisor.supervise(key)
