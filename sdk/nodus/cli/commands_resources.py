@@ -59,7 +59,11 @@ def apply(
             before = client.get(manifest.collection, manifest.name, project=target_project)
         except NotFound:
             before = None
-        applied = client.apply(manifest.collection, manifest.body(), project=target_project)
+        body = manifest.body()
+        if manifest.files is not None:  # a Python agent's program, packed from spec.source's path
+            source = client.upload_source(manifest.files, project=target_project)
+            body["spec"] = {**body["spec"], "source": source}
+        applied = client.apply(manifest.collection, body, project=target_project)
         if applied.result in ("created", "configured", "unchanged"):
             verb = applied.result
         elif applied.created:

@@ -24,6 +24,8 @@ from .root import CliError, OutputOption, ProjectOption, TargetsArgument, UsageE
 __all__ = ["wait", "cancel", "agentrun_app"]
 
 
+_PROGRAM_LOG_POLL_SECONDS = 0.5
+
 agentrun_app = typer.Typer(
     help="Read a run's answer and steps; send a keep-alive run a message.", no_args_is_help=True
 )
@@ -193,8 +195,13 @@ def agentrun_logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
     project: ProjectOption = None,
 ) -> None:
-    """Print the run's steps, phase changes, turns and answer; with -f, as they happen."""
-    for event in root.client(project).run_events(name, follow=follow):
+    """Print the run's steps, phase changes, turns and answer (a Python run's: what its program
+    printed); with -f, as they happen."""
+    client = root.client(project)
+    if (client.get("agentruns", name).get("status") or {}).get("program") == "Python":
+        _program_logs(client, name, follow)
+        return
+    for event in client.run_events(name, follow=follow):
         line = log_line(event)
         if line is None:
             continue
@@ -202,6 +209,25 @@ def agentrun_logs(
             typer.echo(line, nl=bool(event.data.get("final")) and not line.endswith("\n"))
         else:
             typer.echo(line)
+
+
+def _program_logs(client: Client, name: str, follow: bool) -> None:
+    """A Python run's program log; with ``follow``, read again until the run ends."""
+    shown = 0
+    while True:
+        done = (
+            not follow or (client.get("agentruns", name).get("status") or {}).get("phase") in TERMINAL_PHASES
+        )
+        text = client.run_logs(name)
+        complete = text if done else text[: text.rfind("\n") + 1]
+        if len(complete) > shown:
+            typer.echo(complete[shown:], nl=False)
+            shown = len(complete)
+        if done:
+            if complete and not complete.endswith("\n"):
+                typer.echo("")
+            return
+        time.sleep(_PROGRAM_LOG_POLL_SECONDS)
 
 
 @agentrun_app.command("send")

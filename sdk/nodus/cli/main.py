@@ -15,6 +15,7 @@ from . import (
     commands_auth,
     commands_describe,
     commands_get,
+    commands_program,  # noqa: F401  # registers agentrun output, children, retry, suspend, resume
     commands_resources,
     commands_runs,
     commands_service,

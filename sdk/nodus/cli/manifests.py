@@ -16,6 +16,7 @@ import yaml
 from ..errors import Invalid, NodusError
 from ..input_limits import MAX_NESTING_DEPTH, check_yaml_node
 from ..resources import SHORT_NAMES, Resource, parse_resource
+from .agent_sources import pack_source
 
 __all__ = ["Manifest", "load_manifests"]
 
@@ -30,6 +31,9 @@ class Manifest:
     line: int
     document: dict[str, Any]
     resource: Resource
+    # A Python agent's program read from the path its spec.source named (`agent_sources`):
+    # uploaded before the Agent is applied.
+    files: dict[str, str] | None = None
 
     @property
     def kind(self) -> str:
@@ -125,12 +129,13 @@ def load_manifests(paths: list[str], stdin: TextIO | None = None) -> list[Manife
         documents = _documents(source, text)
         for number, (line, document) in enumerate(documents, start=1):
             for document_item in _expand(document):
+                document_item, files = pack_source(document_item, source)
                 try:
                     resource = parse_resource(document_item)
                 except NodusError as exc:
                     where = source if len(documents) == 1 else f"{source} (document {number}, line {line})"
                     raise type(exc)(f"{where}: {exc.message}", code=exc.code, details=exc.details) from None
-                manifests.append(Manifest(source, line, document_item, resource))
+                manifests.append(Manifest(source, line, document_item, resource, files))
     if not manifests:
         raise Invalid(f"no resources found in {', '.join(paths)}", details={})
     return manifests
