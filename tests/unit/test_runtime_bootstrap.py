@@ -50,6 +50,10 @@ def main(ctx, input):
     print("fetched", got["count"])
     ctx.sleep("10m")
     print("woke", flush=True)
+    import sys
+    sys.stdout.buffer.write(b"raw ")
+    sys.stdout.write("bytes\\n")
+    print("to stderr", file=sys.stderr)
     return {"got": got, "key": ctx.idempotency_key}
 """,
     )
@@ -59,7 +63,8 @@ def main(ctx, input):
     second = actor.start(source)
     assert second.returned == {"got": {"n": 7, "count": 1}, "key": "ik-1"}, second.stderr
     assert (tmp_path / "fetch.count").read_text() == "1"  # ran once, over two starts
-    assert second.output == "woke\n"  # "fetched 1" was printed while replaying: not again
+    # "fetched 1" was printed while replaying: not again; whole lines, each on its stream.
+    assert second.logs == [("woke\n", "stdout"), ("raw bytes\n", "stdout"), ("to stderr\n", "stderr")]
     assert second.requests[:3] == ["hello", "step.begin", "sleep"]
 
 

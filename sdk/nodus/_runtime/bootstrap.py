@@ -55,6 +55,7 @@ class LogWriter(io.TextIOBase):
         self._stream = stream
         self._buffer: list[str] = []
         self._lock = threading.Lock()
+        self._bytes = _BytesWriter(self)  # one: a dropped one would flush a partial line as it goes
 
     encoding = "utf-8"
 
@@ -63,6 +64,14 @@ class LogWriter(io.TextIOBase):
 
     def isatty(self) -> bool:
         return False
+
+    def reconfigure(self, **_: Any) -> None:
+        """What ``sys.stdout.reconfigure(...)`` does on a terminal; lines are lines here."""
+
+    @property
+    def buffer(self) -> _BytesWriter:
+        """For code that writes bytes (``sys.stdout.buffer.write``): decoded as UTF-8."""
+        return self._bytes
 
     def write(self, text: str) -> int:
         if not isinstance(text, str):
@@ -87,6 +96,22 @@ class LogWriter(io.TextIOBase):
             self._lock.release()
         if text and not self._client.replaying:
             self._client.log(text, self._stream)
+
+
+class _BytesWriter(io.RawIOBase):
+    def __init__(self, text: LogWriter) -> None:
+        super().__init__()
+        self._text = text
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._text.write(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self._text.flush()
 
 
 def _import_program(module_name: str) -> ModuleType:
