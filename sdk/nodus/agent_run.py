@@ -20,6 +20,8 @@ from .view import View
 
 __all__ = ["AgentRun", "RunContext", "RunOutput", "RunOutputs"]
 
+# Waiting reasons a run leaves without a person: a message, a timer, its children, a resume.
+_GOES_ON_BY_ITSELF = frozenset({"AwaitingMessage", "Sleeping", "AwaitingChildren", "Suspended"})
 # How often `logs(follow=True)` of a Python run reads its program log again (seconds).
 _PROGRAM_LOG_POLL = 0.5
 
@@ -94,6 +96,8 @@ class AgentRun(_ResourceHandle):
     _sent_seq = 0
 
     def _caught_up(self, status: dict[str, Any]) -> bool:
+        if status.get("program") == "Python":  # a program waiting for a message is mid-run, not done
+            return False
         read = (status.get("messages") or {}).get("read") or 0
         return awaiting_message(status) and int(read) >= self._sent_seq
 
@@ -132,7 +136,7 @@ class AgentRun(_ResourceHandle):
             lambda now: (
                 now.get("phase") in TERMINAL_PHASES
                 or self._caught_up(now)
-                or (now.get("phase") == "Waiting" and now.get("reason") != "AwaitingMessage")
+                or (now.get("phase") == "Waiting" and now.get("reason") not in _GOES_ON_BY_ITSELF)
             ),
             None,
             lambda phase: f"agentrun/{self.name} is still {phase}",

@@ -348,3 +348,13 @@ def test_a_python_runs_logs_are_its_program_log(api: _FakeAPI) -> None:
     assert asyncio.run(collect(False)) == ["hello", "world"]
     assert asyncio.run(collect(True)) == ["hello", "world"]  # the run has ended: the log is complete
     assert ("GET", f"{PROJECT}/agentruns/triage-1/logs", None) in api.requests
+
+
+def test_waiting_on_a_python_run_goes_past_its_parked_waits_to_the_end(api: _FakeAPI) -> None:
+    run = nodus.AgentRun("triage-1", client=api.client())
+    for reason in ("AwaitingMessage", "Sleeping", "AwaitingChildren"):
+        api.run_status = {"phase": "Waiting", "reason": reason, "program": "Python", "messages": {"read": 0}}
+        with pytest.raises(errors.WaitTimeout):
+            run.wait(timeout=0.05)  # a program parked mid-run has not answered yet
+    api.run_status = {"phase": "Succeeded", "program": "Python"}
+    assert run.wait(timeout=1).phase == "Succeeded"
