@@ -34,7 +34,7 @@ def _clean_path(path: str) -> str:
     if not isinstance(path, str) or not path or "\\" in path or "\x00" in path:
         raise _refuse(f"source path {str(path)[:200]!r} is not a relative path")
     pure = PurePosixPath(path)
-    if pure.is_absolute() or re.match(r"[A-Za-z]:", path):
+    if pure.is_absolute() or re.match(r"[A-Za-z]:/", path):  # also "C:/..." from Windows
         raise _refuse(f"source path {path[:200]!r} is absolute; paths are relative to the source root")
     if ".." in pure.parts:
         raise _refuse(f"source path {path[:200]!r} contains '..'")
