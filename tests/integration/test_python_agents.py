@@ -1,0 +1,153 @@
+"""Durable Python agents through the real service: a program's steps journaled and replayed,
+waiting with no process (a timer, a message), and a program that raises."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from .conftest import Server, unique, wait_for
+from .kit import workspace_of
+
+AGENTS = "/v1/projects/default/agents"
+RUNS = "/v1/projects/default/agentruns"
+
+SOURCE = """
+import os
+import time
+
+
+def main(ctx, input):
+    def bump():
+        path = os.path.join(str(ctx.state_dir), "count")
+        n = int(open(path).read()) if os.path.exists(path) else 0
+        with open(path, "w") as f:
+            f.write(str(n + 1))
+        return n + 1
+
+    a = ctx.step("bump", bump, effect="external")
+    if input.get("slow"):
+        ctx.step("slow", lambda: time.sleep(input["slow"]))
+    b = ctx.step("double", lambda: a * 2)
+    if input.get("sleep"):
+        ctx.sleep(input["sleep"])
+    approved = ctx.wait_for_message("approval") if input.get("wait") else None
+    if input.get("fail"):
+        raise ValueError("boom")
+    return {"a": a, "b": b, "approved": approved}
+"""
+
+
+def _agent(server: Server, name: str) -> None:
+    with server.http() as http:
+        uploaded = http.post("/v1/projects/default/agentsources", json={"files": {"main.py": SOURCE}})
+        assert uploaded.status_code == 201, uploaded.text
+        put = http.put(
+            f"{AGENTS}/{name}",
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Agent",
+                "metadata": {"name": name},
+                "spec": {"source": uploaded.json(), "entrypoint": "main:main"},
+            },
+        )
+        assert put.status_code == 201, put.text
+
+
+def _run(server: Server, input_text: str) -> str:
+    agent, name = unique("py"), unique("pyrun")
+    _agent(server, agent)
+    with server.http() as http:
+        created = http.post(
+            RUNS,
+            json={
+                "apiVersion": "nodus.dev/v1",
+                "kind": "AgentRun",
+                "metadata": {"name": name},
+                "spec": {"agent": agent, "input": input_text},
+            },
+        )
+        assert created.status_code == 201, created.text
+    return name
+
+
+def _get(server: Server, name: str) -> dict[str, Any]:
+    with server.http() as http:
+        return http.get(f"{RUNS}/{name}").json()
+
+
+def _phase(
+    server: Server, name: str, phase: str, reason: str | None = None, timeout: float = 90
+) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        run = _get(server, name)
+        status = run["status"]
+        return (
+            run if status["phase"] == phase and (reason is None or status.get("reason") == reason) else None
+        )
+
+    return wait_for(reached, timeout=timeout, interval=0.2, message=f"{name} to be {phase} {reason or ''}")
+
+
+def _answer(server: Server, name: str) -> str:
+    with server.http() as http:
+        return str(http.get(f"{RUNS}/{name}/answer").json().get("answer"))
+
+
+def test_a_three_step_program_succeeds_with_its_answer(server: Server) -> None:
+    name = _run(server, "{}")
+    run = _phase(server, name, "Succeeded")
+    assert run["status"]["reason"] == "Completed"
+    assert '"b": 2' in _answer(server, name)
+
+
+def test_a_killed_actor_replays_without_running_completed_steps_again(
+    server: Server, ray_driver: Any
+) -> None:
+    from ray.util.state import list_actors
+
+    name = _run(server, '{"slow": 4}')
+    workspace = workspace_of(server, name)
+    wait_for(lambda: (workspace / "state" / "count").exists(), timeout=60, message="the external step")
+    actor_name = _get(server, name)["status"]["actorName"]
+    actors = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
+    os.kill(int(actors[0].pid), signal.SIGKILL)
+    _phase(server, name, "Succeeded", timeout=120)
+    assert (workspace / "state" / "count").read_text() == "1", "the external step ran once"
+    assert _get(server, name)["status"]["attempts"] >= 2
+
+
+def test_a_sleep_parks_with_no_actor_and_wakes(server: Server, ray_driver: Any) -> None:
+    from ray.util.state import list_actors
+
+    name = _run(server, '{"sleep": 6}')
+    waiting = _phase(server, name, "Waiting", "Sleeping")
+    assert waiting["status"].get("wakeAt")
+
+    def released() -> bool:
+        alive = list_actors(filters=[("state", "=", "ALIVE")], limit=10000, detail=True)
+        return not [a for a in alive if f"run=default/{name}," in (getattr(a, "repr_name", "") or "")]
+
+    wait_for(released, timeout=10, interval=0.2, message="the sleeping run's actor to be released")
+    assert _get(server, name)["status"]["phase"] == "Waiting", "released while it sleeps"
+    run = _phase(server, name, "Succeeded")
+    assert run["status"]["attempts"] >= 2, "a new actor woke it"
+
+
+def test_wait_for_message_and_send(server: Server) -> None:
+    name = _run(server, '{"wait": true}')
+    waiting = _phase(server, name, "Waiting", "AwaitingMessage")
+    assert (waiting["status"].get("waitingFor") or {}).get("message") == "approval"
+    with server.http() as http:
+        sent = http.post(f"{RUNS}/{name}/messages", json={"payload": "yes", "name": "approval"})
+        assert sent.status_code in (200, 201, 202), sent.text
+    _phase(server, name, "Succeeded")
+    assert '"approved": "yes"' in _answer(server, name)
+
+
+def test_a_program_that_raises_fails_program_failed(server: Server) -> None:
+    name = _run(server, '{"fail": true}')
+    run = _phase(server, name, "Failed")
+    assert run["status"]["reason"] == "ProgramFailed"
+    assert run["status"]["message"].startswith("ValueError: boom")
