@@ -52,6 +52,16 @@ def main(ctx, input):
         ctx.sleep(input["sleep"])
     if input.get("fail"):
         raise ValueError("boom")
+    if input.get("spin"):
+        while True:
+            pass
+    if input.get("claude"):
+        import anthropic
+
+        reply = anthropic.Anthropic().messages.create(
+            model="claude-haiku-4-5", max_tokens=200, messages=[{"role": "user", "content": "Say hi"}]
+        )
+        return {"text": reply.content[0].text, "model": reply.model}
     return {"a": a, "b": b}
 """
 DIGEST = "sha256:" + "ab" * 32
@@ -79,7 +89,7 @@ async def _reserve(amount: Decimal) -> None:
     return None
 
 
-def run_program(tmp_path: Path, input: dict[str, Any], attempt: int = 1) -> str:
+def run_program(tmp_path: Path, input: dict[str, Any], attempt: int = 1, cpu_seconds: int = 3600) -> str:
     storage = Storage(str(tmp_path / "store"))
     storage.write_bytes(
         layout.agent_source("p", DIGEST.split(":")[1]), json.dumps({"files": {"main.py": SOURCE}}).encode()
@@ -100,6 +110,7 @@ def run_program(tmp_path: Path, input: dict[str, Any], attempt: int = 1) -> str:
             input=json.dumps(input),
             entrypoint="main:main",
             source_digest=DIGEST,
+            cpu_seconds=cpu_seconds,
         ),
         steps=steps,
         storage=storage,
@@ -148,3 +159,23 @@ def test_a_program_that_raises_fails_with_its_exception(tmp_path: Path) -> None:
         run_program(tmp_path, {"fail": True})
     assert failed.value.reason == "ProgramFailed"
     assert failed.value.message.startswith("ValueError: boom")
+
+
+@needs_bwrap
+def test_a_program_that_spins_is_stopped_by_its_cpu_limit(tmp_path: Path) -> None:
+    with pytest.raises(RunFailure) as failed:
+        run_program(tmp_path, {"spin": True}, cpu_seconds=1)
+    assert failed.value.reason == "ProgramFailed"
+    assert "CPU limit of 1 s" in failed.value.message
+
+
+@needs_bwrap
+def test_the_anthropic_sdk_inside_is_a_journaled_model_step(tmp_path: Path) -> None:
+    answer = json.loads(run_program(tmp_path, {"claude": True}))
+    assert answer["text"]
+    storage = Storage(str(tmp_path / "store"))
+    journal = Journal(storage, layout.journal_folder("p", "r"))
+    models = [r for r in journal.load() if r.kind == "model"]
+    assert [(r.step_id, r.state) for r in models] == [("model-1", "Completed")]
+    assert json.loads(run_program(tmp_path, {"claude": True}, attempt=2)) == answer, "replayed, not called"
+    assert [r.kind for r in journal.load()].count("model") == 1
