@@ -33,6 +33,7 @@ class WakeTimers:
         self._start = start
         self._timers: dict[Key, tuple[str, asyncio.TimerHandle]] = {}
         self._waking: set[asyncio.Task[bool]] = set()
+        registry.on_run_changed(self._run_changed)
 
     def __len__(self) -> int:
         """How many timers are armed (what a test of 1,000 sleeping runs counts)."""
@@ -63,6 +64,13 @@ class WakeTimers:
         armed = self._timers.pop(key, None)
         if armed is not None:
             armed[1].cancel()
+
+    async def _run_changed(self, key: Key) -> None:
+        """A run that went on, or ended, before its time came needs its timer no more (a run
+        that parks again is armed again after it changed, by its supervision)."""
+        run = self._registry.runs.get(key)
+        if run is None or not parked(run):
+            self.disarm(key)
 
     def recover(self) -> None:
         """After a (re)start: a timer for every parked run that waits for a time."""

@@ -161,7 +161,8 @@ def test_a_python_run_takes_messages_and_wakes_only_for_the_name_it_waits_for(tm
         assert (await messages.next_message("demo", "r1", 0, "approval"))["payload"] == "yes"  # type: ignore[index]
         assert (await messages.next_message("demo", "r1", 0))["name"] == "note"  # type: ignore[index]
         assert await messages.next_message("demo", "r1", 2, "approval") is None
-        # Its timeout's timer, when it fires, finds the run going on: nothing happens.
+        # Its timeout's timer is gone with the wait; had it fired, it would find the run going on.
+        assert len(plane.services.supervisor.wake_timers) == 0
         assert not await plane.services.supervisor.wake_timers.wake(("demo", "r1"), timeout_at)
 
     asyncio.run(scenario())
@@ -222,5 +223,21 @@ def test_a_message_stored_just_before_a_restart_wakes_its_run_at_recovery(tmp_pa
         restarted = await plane.restart()
         await until(lambda: restarted.run_actors.of("r1")[1:], what="the run woken at recovery")
         assert restarted.phase("r1") == "Running"
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_sleeping_run_leaves_no_timer_behind(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await python_agent(plane)
+        await plane.services.runs.create_run("demo", run_doc("r1", agent="py"))
+        (first,) = await until(lambda: plane.run_actors.of("r1"), what="the first actor")
+        first.end({"phase": "Waiting", "reason": "Sleeping", "wakeAt": in_seconds(3600)})
+        await until(lambda: first.killed, what="parked asleep")
+        timers = plane.services.supervisor.wake_timers
+        assert len(timers) == 1
+        await plane.services.runs.cancel_run("demo", "r1")
+        assert len(timers) == 0 and plane.phase("r1") == "Cancelled"
 
     asyncio.run(scenario())
