@@ -6,6 +6,11 @@ its own cap while it has not (it may still spend up to it). With nothing left th
 refused (``Conflict`` ``MaxCostReached``, naming ``spec.maxCostUSD``) rather than created
 with a cap of nothing. Runs being written (not yet in the registry) hold their cap here, so two
 creates, or two runs of one batch, never both take the last of it.
+
+A child run (``status.parent``) is carved out of its parent's cap (its program gives it at most
+what the parent has left), so while its parent is unfinished it is inside the parent's hold and
+is not counted again; a new child is not checked here either. Once the parent has finished, it
+holds only its own cost and its children count for themselves.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from decimal import Decimal
 
 from nodus.errors import Conflict
 from nodus.lifecycle import RUN_TERMINAL_PHASES
-from nodus_ray.control.registry import Key, Registry
+from nodus_ray.control.registry import Key, Registry, is_terminal_run
 
 __all__ = ["AgentBudget"]
 
@@ -50,9 +55,13 @@ class AgentBudget:
             (hold for (p, _), (name, hold) in self._holding.items() if p == project and name == agent),
             Decimal(0),
         )
-        for (p, _), other in self._registry.runs.items():
+        runs = self._registry.runs
+        for (p, _), other in runs.items():
             if p != project or other["spec"]["agent"] != agent:
                 continue
+            parent = other["status"].get("parent")
+            if parent and not is_terminal_run(runs.get((p, parent))):
+                continue  # inside its unfinished parent's hold
             cost = other["status"]["cost"]
             unfinished = other["status"]["phase"] not in RUN_TERMINAL_PHASES and cost.get("limitUSD")
             held += Decimal(cost["limitUSD"] if unfinished else cost.get("totalUSD") or "0")

@@ -118,6 +118,8 @@ class ChildService:
             run = AgentRun(metadata=ObjectMeta(name=name), spec=spec)
             child_of = ChildOf(parent, cap, parent_run["status"].get("deadlineAt"))
             await self._runs.create_child(project, run, pinned, child_of)
+        if parent_run["status"]["phase"] == RunPhase.CANCELLED:  # cancelled while the child was written
+            await self._supervisor.cancel((project, name), RunReason.CANCELLED.value, CHILD_CANCELLED_MESSAGE)
         return {"name": name}
 
     def _existing(self, run: dict[str, Any], parent: str, key: str, input_text: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ __all__ = [
     "awaits_admission",
     "admission_state",
     "is_over",
+    "is_terminal_run",
     "is_python",
     "suspended",
     "children_ended",

@@ -340,7 +340,7 @@ class RunService:
         limit = None if cap == "0" else Decimal(cap)
         if limit is not None and child_of is not None and child_of.cap_usd is not None:
             limit = min(limit, Decimal(child_of.cap_usd))
-        if limit is not None:
+        if limit is not None and child_of is None:  # a child's cap is out of its parent's (`agent_budget`)
             limit = self._budget.limit(project, run.spec.agent, run.metadata.name, limit)
         status["cost"]["limitUSD"] = None if limit is None else str(limit)
         status["sandbox"]["uid"] = self._next_sandbox_uid()

@@ -216,3 +216,23 @@ def test_an_agents_max_cost_caps_all_its_runs_together(tmp_path: Path) -> None:
         assert not {"b1", "b2"} & {name for _, name in plane.services.registry.runs}
 
     asyncio.run(scenario())
+
+
+def test_a_child_counts_inside_its_unfinished_parents_hold_of_the_agents_max_cost(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await python_agent(plane, perRunMaxCostUSD="0.60", maxCostUSD="1.00")
+        runs = plane.services.runs
+        await runs.create_run("demo", run_doc("p", agent="py"))  # holds 0.60
+        (parent,) = await until(lambda: plane.run_actors.of("p"), what="the parent's actor")
+        child = await plane.services.children.spawn_child("demo", "p", "a", "x", None, "0.30")
+        assert (await runs.get_run("demo", child["name"]))["status"]["cost"]["limitUSD"] == "0.30"
+        # The child's 0.30 is out of the parent's 0.60: 0.40 is left, not 0.10.
+        other = await runs.create_run("demo", run_doc("q", agent="py"))
+        assert other["resource"]["status"]["cost"]["limitUSD"] == "0.40"
+        # Once the parent has finished it holds its own cost; its unfinished child holds its cap.
+        parent.end({"phase": "Succeeded", "reason": "Completed", "cost": {"totalUSD": "0.05"}})
+        await until(lambda: plane.phase("p") == "Succeeded", what="the parent done")
+        assert plane.services.runs._budget.held("demo", "py") == Decimal("0.75")  # 0.05 + 0.30 + 0.40
+
+    asyncio.run(scenario())
