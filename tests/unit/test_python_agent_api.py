@@ -8,14 +8,20 @@ Serve's app runs over `tests.fakes.control_plane.client_over`, whose calls go to
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from nodus.schema_agent import source_digest
+import nodus
+from nodus.client import Client
+from nodus.config import Settings
+from nodus.schema_agent import source_digest, source_ref
 from nodus_ray.control.run_files import RunFiles
 from nodus_ray.control.tokens import token_digest
 from nodus_ray.store import layout
@@ -247,3 +253,74 @@ def test_the_openapi_document_describes_the_source_upload() -> None:
 
 async def _never(method: str, *args: Any) -> Any:
     raise AssertionError(f"no call expected, got {method}")
+
+
+class _ThreadedAPI(httpx.BaseTransport):
+    """A sync transport into the app, which runs with the plane's services on a loop of its own
+    thread, so the SDK's blocking client talks to the real routes and services."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.plane: Plane = self._submit(make_plane(tmp_path))
+        app = create_app(client_over(_call(self.plane)))
+        self._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://nodus.test")
+
+    def _submit(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        async def forward() -> httpx.Response:
+            answer = await self._http.request(
+                request.method,
+                request.url.path,
+                params=request.url.params,
+                content=request.read(),
+                headers={**request.headers, "Authorization": f"Bearer {TOKEN}"},
+            )
+            return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+        return self._submit(forward())
+
+    def close(self) -> None:
+        self._submit(self._http.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def test_the_sdk_deploys_a_module_through_the_real_routes_and_checks(tmp_path: Path) -> None:
+    transport = _ThreadedAPI(tmp_path / "server")
+    try:
+        client = Client(settings=Settings(api_url="http://nodus.test", project="demo"), transport=transport)
+        program = tmp_path / "researcher_prog.py"
+        program.write_text(
+            "import nodus\n\n"
+            'agent = nodus.Agent("researcher", models=["haiku", "sonnet"], per_run_max_cost="0.50",\n'
+            '                    network=nodus.Egress(allowed_hosts=["api.github.com"]))\n\n'
+            '@agent.step(effect="idempotent")\n'
+            "def fetch_issue(number: int) -> dict:\n"
+            '    return {"title": f"issue {number}"}\n\n'
+            "@agent.entrypoint\n"
+            "def main(ctx: nodus.RunContext, input: dict) -> dict:\n"
+            '    return fetch_issue(input["issue"])\n'
+        )
+        spec = importlib.util.spec_from_file_location("researcher_prog", program)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["researcher_prog"] = module
+        spec.loader.exec_module(module)
+        agent: nodus.Agent = module.agent
+        agent._client = client
+        deployed = agent.deploy()
+        assert deployed.spec.entrypoint == "researcher_prog:main"
+        assert deployed.status.revision == 1
+        stored = transport._submit(transport.plane.services.agents.get_agent("demo", "researcher"))
+        assert stored["spec"]["source"] == source_ref({"researcher_prog.py": program.read_text()})
+        assert stored["spec"]["model"]["families"] == ["haiku", "sonnet"]
+        assert stored["spec"]["network"] == {"allowedHosts": ["api.github.com"]}
+        again = client.apply("agents", agent.manifest(), project="demo")
+        assert again.result == "unchanged"  # the SDK's digest is the server's
+        assert agent.local({"issue": 42}) == {"title": "issue 42"}
+    finally:
+        transport.close()
