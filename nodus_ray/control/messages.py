@@ -111,6 +111,7 @@ class MessageService:
                 status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
             await self._registry.persist_run(key)
         if waiting:
+            await self._registry.run_changed(key)  # its phase changed (a group counts it active again)
             self._supervisor.supervise(key)
         return {**_receipt(name, message), "duplicate": False}
 
@@ -135,6 +136,7 @@ class MessageService:
                     continue
                 status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
                 await self._registry.persist_run(key)
+            await self._registry.run_changed(key)
             self._supervisor.supervise(key)
 
     async def next_message(
