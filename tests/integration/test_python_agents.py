@@ -35,6 +35,22 @@ def main(ctx, input):
     approved = ctx.wait_for_message("approval") if input.get("wait") else None
     if input.get("fail"):
         raise ValueError("boom")
+    if "part" in input:  # a child of the fan-out below
+        with open("part.txt", "w") as f:
+            f.write(f"part {input['part']}")
+        ctx.save_output("part", "part.txt")
+        return input["part"] * 10
+    if input.get("fanout"):
+        kids = ctx.map([{"part": p} for p in range(input["fanout"])])
+        first = ctx.child_output(ctx.spawn({"part": 0}, "map1-0"), "part")
+        return {"kids": kids, "first": first}
+    if input.get("claude"):
+        import anthropic
+
+        reply = anthropic.Anthropic().messages.create(
+            model="claude-haiku-4-5", max_tokens=200, messages=[{"role": "user", "content": "Say hi"}]
+        )
+        return {"text": reply.content[0].text}
     return {"a": a, "b": b, "approved": approved}
 """
 
@@ -80,14 +96,24 @@ def _get(server: Server, name: str) -> dict[str, Any]:
 def _phase(
     server: Server, name: str, phase: str, reason: str | None = None, timeout: float = 90
 ) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+
     def reached() -> dict[str, Any] | None:
         run = _get(server, name)
-        status = run["status"]
-        return (
-            run if status["phase"] == phase and (reason is None or status.get("reason") == reason) else None
-        )
+        status = last["status"] = run["status"]
+        ok = status["phase"] == phase and (reason is None or status.get("reason") == reason)
+        return run if ok else None
 
-    return wait_for(reached, timeout=timeout, interval=0.2, message=f"{name} to be {phase} {reason or ''}")
+    try:
+        return wait_for(
+            reached, timeout=timeout, interval=0.2, message=f"{name} to be {phase} {reason or ''}"
+        )
+    except AssertionError as late:
+        status = last.get("status") or {}
+        raise AssertionError(
+            f"{late}; it is {status.get('phase')} {status.get('reason')}: {status.get('message')} "
+            f"(waitingFor {status.get('waitingFor')})"
+        ) from None
 
 
 def _answer(server: Server, name: str) -> str:
@@ -151,3 +177,32 @@ def test_a_program_that_raises_fails_program_failed(server: Server) -> None:
     run = _phase(server, name, "Failed")
     assert run["status"]["reason"] == "ProgramFailed"
     assert run["status"]["message"].startswith("ValueError: boom")
+
+
+def test_children_fan_out_and_their_results_and_outputs_come_back(server: Server) -> None:
+    name = _run(server, '{"fanout": 3}')
+    waiting = _phase(server, name, "Waiting", "AwaitingChildren")
+    assert len((waiting["status"].get("waitingFor") or {}).get("children") or []) == 3
+    try:
+        _phase(server, name, "Succeeded", timeout=60)
+    except AssertionError as late:
+        kids = [_get(server, f"{name}-map1-{i}")["status"] for i in range(3)]
+        raise AssertionError(
+            f"{late}; children: {[(k.get('phase'), k.get('reason'), k.get('message')) for k in kids]}"
+        ) from None
+    answer = _answer(server, name)
+    assert '"kids": [\n    0,\n    10,\n    20\n  ]' in answer, answer
+    assert '"first": "part 0"' in answer
+    child = _get(server, f"{name}-map1-1")
+    assert child["status"]["phase"] == "Succeeded" and child["status"].get("parent") == name
+
+
+def test_the_anthropic_sdk_inside_is_a_journaled_model_step_in_turns(server: Server) -> None:
+    name = _run(server, '{"claude": true}')
+    run = _phase(server, name, "Succeeded")
+    assert '"text":' in _answer(server, name)
+    turns = run["status"]["turns"]
+    assert len(turns) == 1 and turns[0]["family"] == "haiku" and turns[0]["inputTokens"] > 0
+    with server.http() as http:
+        steps = http.get(f"{RUNS}/{name}/steps").json()["items"]
+    assert [s for s in steps if s.get("kind") == "model"], steps

@@ -165,3 +165,20 @@ def test_save_output_stores_a_workspace_file_and_refuses_paths_outside(tmp_path:
     with pytest.raises(StepFailed) as failed:
         asyncio.run(waits.save_output("output/big-1", wire.SaveOutput("big", "/tmp/workspace/big")))
     assert "over" in failed.value.error["message"]
+
+
+def test_the_same_key_again_is_the_same_child_and_another_input_is_refused(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def program(waits: ProgramWaits) -> Any:
+        first = await waits.spawn("spawn/k", wire.Spawn({"n": 1}, "k"))
+        again = await waits.spawn("spawn/k", wire.Spawn({"n": 1}, "k"))
+        with pytest.raises(StepFailed) as reused:
+            await waits.spawn("spawn/k", wire.Spawn({"n": 2}, "k"))
+        assert "ChildKeyReused" in reused.value.error["message"]
+        return first, again
+
+    first, again = asyncio.run(program(world.waits()))
+    assert first == again == {"name": "r-k"} and len(world.control.spawned) == 1
+    asyncio.run(program(world.waits()))  # replayed: the same, and nothing diverges
+    assert len(world.control.spawned) == 1

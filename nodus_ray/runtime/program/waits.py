@@ -89,6 +89,7 @@ class ProgramWaits:
     clock: Callable[[], datetime] = _now
     _consumed: dict[str, int] = field(default_factory=dict)  # message name -> last seq taken
     _children: dict[str, Decimal | None] = field(default_factory=dict)  # child -> committed USD
+    _spawned: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (child, input JSON)
 
     # -- timers ----------------------------------------------------------------------------
     async def sleep(self, step_id: str, request: wire.Sleep) -> Any:
@@ -177,6 +178,20 @@ class ProgramWaits:
         return max(Decimal(0), self.cap_usd - self.spent() - committed)
 
     async def spawn(self, step_id: str, request: wire.Spawn) -> Any:
+        text = json.dumps(request.input, separators=(",", ":"))
+        earlier = self._spawned.get(request.key)
+        if earlier is not None:
+            # The same key again in this program: the same child (no second step), or, with
+            # another input, the control plane's ChildKeyReused, without asking it.
+            if earlier[1] != text:
+                raise StepFailed(
+                    step_id,
+                    _error(
+                        "nodus.errors.Conflict",
+                        f"child key {request.key!r} was spawned with another input (ChildKeyReused)",
+                    ),
+                )
+            return {"name": earlier[0]}
         begun = await self.steps.begin(step_id, "spawn", effect="idempotent", write_started=False)
         if begun.recorded:
             if begun.error is not None:
@@ -184,7 +199,6 @@ class ProgramWaits:
             value = begun.value if isinstance(begun.value, dict) else {}
         else:
             cap = self._child_cap()
-            text = json.dumps(request.input, separators=(",", ":"))
             try:
                 created = await self.control.spawn_child(
                     self.project,
@@ -204,6 +218,7 @@ class ProgramWaits:
             )
         cap_text = value.get("capUSD")
         self._children[str(value.get("name"))] = None if cap_text is None else Decimal(str(cap_text))
+        self._spawned[request.key] = (str(value.get("name")), text)
         return {"name": value.get("name")}
 
     async def gather(self, step_id: str, request: wire.Gather) -> Any:
