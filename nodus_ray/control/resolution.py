@@ -145,7 +145,28 @@ class ResolutionService:
             records = await asyncio.to_thread(journal.load)
             last = next(record for record in reversed(records) if record.step_id == step)
             resolution = {"decision": decision, "evidence": evidence, "resolvedAt": utc_now()}
-            if decision == "Completed":
+            if decision == "Completed" and last.kind == "step":
+                # A Python program's external step: its result is whatever JSON the person
+                # states, and the program's replay returns it (`runtime.program`).
+                if "result" not in body:
+                    raise Invalid(
+                        "result: Completed records the step's result (a JSON value)",
+                        details={"field": "result"},
+                    )
+                await _append(
+                    journal,
+                    name,
+                    step,
+                    last.kind,
+                    "Resolved",
+                    {
+                        "result": body["result"],
+                        "resolution": resolution,
+                        "summary": "resolved Completed by a person",
+                    },
+                    attempt=last.attempt,
+                )
+            elif decision == "Completed":
                 if last.kind != "command":
                     raise Invalid(
                         f"decision: a {last.kind} step can be resolved NoEffect or Cancelled; "

@@ -27,6 +27,8 @@ def main(ctx, input):
         return n + 1
 
     a = ctx.step("bump", bump, effect="external")
+    if input.get("slowext"):
+        a = ctx.step("charge", lambda: time.sleep(input["slowext"]) or 7, effect="external")
     if input.get("slow"):
         ctx.step("slow", lambda: time.sleep(input["slow"]))
     b = ctx.step("double", lambda: a * 2)
@@ -206,3 +208,36 @@ def test_the_anthropic_sdk_inside_is_a_journaled_model_step_in_turns(server: Ser
     with server.http() as http:
         steps = http.get(f"{RUNS}/{name}/steps").json()["items"]
     assert [s for s in steps if s.get("kind") == "model"], steps
+
+
+def test_an_external_step_cut_by_a_crash_waits_for_a_person_and_resumes_with_their_result(
+    server: Server, ray_driver: Any
+) -> None:
+    from ray.util.state import list_actors
+
+    name = _run(server, '{"slowext": 30}')
+
+    def charging() -> bool:
+        with server.http() as http:
+            steps = http.get(f"{RUNS}/{name}/steps").json()["items"]
+        return any(s["id"] == "charge-1" for s in steps)
+
+    wait_for(charging, timeout=60, interval=0.2, message="the external step to start")
+    actor_name = _get(server, name)["status"]["actorName"]
+    actors = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
+    os.kill(int(actors[0].pid), signal.SIGKILL)
+    parked = _phase(server, name, "Waiting", "NeedsResolution")
+    assert parked["status"]["step"] == "charge-1"
+    with server.http() as http:
+        resolved = http.post(
+            f"{RUNS}/{name}/resolve",
+            json={
+                "step": "charge-1",
+                "decision": "Completed",
+                "result": 21,
+                "revision": parked["metadata"]["resourceVersion"],
+            },
+        )
+        assert resolved.status_code == 200, resolved.text
+    _phase(server, name, "Succeeded")
+    assert '"b": 42' in _answer(server, name), "the person's result is the step's"
