@@ -73,7 +73,7 @@ def _agent(server: Server, name: str) -> None:
         assert put.status_code == 201, put.text
 
 
-def _run(server: Server, input_text: str) -> str:
+def _run(server: Server, input_text: str, **spec: Any) -> str:
     agent, name = unique("py"), unique("pyrun")
     _agent(server, agent)
     with server.http() as http:
@@ -83,7 +83,7 @@ def _run(server: Server, input_text: str) -> str:
                 "apiVersion": "nodus.dev/v1",
                 "kind": "AgentRun",
                 "metadata": {"name": name},
-                "spec": {"agent": agent, "input": input_text},
+                "spec": {"agent": agent, "input": input_text, **spec},
             },
         )
         assert created.status_code == 201, created.text
@@ -241,3 +241,13 @@ def test_an_external_step_cut_by_a_crash_waits_for_a_person_and_resumes_with_the
         assert resolved.status_code == 200, resolved.text
     _phase(server, name, "Succeeded")
     assert '"b": 42' in _answer(server, name), "the person's result is the step's"
+
+
+def test_the_deadline_stops_a_program_that_runs_too_long(server: Server) -> None:
+    name = _run(server, '{"slow": 120}', deadline="6s")
+    run = _phase(server, name, "Failed", "DeadlineExceeded", timeout=60)
+    assert run["status"]["phase"] == "Failed"
+    workspace = workspace_of(server, name)
+    assert not any(str(workspace) in line for line in os.popen("ps -eo args").read().splitlines()), (
+        "no process of the program is left"
+    )
