@@ -271,7 +271,8 @@ class Steps:
             elif last.state == "Started" and keep_started:
                 payload = last.payload if isinstance(last.payload, dict) else {}
                 return Begun(recorded=False, attempt=last.attempt, started=payload)
-        attempt = self._attempts.get(step_id, 0) + 1
+        # A step that writes no Started (pure) counts its attempts from its last record too.
+        attempt = max(self._attempts.get(step_id, 0), last.attempt if last is not None else 0) + 1
         if write_started is None:
             write_started = effect != "pure"
         if not (write_started or effect == "external"):

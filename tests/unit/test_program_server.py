@@ -226,3 +226,14 @@ def test_per_step_overhead_of_a_thousand_pure_steps(tmp_path: Path) -> None:
     assert len(journal(tmp_path).records) == 1000
     print(f"\n1,000 pure steps: {recorded * 1000 / 1000:.3f} ms/step recorded, {replayed:.3f} s replay")
     assert recorded / 1000 < 0.02, "a pure step costs one local journal write, well under 20 ms"
+
+
+def test_a_retried_failed_step_runs_again_as_its_next_attempt(tmp_path: Path) -> None:
+    error = wire.ErrorInfo("builtins.ValueError", "flaky")
+    asyncio.run(play(server(tmp_path), [wire.Hello(), wire.StepBegin("s"), wire.StepFail("s", error)]))
+    j = journal(tmp_path)  # what retry does (`control.run_controls`): the failure is forgotten
+    j.append("s-1", "step", "NoEffect", {"summary": "retried"}, attempt=1)
+    replies = asyncio.run(play(server(tmp_path), [wire.Hello(), wire.StepBegin("s"), wire.StepEnd("s", 3)]))
+    assert replies[1] is not None and replies[1].outcome == "execute"
+    last = journal(tmp_path).records[-1]
+    assert (last.state, last.attempt, last.payload["result"]) == ("Completed", 2, 3)
