@@ -33,6 +33,13 @@ demo: setup
 	$(BIN)/python examples/agents/parallel-agents/main.py
 	$(BIN)/nodus apply -f examples/agents/parallel-agents/agent.yaml
 	$(BIN)/python examples/evaluation/evaluation.py
+	$(BIN)/python examples/python-agents/triage.py
+	$(BIN)/python examples/python-agents/approval.py
+	$(BIN)/python examples/python-agents/fanout.py
+	$(BIN)/nodus apply -f examples/python-agents/yaml/agent.yaml
+	$(BIN)/nodus apply -f examples/python-agents/yaml/run.yaml
+	$(BIN)/nodus wait agentrun/py-yaml-agent-run --for=jsonpath='{.status.phase}'=Succeeded --timeout=2m
+	$(BIN)/nodus agentrun answer py-yaml-agent-run
 
 # The console's tests drive a real headless browser.
 browser-deps:
