@@ -165,6 +165,20 @@ class Steps:
             raise NonDeterministic(position, None, requested)
         self._asked += 1
 
+    async def mark_started(self, step_id: str, kind: str, payload: dict[str, Any], *, attempt: int) -> None:
+        """Write ``Started`` for a step already begun without one (a pure step that goes on to make
+        steps of its own): it then comes before them in the journal's order, as it did in the program."""
+        last = self._last.get(step_id)
+        if last is None or last.state != "Started":
+            await self._append(step_id, kind, "Started", payload, attempt=attempt)
+
+    def _skip_nested(self, step_id: str) -> None:
+        """A step replayed whole also replays the steps it made (``{step_id}/model-1``, a model
+        call inside a program's step): the program does not ask for them again."""
+        nested = step_id + "/"
+        while self._asked < len(self._order) and self._order[self._asked][0].startswith(nested):
+            self._asked += 1
+
     async def record_message(self, index: int, message: dict[str, Any]) -> None:
         """Store a conversation message once; on replay it is already there."""
         step_id = f"message-{index}"
@@ -242,9 +256,11 @@ class Steps:
         last = self._last.get(step_id)
         if last is not None:
             if last.state == "Completed" or last.state == "Resolved":
+                self._skip_nested(step_id)
                 payload = last.payload if isinstance(last.payload, dict) else {}
                 return Begun(recorded=True, value=payload.get("result", {}))
             if last.state == "Failed":
+                self._skip_nested(step_id)
                 return Begun(recorded=True, error=dict(last.payload.get("error", {})))
             if last.state == "NoEffect":
                 pass  # resolved as "it did nothing": run it again, as the next attempt

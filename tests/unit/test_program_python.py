@@ -58,10 +58,13 @@ def main(ctx, input):
     if input.get("claude"):
         import anthropic
 
-        reply = anthropic.Anthropic().messages.create(
-            model="claude-haiku-4-5", max_tokens=200, messages=[{"role": "user", "content": "Say hi"}]
-        )
-        return {"text": reply.content[0].text, "model": reply.model}
+        def ask():
+            reply = anthropic.Anthropic().messages.create(
+                model="claude-haiku-4-5", max_tokens=200, messages=[{"role": "user", "content": "Say hi"}]
+            )
+            return {"text": reply.content[0].text, "model": reply.model}
+
+        return ctx.step("ask", ask) if input.get("in_step") else ask()
     return {"a": a, "b": b}
 """
 DIGEST = "sha256:" + "ab" * 32
@@ -179,3 +182,13 @@ def test_the_anthropic_sdk_inside_is_a_journaled_model_step(tmp_path: Path) -> N
     assert [(r.step_id, r.state) for r in models] == [("model-1", "Completed")]
     assert json.loads(run_program(tmp_path, {"claude": True}, attempt=2)) == answer, "replayed, not called"
     assert [r.kind for r in journal.load()].count("model") == 1
+
+
+@needs_bwrap
+def test_the_sdk_called_inside_a_step_is_a_nested_model_step(tmp_path: Path) -> None:
+    answer = json.loads(run_program(tmp_path, {"claude": True, "in_step": True}))
+    assert answer["text"]
+    journal = Journal(Storage(str(tmp_path / "store")), layout.journal_folder("p", "r"))
+    ids = [(r.step_id, r.state) for r in journal.load() if r.step_id.startswith("ask")]
+    assert ids == [("ask-1", "Started"), ("ask-1/model-1", "Completed"), ("ask-1", "Completed")]
+    assert json.loads(run_program(tmp_path, {"claude": True, "in_step": True}, attempt=2)) == answer

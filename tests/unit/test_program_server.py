@@ -237,3 +237,58 @@ def test_a_retried_failed_step_runs_again_as_its_next_attempt(tmp_path: Path) ->
     assert replies[1] is not None and replies[1].outcome == "execute"
     last = journal(tmp_path).records[-1]
     assert (last.state, last.attempt, last.payload["result"]) == ("Completed", 2, 3)
+
+
+def test_a_model_call_inside_a_step_is_nested_and_skipped_when_the_step_replays(tmp_path: Path) -> None:
+    class Recording(FakeOps):
+        async def model(self, step_id: str, request: Any) -> Any:  # journaled, as ModelCalls does
+            begun = await srv.steps.begin(step_id, "model", write_started=False)
+            if begun.recorded:
+                return begun.value
+            self.calls.append(step_id)
+            await srv.steps.end(step_id, "model", {"text": "hi"}, attempt=begun.attempt)
+            return {"text": "hi"}
+
+    ops = Recording()
+    srv = server(tmp_path, ops)
+    program: list[wire.Request] = [
+        wire.Hello(),
+        wire.StepBegin("ask"),
+        wire.ModelCall({"messages": []}),
+        wire.StepEnd("ask", "hi"),
+        wire.StepBegin("after"),
+    ]
+    asyncio.run(play(srv, program))
+    assert ops.calls == ["ask-1/model-1"]
+    ops = Recording()
+    srv = server(tmp_path, ops)
+    replies = asyncio.run(play(srv, [wire.Hello(), wire.StepBegin("ask"), wire.StepBegin("after")]))
+    assert replies[1] is not None and (replies[1].outcome, replies[1].value) == ("recorded", "hi")
+    assert replies[2] is not None and replies[2].outcome == "execute", (
+        "no divergence: the nested call was skipped"
+    )
+    assert ops.calls == []
+
+
+def test_a_step_cut_after_its_model_call_runs_again_and_its_call_is_replayed(tmp_path: Path) -> None:
+    made: list[str] = []
+
+    def serve() -> ProgramServer:
+        srv = server(tmp_path)
+
+        async def model(step_id: str, request: Any) -> Any:
+            begun = await srv.steps.begin(step_id, "model", write_started=False)
+            if begun.recorded:
+                return begun.value
+            made.append(step_id)
+            await srv.steps.end(step_id, "model", {"text": "hi"}, attempt=begun.attempt)
+            return {"text": "hi"}
+
+        srv.ops.model = model  # type: ignore[method-assign]
+        return srv
+
+    cut = [wire.Hello(), wire.StepBegin("ask"), wire.ModelCall({"messages": []})]
+    asyncio.run(play(serve(), cut))  # the process died before StepEnd
+    replies = asyncio.run(play(serve(), [*cut, wire.StepEnd("ask", "hi"), wire.StepBegin("after")]))
+    assert [r.outcome for r in replies if r is not None] == ["ok", "execute", "recorded", "ok", "execute"]
+    assert made == ["ask-1/model-1"], "the call was made once"

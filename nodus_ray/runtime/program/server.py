@@ -117,6 +117,7 @@ class _Open:
     step_id: str
     effect: str
     attempt: int
+    calls: int = 0  # model calls made inside it
 
 
 class ProgramServer:
@@ -266,6 +267,17 @@ class ProgramServer:
         if isinstance(request, wire.StepEnd | wire.StepFail):
             return await self._step_end(request)
         if self._open is not None:
+            if isinstance(request, wire.ModelCall):
+                # The SDK called inside a step (a framework's, or the user's own): a model step
+                # of its own, nested under the step, so a replay of the whole step skips it.
+                if self._open.calls == 0 and self._open.effect != "external":
+                    await self.steps.mark_started(
+                        self._open.step_id, "step", {"effect": self._open.effect}, attempt=self._open.attempt
+                    )
+                self._open.calls += 1
+                return self._value(
+                    await self.ops.model(f"{self._open.step_id}/model-{self._open.calls}", request)
+                )
             raise wire.ProtocolError(f"step {self._open.step_id} has not ended")
         match request:
             case wire.StepBegin():
