@@ -106,6 +106,7 @@ class Begun:
     error: dict[str, Any] | None = None
     attempt: int = 1
     started: dict[str, Any] | None = None
+    nested: tuple[str, ...] = ()  # the steps it made, replayed with it (`_skip_nested`)
 
 
 class Steps:
@@ -172,12 +173,15 @@ class Steps:
         if last is None or last.state != "Started":
             await self._append(step_id, kind, "Started", payload, attempt=attempt)
 
-    def _skip_nested(self, step_id: str) -> None:
+    def _skip_nested(self, step_id: str) -> tuple[str, ...]:
         """A step replayed whole also replays the steps it made (``{step_id}/model-1``, a model
-        call inside a program's step): the program does not ask for them again."""
-        nested = step_id + "/"
-        while self._asked < len(self._order) and self._order[self._asked][0].startswith(nested):
+        call inside a program's step): the program does not ask for them again. Their ids."""
+        prefix = step_id + "/"
+        skipped: list[str] = []
+        while self._asked < len(self._order) and self._order[self._asked][0].startswith(prefix):
+            skipped.append(self._order[self._asked][0])
             self._asked += 1
+        return tuple(skipped)
 
     async def record_message(self, index: int, message: dict[str, Any]) -> None:
         """Store a conversation message once; on replay it is already there."""
@@ -256,12 +260,13 @@ class Steps:
         last = self._last.get(step_id)
         if last is not None:
             if last.state == "Completed" or last.state == "Resolved":
-                self._skip_nested(step_id)
                 payload = last.payload if isinstance(last.payload, dict) else {}
-                return Begun(recorded=True, value=payload.get("result", {}))
+                return Begun(
+                    recorded=True, value=payload.get("result", {}), nested=self._skip_nested(step_id)
+                )
             if last.state == "Failed":
-                self._skip_nested(step_id)
-                return Begun(recorded=True, error=dict(last.payload.get("error", {})))
+                nested = self._skip_nested(step_id)
+                return Begun(recorded=True, error=dict(last.payload.get("error", {})), nested=nested)
             if last.state == "NoEffect":
                 pass  # resolved as "it did nothing": run it again, as the next attempt
             elif last.state == "Started" and retry_interrupted is not None and retry_interrupted(last):

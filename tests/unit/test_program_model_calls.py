@@ -108,3 +108,11 @@ def test_a_provider_error_is_recorded_as_an_api_error_and_raised_again(tmp_path:
     with pytest.raises(StepFailed) as again:
         asyncio.run(calls(tmp_path, provider).model("model-1", wire.ModelCall(BODY)))
     assert again.value.error == failed.value.error and provider.requests == []
+
+
+def test_a_call_inside_a_replayed_step_counts_its_charge_and_turn_again(tmp_path: Path) -> None:
+    first = calls(tmp_path, Provider())
+    asyncio.run(first.model("ask-1/model-1", wire.ModelCall(BODY)))
+    again = calls(tmp_path, Provider())
+    again.replayed("ask-1/model-1")
+    assert again.spend.budget.spent == first.spend.budget.spent > 0 and len(again.turns) == 1

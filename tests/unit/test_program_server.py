@@ -42,6 +42,9 @@ class FakeOps:
     async def after_external(self, step_id: str) -> None:
         self.external.append(step_id)
 
+    def replayed(self, step_id: str) -> None:
+        self.calls.append(f"replayed {step_id}")
+
 
 def journal(tmp_path: Path) -> Journal:
     j = Journal(Storage(str(tmp_path / "store")), PREFIX)
@@ -267,7 +270,7 @@ def test_a_model_call_inside_a_step_is_nested_and_skipped_when_the_step_replays(
     assert replies[2] is not None and replies[2].outcome == "execute", (
         "no divergence: the nested call was skipped"
     )
-    assert ops.calls == []
+    assert ops.calls == ["replayed ask-1/model-1"], "its charge is counted again, the call not made again"
 
 
 def test_a_step_cut_after_its_model_call_runs_again_and_its_call_is_replayed(tmp_path: Path) -> None:

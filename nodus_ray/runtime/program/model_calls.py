@@ -203,6 +203,14 @@ class ModelCalls:
             await self.on_progress(self.turns)
         return _message(recorded)
 
+    def replayed(self, step_id: str) -> None:
+        """A call inside a step that replayed whole: its charge and turn, from the journal."""
+        record = self.steps.recorded(step_id)
+        if record is not None and record.kind == "model" and record.state in ("Completed", "Resolved"):
+            result = record.payload.get("result") if isinstance(record.payload, dict) else None
+            if isinstance(result, dict):
+                self._count(result, live=False)
+
     def _count(self, recorded: dict[str, Any], *, live: bool) -> None:
         """The call's charge and its turn, the same whether it ran now or was replayed."""
         charged = Decimal(str(recorded.get("billedUSD") or "0"))

@@ -369,6 +369,9 @@ class _Ops:
     async def after_external(self, step_id: str) -> None:
         await self._program._snapshot()
 
+    def replayed(self, step_id: str) -> None:
+        self._program.models.replayed(step_id)
+
 
 def _failure_text(error: wire.ErrorInfo) -> str:
     kind = error.type.removeprefix("builtins.")

@@ -95,6 +95,10 @@ class ProgramOps(Protocol):
         """An external step ended: the workspace is snapshotted (its effect is kept)."""
         ...
 
+    def replayed(self, step_id: str) -> None:
+        """A step nested in a replayed one (a model call inside a step) counts as replayed."""
+        ...
+
 
 def error_info(error: dict[str, Any]) -> wire.ErrorInfo:
     """A journaled error as the program raises it again."""
@@ -323,6 +327,8 @@ class ProgramServer:
             write_started=effect == "external",
         )
         if begun.recorded:
+            for nested in begun.nested:  # its model calls: their charges and turns count again
+                self.ops.replayed(nested)
             if begun.error is not None:
                 return wire.Reply(
                     wire.Outcome.RECORDED, error=error_info(begun.error), replaying=self._replaying()
