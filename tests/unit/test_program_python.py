@@ -55,6 +55,10 @@ def main(ctx, input):
     if input.get("spin"):
         while True:
             pass
+    if input.get("installed"):
+        import installed_by_setup
+
+        return installed_by_setup.X
     if input.get("claude"):
         import anthropic
 
@@ -92,7 +96,9 @@ async def _reserve(amount: Decimal) -> None:
     return None
 
 
-def run_program(tmp_path: Path, input: dict[str, Any], attempt: int = 1, cpu_seconds: int = 3600) -> str:
+def run_program(
+    tmp_path: Path, input: dict[str, Any], attempt: int = 1, cpu_seconds: int = 3600, setup: str | None = None
+) -> str:
     storage = Storage(str(tmp_path / "store"))
     storage.write_bytes(
         layout.agent_source("p", DIGEST.split(":")[1]), json.dumps({"files": {"main.py": SOURCE}}).encode()
@@ -114,6 +120,7 @@ def run_program(tmp_path: Path, input: dict[str, Any], attempt: int = 1, cpu_sec
             entrypoint="main:main",
             source_digest=DIGEST,
             cpu_seconds=cpu_seconds,
+            setup=setup,
         ),
         steps=steps,
         storage=storage,
@@ -192,3 +199,13 @@ def test_the_sdk_called_inside_a_step_is_a_nested_model_step(tmp_path: Path) -> 
     ids = [(r.step_id, r.state) for r in journal.load() if r.step_id.startswith("ask")]
     assert ids == [("ask-1", "Started"), ("ask-1/model-1", "Completed"), ("ask-1", "Completed")]
     assert json.loads(run_program(tmp_path, {"claude": True, "in_step": True}, attempt=2)) == answer
+
+
+@needs_bwrap
+def test_setup_runs_once_and_what_it_installs_is_importable(tmp_path: Path) -> None:
+    setup = (
+        'mkdir -p "$PIP_TARGET" && echo X = 5 > "$PIP_TARGET/installed_by_setup.py" && echo ran >> setup.log'
+    )
+    assert run_program(tmp_path, {"installed": True}, setup=setup) == "5"
+    assert run_program(tmp_path, {"installed": True}, setup=setup, attempt=2) == "5"
+    assert (tmp_path / "ws" / "setup.log").read_text() == "ran\n", "setup is a journaled step: once"
