@@ -318,7 +318,8 @@ def _nodus(repeats: int) -> dict[str, Any]:
 
     import nodus
 
-    with temporary_service("nodus-bench-python-agents-", NODUS_INITIAL_CREDITS="100") as env:
+    # A short prefix: Ray's socket paths under the temp dir must stay within the 107 bytes of a Unix socket.
+    with temporary_service("nodus-bench-py-", NODUS_INITIAL_CREDITS="100") as env:
         port = api_port(env)
         up = subprocess.run(
             [NODUS, "up", "--port", str(port)],
