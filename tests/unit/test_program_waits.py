@@ -96,7 +96,7 @@ def test_messages_are_taken_in_order_per_name_and_a_timeout_gives_timed_out(tmp_
     world.control.messages = [
         {"seq": 1, "name": "b", "payload": "b1"},
         {"seq": 2, "name": "a", "payload": "a1"},
-        {"seq": 3, "name": "a", "payload": "a2"},
+        {"seq": 3, "name": "a", "payload": "true"},
     ]
 
     async def program(waits: ProgramWaits) -> list[Any]:
@@ -112,7 +112,8 @@ def test_messages_are_taken_in_order_per_name_and_a_timeout_gives_timed_out(tmp_
     assert parked.value.waiting_for == {"message": "a", "after": 3}
     assert parked.value.wake_at == "2026-01-01T00:00:10Z"
     world.now += timedelta(seconds=11)
-    assert asyncio.run(program(world.waits())) == ["a1", "b1", "a2", {"timedOut": True}]
+    # A payload is the JSON value the sender encoded (run.send("a", True) stores "true").
+    assert asyncio.run(program(world.waits())) == ["a1", "b1", True, {"timedOut": True}]
 
 
 def test_children_are_capped_by_what_is_left_and_gathered_when_they_end(tmp_path: Path) -> None:
@@ -145,7 +146,8 @@ def test_send_delivers_once_with_a_key_of_its_step(tmp_path: Path) -> None:
     world = World(tmp_path)
     for _ in range(2):
         asyncio.run(world.waits().send("send-1", wire.Send("other", "ping", {"x": 1})))
-    assert world.control.sent == [("p", "other", {"x": 1}, "r/send-1", "ping")]
+    # A message is text: a payload that is not travels as its JSON, as AgentRun.send sends it.
+    assert world.control.sent == [("p", "other", "{\"x\":1}", "r/send-1", "ping")]
 
 
 def test_save_output_stores_a_workspace_file_and_refuses_paths_outside(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from nodus_ray.durable.steps import Steps
 from nodus_ray.runtime.conversation import RunFailure
 from nodus_ray.runtime.program.model_calls import ModelCalls
 from nodus_ray.runtime.program.server import ProgramEnd, ProgramServer
-from nodus_ray.runtime.program.waits import ProgramWaits
+from nodus_ray.runtime.program.waits import ProgramWaits, decoded_input
 from nodus_ray.sandbox import Sandbox, SandboxLimits
 from nodus_ray.sandbox.program import ProgramLaunch, start_program, stop_program
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
@@ -73,14 +73,6 @@ def parse_memory(text: str | None, default: int = 2 << 30) -> int:
 def answer_text(value: Any) -> str:
     """A program's answer: its return value when a str, else that value's JSON."""
     return value if isinstance(value, str) else json.dumps(value, indent=2)
-
-
-def decoded_input(text: str) -> Any:
-    """A run's input as the program gets it: its JSON value, or the text itself when not JSON."""
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        return text
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,27 @@ from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp
 
-__all__ = ["ProgramControlPlane", "MAX_OUTPUT_BYTES", "ProgramWaits"]
+__all__ = ["ProgramControlPlane", "MAX_OUTPUT_BYTES", "ProgramWaits", "decoded_input", "encoded_payload"]
 
 MAX_OUTPUT_BYTES = 64 << 20  # a saved output, whole, in one storage object
 _ENDED = {RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED}
+
+
+def decoded_input(text: Any) -> Any:
+    """A run's input, or a message's payload, as the program gets it: the JSON value the SDK
+    encoded (``run.send("approval", True)`` arrives as ``True``), else the text itself."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def encoded_payload(value: Any) -> str:
+    """What ``ctx.send`` stores: a message is text, so a non-str payload travels as its JSON,
+    the same encoding `AgentRun.send` uses (and `decoded_input` reverses)."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
 class ProgramControlPlane(Protocol):
@@ -158,13 +175,17 @@ class ProgramWaits:
         if not isinstance(value, dict) or value.get("timedOut"):
             return {"timedOut": True}
         self._consumed[name] = max(self._consumed.get(name, 0), int(value.get("seq") or 0))
-        return value.get("payload")
+        return decoded_input(value.get("payload"))
 
     async def send(self, step_id: str, request: wire.Send) -> Any:
         async def deliver() -> Any:
             # The key makes the delivery once: a replay that sends again is the same message.
             sent = await self.control.send_message(
-                self.project, request.target, request.payload, f"{self.run}/{step_id}", request.name
+                self.project,
+                request.target,
+                encoded_payload(request.payload),
+                f"{self.run}/{step_id}",
+                request.name,
             )
             return {"target": request.target, "seq": sent.get("seq") if isinstance(sent, dict) else None}
 
