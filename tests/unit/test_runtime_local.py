@@ -229,3 +229,40 @@ def test_a_child_output_that_is_not_utf8_comes_back_as_bytes(
         return [type(data).__name__, list(data)]
 
     assert run_local(agent, "root") == ["bytes", [255, 0, 254]]
+
+
+def _claude_program() -> ProgramDefinition:
+    import anthropic
+
+    definition = ProgramDefinition()
+
+    @definition.entrypoint
+    def main(ctx: Any, input: Any) -> Any:
+        reply = anthropic.Anthropic().messages.create(
+            model="claude-haiku-4-5", max_tokens=64, messages=[{"role": "user", "content": "What is 6*7?"}]
+        )
+        return {"model": reply.model, "text": reply.content[0].text}
+
+    return definition
+
+
+def test_without_an_anthropic_key_local_claude_calls_are_answered_by_the_offline_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    answer = run_local(_claude_program(), None)
+    assert answer["model"] == "offline-haiku" and "42" in answer["text"]
+    # The relay lives for the local run only: the environment is as it was.
+    assert "ANTHROPIC_BASE_URL" not in __import__("os").environ
+
+
+def test_with_claude_configured_local_calls_go_where_the_environment_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import anthropic
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")  # nothing listens: refused
+    with pytest.raises(anthropic.APIConnectionError):
+        run_local(_claude_program(), None)

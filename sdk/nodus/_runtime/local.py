@@ -5,8 +5,9 @@ same requests the run actor does (so steps get the same ids and the same JSON ch
 decides everything at once: a step always runs (the journal starts empty), ``sleep`` moves a
 virtual clock instead of waiting, ``wait_for_message`` reads the ``messages`` given (a list is
 consumed in order) or times out at once, children run in this process when spawned, outputs are
-copied to ``outputs_dir``, sends are recorded. Model calls are the anthropic SDK as installed here:
-nothing is intercepted.
+copied to ``outputs_dir``, sends are recorded. Model calls are the anthropic SDK as installed here,
+to wherever its environment points; with no Anthropic key configured they are answered by the
+offline model, as on a server without one (`local_model.offline_claude`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, NoReturn
 from ..errors import Conflict, Invalid
 from .context import ProgramContext, error_info, rebuild_error
 from .definition import ProgramDefinition, activate
+from .local_model import offline_claude
 from .protocol import (
     ChildOutput,
     ContinueAsNew,
@@ -269,6 +271,7 @@ def run_local(
     outputs = Path(outputs_dir) if outputs_dir is not None else Path(tempfile.mkdtemp(prefix="nodus-local-"))
     runs = _Runs(fn, journal)
     try:
-        return runs.run("local", copy.deepcopy(input), copy.deepcopy(dict(messages or {})), outputs)
+        with offline_claude():
+            return runs.run("local", copy.deepcopy(input), copy.deepcopy(dict(messages or {})), outputs)
     finally:
         shutil.rmtree(runs.state_root, ignore_errors=True)
