@@ -295,3 +295,19 @@ def test_a_step_cut_after_its_model_call_runs_again_and_its_call_is_replayed(tmp
     replies = asyncio.run(play(serve(), [*cut, wire.StepEnd("ask", "hi"), wire.StepBegin("after")]))
     assert [r.outcome for r in replies if r is not None] == ["ok", "execute", "recorded", "ok", "execute"]
     assert made == ["ask-1/model-1"], "the call was made once"
+
+
+def test_a_program_that_gives_up_inside_a_step_fails_with_what_it_said(tmp_path: Path) -> None:
+    # A step whose value is not JSON: the program's side says so with a Raise while the step is
+    # open, and the run must fail with that message (naming the step), not a protocol error.
+    srv = server(tmp_path)
+    said = wire.ErrorInfo("builtins.TypeError", "step bad returned a value that is not JSON-serialisable")
+
+    async def program() -> Any:
+        srv._finished = asyncio.get_running_loop().create_future()
+        replies = await play(srv, [wire.Hello(), wire.StepBegin("bad", "external"), wire.Raise(said)])
+        return replies, await srv.finished()
+
+    replies, end = asyncio.run(program())
+    assert [r.outcome for r in replies if r is not None] == ["ok", "execute", "ok"]
+    assert end.error == said

@@ -26,10 +26,11 @@ from typing import Any, Protocol
 from nodus._runtime import protocol as wire
 from nodus.lifecycle import RunReason
 from nodus_ray.durable.steps import NeedsResolution, NonDeterministic, StepFailed, Steps
+from nodus_ray.faults import crash_point
 from nodus_ray.money.spend import CapExceeded, CreditsExhausted
 from nodus_ray.runtime.conversation import RunFailure
 
-__all__ = ["Parked", "ProgramEnd", "ProgramOps", "ProgramServer", "error_info"]
+__all__ = ["ContinuedAsNew", "Parked", "ProgramEnd", "ProgramOps", "ProgramServer", "error_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,20 @@ class Parked(Exception):  # noqa: N818 - a state the run waits in, not an error
         self.message = message
         self.wake_at = wake_at
         self.waiting_for = waiting_for
+
+
+class ContinuedAsNew(Exception):  # noqa: N818 - how the program ended, not an error
+    """The program called ``continue_as_new``: its generation is journaled as ended and the
+    control plane recorded the next one (`control.generations`), which the actor runs now:
+    ``generation`` on an empty journal starting at ``first_seq``, with ``input_text``;
+    ``prior_usd`` is what the run's earlier generations cost."""
+
+    def __init__(self, generation: int, input_text: str, first_seq: int, prior_usd: str) -> None:
+        super().__init__(f"continued as new: generation {generation}")
+        self.generation = generation
+        self.input_text = input_text
+        self.first_seq = first_seq
+        self.prior_usd = prior_usd
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,10 @@ class ProgramOps(Protocol):
     async def send(self, step_id: str, request: wire.Send) -> Any: ...
 
     async def save_output(self, step_id: str, request: wire.SaveOutput) -> Any: ...
+
+    async def continue_as_new(self, step_id: str, request: wire.ContinueAsNew) -> Any:
+        """Journal the request as the generation's last step, then switch (`ContinuedAsNew`)."""
+        ...
 
     async def after_external(self, step_id: str) -> None:
         """An external step ended: the workspace is snapshotted (its effect is kept)."""
@@ -238,6 +257,9 @@ class ProgramServer:
         except (Parked, *_PARKING) as parked:
             self._settle(None, parked)
             return wire.Reply(wire.Outcome.PARK, message=str(parked))
+        except ContinuedAsNew as switched:  # the program ends here; the actor runs the next one
+            self._settle(None, switched)
+            return wire.Reply(wire.Outcome.OK)
 
     def _fatal(self, failure: RunFailure) -> wire.Reply:
         self._settle(None, failure)
@@ -282,7 +304,10 @@ class ProgramServer:
                 return self._value(
                     await self.ops.model(f"{self._open.step_id}/model-{self._open.calls}", request)
                 )
-            raise wire.ProtocolError(f"step {self._open.step_id} has not ended")
+            if not isinstance(request, wire.Raise):
+                raise wire.ProtocolError(f"step {self._open.step_id} has not ended")
+            # The program gave up inside the step (its result is not JSON, or the process is
+            # going down): the run fails with what it said; the step stays without an end.
         match request:
             case wire.StepBegin():
                 return await self._step_begin(request)
@@ -313,7 +338,7 @@ class ProgramServer:
                     await self.ops.save_output(self._next_id(f"output/{request.name}"), request)
                 )
             case wire.ContinueAsNew():
-                raise RunFailure(RunReason.PROGRAM_FAILED, "continue_as_new is not available yet")
+                return self._value(await self.ops.continue_as_new("continue-as-new", request))
         raise wire.ProtocolError(f"unexpected request {request.op}")
 
     async def _step_begin(self, request: wire.StepBegin) -> wire.Reply:
@@ -344,6 +369,7 @@ class ProgramServer:
         self._open = None
         if running.effect == "external":  # its effect is in the workspace: keep it before the end
             await self.ops.after_external(running.step_id)
+        crash_point("step-effect-done", f"{self.steps.journal.prefix}/{running.step_id}")
         if isinstance(request, wire.StepFail):
             error = _error_dict(request.error)
             await self.steps.fail(running.step_id, "step", error, attempt=running.attempt)
