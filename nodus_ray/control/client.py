@@ -355,6 +355,15 @@ class ControlPlaneClient:
     async def children_status(self, project: str, parent: str, names: list[str]) -> list[dict[str, Any]]:
         return await self._call(lambda h: h.children_status.remote(project, parent, names))
 
+    async def continue_as_new(
+        self, project: str, name: str, attempt: int, generation: int, input_text: str
+    ) -> dict[str, Any]:
+        """End the run's ``generation`` with ``input_text`` as the next one's input (once:
+        asked again, the same switch); ``{"generation", "firstSeq", "priorUSD"}``."""
+        return await self._call(
+            lambda h: h.continue_as_new.remote(project, name, attempt, generation, input_text)
+        )
+
     # -- groups -----------------------------------------------------------------------------
 
     async def list_groups(self, project: str) -> list[dict[str, Any]]:

@@ -58,6 +58,7 @@ class ControlPlane:
         self.run_pool = services.run_pool
         self.children = services.children
         self.controls = services.controls
+        self.generations = services.generations
         self.run_files = RunFiles(services.registry)
         self._background: list[asyncio.Task[None]] = []
         # Started by the first call, not here: Ray may run a constructor on a loop other than the
@@ -241,6 +242,12 @@ class ControlPlane:
     @after_recovery
     async def children_status(self, project: str, parent: str, names: list[str]) -> list[dict[str, Any]]:
         return await self.children.children_status(project, parent, names)
+
+    @after_recovery
+    async def continue_as_new(
+        self, project: str, name: str, attempt: int, generation: int, input_text: str
+    ) -> dict[str, Any]:
+        return await self.generations.continue_as_new(project, name, attempt, generation, input_text)
 
     @after_recovery
     async def suspend_run(self, project: str, name: str) -> dict[str, Any]:

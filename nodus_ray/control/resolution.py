@@ -20,11 +20,11 @@ from typing import Any
 
 from nodus.errors import Conflict, Invalid
 from nodus.lifecycle import RunPhase, RunReason, run_transition
+from nodus_ray.control.generations import run_journal
 from nodus_ray.control.registry import Registry
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.durable.fencing import JournalConflict
 from nodus_ray.durable.journal import Journal
-from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
 
 __all__ = ["ResolutionService", "DECISIONS"]
@@ -141,7 +141,7 @@ class ResolutionService:
                     code="RevisionMismatch",
                     details={"kind": "AgentRun", "name": name, "field": "revision", "current": current},
                 )
-            journal = Journal(self._registry.storage, layout.journal_folder(*key))
+            journal = run_journal(self._registry.storage, key, run["status"])
             records = await asyncio.to_thread(journal.load)
             last = next(record for record in reversed(records) if record.step_id == step)
             resolution = {"decision": decision, "evidence": evidence, "resolvedAt": utc_now()}

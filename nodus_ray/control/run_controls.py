@@ -21,11 +21,10 @@ from typing import Any
 from nodus.errors import Conflict
 from nodus.lifecycle import RUN_TERMINAL_PHASES, RunPhase, RunReason, retry_transition, run_transition
 from nodus.resources import parse_duration
+from nodus_ray.control.generations import run_journal
 from nodus_ray.control.registry import Key, Registry, suspended
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.durable.fencing import JournalConflict
-from nodus_ray.durable.journal import Journal
-from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, utc_now
 
 __all__ = ["RunControls"]
@@ -143,7 +142,7 @@ class RunControls:
 
         The control plane is the journal's only writer here: a Failed run holds no actor.
         """
-        journal = Journal(self._registry.storage, layout.journal_folder(*key))
+        journal = run_journal(self._registry.storage, key, self._registry.runs[key]["status"])
         last: dict[str, Any] = {}
         for record in journal.load():
             last[record.step_id] = record

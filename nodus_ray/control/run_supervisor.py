@@ -32,6 +32,7 @@ from nodus.lifecycle import (
     check_run_transition,
     run_transition,
 )
+from nodus_ray.control.generations import generation_of, journaled_cost, prior_cost, starting_generation
 from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.registry import (
     Key,
@@ -46,7 +47,6 @@ from nodus_ray.control.run_pool import RunActorPool
 from nodus_ray.control.wake_timers import WakeTimers
 from nodus_ray.control.workspace_sweep import WorkspaceSweeper
 from nodus_ray.durable.fencing import Fenced, JournalConflict
-from nodus_ray.durable.journal import Journal
 from nodus_ray.faults import crash_point
 from nodus_ray.money.credits import CreditLedger
 from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig, run_actor_name
@@ -201,6 +201,10 @@ class RunSupervisor:
         run = self._registry.runs[key]
         project, name = key
         pinned = await asyncio.to_thread(self._registry.storage.read_json, layout.run_agent(project, name))
+        generation = generation_of(run["status"])
+        started = await asyncio.to_thread(
+            starting_generation, self._registry.storage, project, name, generation
+        )
         settings = self._settings
         return RunConfig(
             project=project,
@@ -223,6 +227,10 @@ class RunSupervisor:
             egress_private_networks=settings.egress_private_networks,
             attempt=attempt,
             program_cpu_seconds=settings.program_cpu_seconds,
+            generation=generation,
+            generation_input=str(started["input"]) if started is not None else None,
+            journal_first_seq=int(started.get("firstSeq") or 0) if started is not None else 0,
+            prior_cost_usd=str(prior_cost(run["status"])),
         )
 
     async def _supervise_run(self, key: Key) -> None:
@@ -341,11 +349,10 @@ class RunSupervisor:
         return await self.finish(key, outcome)
 
     def _journaled_cost(self, key: Key) -> Decimal:
-        """What the run's journal says it cost: the sum of its completed steps' costs."""
-        records = Journal(self._registry.storage, layout.journal_folder(*key)).load()
-        return sum(
-            (Decimal(record.cost_usd) for record in records if record.state == "Completed"), Decimal(0)
-        )
+        """What the run's journal says it cost: the sum of its completed steps' costs (and of
+        its earlier generations', `control.generations`)."""
+        run = self._registry.runs.get(key)
+        return journaled_cost(self._registry.storage, key, run["status"] if run is not None else {})
 
     async def finish(self, key: Key, outcome: dict[str, Any], *, actor_outcome: bool = False) -> bool:
         """Record how the actor's program ended; True when the run must go on at once instead.

@@ -36,10 +36,11 @@ from nodus_ray.control.agent_budget import AgentBudget
 from nodus_ray.control.batches import BatchRecords, request_digest
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
+from nodus_ray.control.generations import run_journal
 from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
 from nodus_ray.control.registry import Key, Registry, check_project, merge_status, suspended
 from nodus_ray.control.run_supervisor import RunSupervisor
-from nodus_ray.durable.journal import Journal, record_view, step_views
+from nodus_ray.durable.journal import record_view, step_views
 from nodus_ray.faults import crash_point
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp, utc_now
@@ -411,15 +412,18 @@ class RunService:
         ]
 
     async def run_steps(self, project: str, name: str) -> list[dict[str, Any]]:
-        await self.get_run(project, name)
-        journal = Journal(self._registry.storage, layout.journal_folder(project, name))
+        """The steps of the run's current journal generation (`control.generations`)."""
+        run = await self.get_run(project, name)
+        journal = run_journal(self._registry.storage, (project, name), run["status"])
         records = await asyncio.to_thread(journal.load)
         return step_views(records)
 
     async def run_events(self, project: str, name: str, after_seq: int) -> dict[str, Any]:
         """The run and its journal records from ``after_seq`` on: what the events stream sends."""
         run = await self.get_run(project, name)
-        journal = Journal(self._registry.storage, layout.journal_folder(project, name))
+        # The current generation's: its seqs go on from the earlier ones', so a follower's
+        # ``after_seq`` still holds after the run continued as new.
+        journal = run_journal(self._registry.storage, (project, name), run["status"])
         records = await asyncio.to_thread(journal.records_from, max(0, after_seq))
         return {"run": run, "records": [record_view(r) for r in records if r.kind != "message"]}
 

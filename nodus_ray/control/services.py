@@ -18,6 +18,7 @@ from nodus_ray.control.batches import BatchRecords
 from nodus_ray.control.children import ChildService
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
+from nodus_ray.control.generations import GenerationService
 from nodus_ray.control.group_actors import Graders, GroupSupervisors, RayGraders
 from nodus_ray.control.group_link import GroupLink
 from nodus_ray.control.groups import GroupService
@@ -62,6 +63,7 @@ class Services:
     access: AccessService
     children: ChildService
     controls: RunControls
+    generations: GenerationService
 
     async def recover(self) -> None:
         """Reload every resource from storage, then bring back what runs: supervision, groups, pool.
@@ -130,4 +132,5 @@ def compose(
         access=AccessService(token_store),
         children=ChildService(registry, runs, supervisor),
         controls=RunControls(registry, supervisor),
+        generations=GenerationService(registry),
     )

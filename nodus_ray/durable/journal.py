@@ -91,14 +91,25 @@ class Journal:
     """One writer per run (its actor); any number of readers (the control plane's ``steps``).
 
     ``fence`` raises when this writer may no longer write (`durable.fencing.Epoch.check`); it
-    is called before every write, and by `check_fence` before a step's effect.
+    is called before every write, and by `check_fence` before a step's effect. ``first_seq``
+    is the seq an empty journal starts at: a run's later generation (``continue_as_new``)
+    goes on from its previous one's seqs, so seqs stay increasing over the whole run (the
+    events stream follows them, workspace snapshots are named by them).
     """
 
-    def __init__(self, storage: Storage, prefix: str, fence: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        storage: Storage,
+        prefix: str,
+        fence: Callable[[str], None] | None = None,
+        *,
+        first_seq: int = 0,
+    ):
         self._storage = storage
         self._prefix = prefix.rstrip("/")
         self._records: list[JournalRecord] = []
-        self._next_seq = 0
+        self._first_seq = first_seq
+        self._next_seq = first_seq
         self._lock = threading.Lock()
         self._fence = fence
 
@@ -121,7 +132,7 @@ class Journal:
         records = self.records_from(0)
         with self._lock:
             self._records = records
-            self._next_seq = records[-1].seq + 1 if records else 0
+            self._next_seq = records[-1].seq + 1 if records else self._first_seq
         return list(records)
 
     def records_from(self, seq: int) -> list[JournalRecord]:

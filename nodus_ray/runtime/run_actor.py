@@ -14,7 +14,7 @@ import logging
 import shutil
 import socket
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
@@ -40,7 +40,7 @@ from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
 from nodus_ray.runtime.program.python_program import PythonProgram
-from nodus_ray.runtime.program.server import Parked
+from nodus_ray.runtime.program.server import ContinuedAsNew, Parked
 from nodus_ray.runtime.program.wiring import build_program, ensure_program_workspace, is_program
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.runtime.waiting import command_evidence, needs_resolution_message
@@ -88,6 +88,12 @@ class RunConfig:
     egress_private_networks: str = ""  # the operator's NODUS_EGRESS_PRIVATE_NETWORKS
     attempt: int = 0  # status.attempts when this actor was started: its epoch (`durable.fencing`)
     program_cpu_seconds: int = 3600  # a Python program's CPU seconds (NODUS_PROGRAM_CPU_SECONDS)
+    # A Python program's journal generation (``continue_as_new``, `control.generations`): its
+    # input (None: the run's own), its journal's first seq, what the earlier ones cost.
+    generation: int = 0
+    generation_input: str | None = None
+    journal_first_seq: int = 0
+    prior_cost_usd: str = "0"
 
 
 class RunActor:
@@ -118,6 +124,7 @@ class RunActor:
         self._undo: tuple[int, int] | None = None
         self._undone: int | None = None
         self._journal: Journal | None = None
+        self._program_logs: list[str] = []  # what the program printed, over its generations
         self._workspace_origin = "local"
         self._env: dict[str, str] = {}  # spec.env, secret values opened: memory only
         allowed = ((config.agent_spec.get("network") or {}).get("allowedHosts")) or []
@@ -260,12 +267,31 @@ class RunActor:
         return outcome
 
     async def _program(self) -> RunOutcome:
-        config = self.config
         # The epoch first, the journal second: a zombie's Started is then either in what this
         # actor loads, or written after this claim, which the zombie sees and stops at.
         await asyncio.to_thread(self._epoch.claim)
+        while True:
+            try:
+                return await self._generation()
+            except ContinuedAsNew as switched:
+                # The control plane recorded the next generation (`control.generations`): this
+                # actor runs it, same attempt and epoch, on its empty journal with the new input.
+                self.config = replace(
+                    self.config,
+                    generation=switched.generation,
+                    generation_input=switched.input_text,
+                    journal_first_seq=switched.first_seq,
+                    prior_cost_usd=switched.prior_usd,
+                )
+
+    async def _generation(self) -> RunOutcome:
+        """One journal generation of the run (a Claude run, and most programs, have one)."""
+        config = self.config
         journal = self._journal = Journal(
-            self._storage, layout.journal_folder(config.project, config.name), fence=self._epoch.check
+            self._storage,
+            layout.journal_generation_folder(config.project, config.name, config.generation),
+            fence=self._epoch.check,
+            first_seq=config.journal_first_seq,
         )
         await asyncio.to_thread(journal.load)
         attempts = command_attempts(journal.records)
@@ -284,7 +310,9 @@ class RunActor:
             return RunOutcome(
                 phase=RunPhase.FAILED, reason=refused.code, message=refused.message, finishedAt=utc_now()
             )
-        budget = RunBudget(cap=Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None)
+        cap = Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None
+        prior = Decimal(config.prior_cost_usd)  # the earlier generations': the cap is the run's
+        budget = RunBudget(cap=cap, spent=prior if cap is None else min(prior, cap))
         spend = RunSpend(prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits)
         redact = Redactor({**secrets["redact"], **own_key})
         conversation: Conversation | PythonProgram
@@ -332,8 +360,12 @@ class RunActor:
                 ),
                 restored_before=lambda seq: seq == self._undone,
             )
+        if isinstance(conversation, PythonProgram):  # one log per attempt, over its generations
+            conversation.logs = self._program_logs
         self._env = secrets["env"]
         self._conversation = conversation
+        if self.phase == RunPhase.RUNNING:  # a later generation: the run has been Running since
+            return await self._conclude(conversation)
         self.phase = RunPhase.RUNNING
         await self._report(
             RunReport(
@@ -348,6 +380,11 @@ class RunActor:
                 },
             )
         )
+        return await self._conclude(conversation)
+
+    async def _conclude(self, conversation: Conversation | PythonProgram) -> RunOutcome:
+        """Run the conversation (or program) to its end, and say how it ended."""
+        config = self.config
         try:
             answer = await self._with_deadline(conversation.run())
         except RunFailure as failure:

@@ -16,6 +16,8 @@ test checks this list against it)::
     projects/{project}/agentruns/{name}/agent.json                            run_agent
     projects/{project}/agentruns/{name}/journal/{seq:012d}.arrow              journal_segment
     projects/{project}/agentruns/{name}/journal/{first:012d}-{last:012d}.arrow  journal_chunk
+    projects/{project}/agentruns/{name}/journal-g{generation:06d}/{seq:012d}.arrow  journal_generation_segment
+    projects/{project}/agentruns/{name}/generations/{generation:06d}.json     run_generation
     projects/{project}/agentruns/{name}/answer.txt                            run_answer
     projects/{project}/agentruns/{name}/messages/{seq:08d}.json               message
     projects/{project}/agentruns/{name}/workspace/{seq:012d}.tar.gz           workspace_snapshot
@@ -66,6 +68,9 @@ __all__ = [
     "journal_folder",
     "journal_segment",
     "journal_chunk",
+    "journal_generation_folder",
+    "journal_generation_segment",
+    "run_generation",
     "messages_folder",
     "message",
     "workspace_folder",
@@ -103,6 +108,7 @@ __all__ = [
 
 _PROJECTS = "projects"
 _SYSTEM = "system"
+_GENERATION_DIGITS = 6  # a Python run's journal generations: ``journal-g{n:06d}``
 _JOURNAL_DIGITS = 12  # journal segments and chunks: ``{seq:012d}.arrow``, ``{a:012d}-{b:012d}.arrow``
 _WORKSPACE_DIGITS = 12  # workspace snapshots: ``{seq:012d}.tar.gz``
 _EPOCH_DIGITS = 9  # run epochs: ``{attempt:09d}``
@@ -176,6 +182,25 @@ def journal_segment(prefix: str, seq: int) -> str:
 def journal_chunk(prefix: str, first: int, last: int) -> str:
     """The records ``first``..``last`` of a journal, merged by compaction."""
     return f"{prefix}/{first:0{_JOURNAL_DIGITS}d}-{last:0{_JOURNAL_DIGITS}d}.arrow"
+
+
+def journal_generation_folder(project: str, name: str, generation: int) -> str:
+    """The journal of a run's ``generation`` (``continue_as_new`` starts the next one): a
+    `Journal` prefix; generation 0 is `journal_folder`, so runs that never continue keep it."""
+    if generation <= 0:
+        return journal_folder(project, name)
+    return f"{run_prefix(project, name)}/journal-g{generation:0{_GENERATION_DIGITS}d}"
+
+
+def journal_generation_segment(project: str, name: str, generation: int, seq: int) -> str:
+    """One record of a generation's journal (its chunks sit beside it, as in `journal_folder`)."""
+    return journal_segment(journal_generation_folder(project, name, generation), seq)
+
+
+def run_generation(project: str, name: str, generation: int) -> str:
+    """What a generation >= 1 of a run starts with: its input and its journal's first seq,
+    written before ``status.generation`` names it (so a crash never loses the new input)."""
+    return f"{run_prefix(project, name)}/generations/{generation:0{_GENERATION_DIGITS}d}.json"
 
 
 def messages_folder(project: str, name: str) -> str:
@@ -384,6 +409,18 @@ LAYOUT: tuple[Key, ...] = (
         "journal records first..last, merged by compaction",
         "run actor",
         journal_chunk,
+    ),
+    Key(
+        f"{_RUN}/journal-g{{generation:06d}}/{{seq:012d}}.arrow",
+        "the journal of generation {generation} >= 1 (continue_as_new); older ones are deleted",
+        "run actor",
+        journal_generation_segment,
+    ),
+    Key(
+        f"{_RUN}/generations/{{generation:06d}}.json",
+        "generation {generation}'s input and first journal seq",
+        "control plane (generations)",
+        run_generation,
     ),
     Key(f"{_RUN}/answer.txt", "the full answer", "run actor", run_answer),
     Key(f"{_RUN}/messages/{{seq:08d}}.json", "a keep-alive run's inbox", "control plane (messages)", message),

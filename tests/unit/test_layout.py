@@ -43,6 +43,15 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
         lambda: layout.journal_chunk(f"{RUN}/journal", 0, 7),
         f"{RUN}/journal/000000000000-000000000007.arrow",
     ),
+    "journal_generation_folder": (
+        lambda: layout.journal_generation_folder("p", "n", 7),
+        f"{RUN}/journal-g000007",
+    ),
+    "journal_generation_segment": (
+        lambda: layout.journal_generation_segment("p", "n", 7, 7),
+        f"{RUN}/journal-g000007/000000000007.arrow",
+    ),
+    "run_generation": (lambda: layout.run_generation("p", "n", 7), f"{RUN}/generations/000007.json"),
     "messages_folder": (lambda: layout.messages_folder("p", "n"), f"{RUN}/messages"),
     "message": (lambda: layout.message("p", "n", 7), f"{RUN}/messages/00000007.json"),
     "workspace_folder": (lambda: layout.workspace_folder(RUN), f"{RUN}/workspace"),
@@ -103,6 +112,7 @@ VALUES = {
     "attempt": 7,
     "output": "report",
     "digest": "ab12",
+    "generation": 7,
 }
 
 _NOT_KEYS = {"Key", "LAYOUT", "layout_table"}

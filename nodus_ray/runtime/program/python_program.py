@@ -357,6 +357,7 @@ class _Ops:
         self.child_output = waits.child_output
         self.send = waits.send
         self.save_output = waits.save_output
+        self.continue_as_new = waits.continue_as_new
 
     async def after_external(self, step_id: str) -> None:
         await self._program._snapshot()

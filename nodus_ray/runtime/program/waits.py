@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nodus._runtime import protocol as wire
+from nodus.errors import NodusError
 from nodus.lifecycle import RunPhase, RunReason
 from nodus_ray.durable.steps import StepFailed, Steps
-from nodus_ray.runtime.program.server import Parked
+from nodus_ray.runtime.conversation import RunFailure
+from nodus_ray.runtime.program.server import ContinuedAsNew, Parked
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp
@@ -80,6 +82,10 @@ class ProgramControlPlane(Protocol):
 
     async def children_status(self, project: str, parent: str, names: list[str]) -> list[dict[str, Any]]: ...
 
+    async def continue_as_new(
+        self, project: str, name: str, attempt: int, generation: int, input_text: str
+    ) -> dict[str, Any]: ...
+
 
 def _now() -> datetime:
     return datetime.now(UTC)
@@ -104,6 +110,8 @@ class ProgramWaits:
     cap_usd: Decimal | None = None
     spent: Callable[[], Decimal] = lambda: Decimal(0)
     clock: Callable[[], datetime] = _now
+    attempt: int = 0  # the actor's (a zombie's continue_as_new is refused)
+    generation: int = 0  # the journal generation this program runs in
     _consumed: dict[str, int] = field(default_factory=dict)  # message name -> last seq taken
     _children: dict[str, Decimal | None] = field(default_factory=dict)  # child -> committed USD
     _spawned: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (child, input JSON)
@@ -337,6 +345,41 @@ class ProgramWaits:
         if not path.is_file():
             raise StepFailed(step_id, _error("FileNotFoundError", f"{given}: no such file in the workspace"))
         return path
+
+    # -- continue as new -------------------------------------------------------------------
+    async def continue_as_new(self, step_id: str, request: wire.ContinueAsNew) -> Any:
+        """Journal the new input as this generation's last step, then have the control plane
+        record the next generation (`control.generations`) and raise `ContinuedAsNew`.
+
+        A replay that reaches the recorded step asks the plane again with the journal's input
+        (not the one the program computed now): the same switch, asked twice, is made once.
+        """
+        input_text = encoded_payload(request.input)  # a run's input is text, as `AgentRun` sends it
+        begun = await self.steps.begin(step_id, "continue-as-new", effect="idempotent", write_started=False)
+        if begun.recorded:
+            input_text = str((begun.value or {}).get("input", input_text))
+        else:
+            await self.steps.end(
+                step_id,
+                "continue-as-new",
+                {"input": input_text},
+                attempt=begun.attempt,
+                summary=f"continued as new (generation {self.generation + 1})",
+            )
+        try:
+            switched = await self.control.continue_as_new(
+                self.project, self.run, self.attempt, self.generation, input_text
+            )
+        except NodusError as refused:
+            raise RunFailure(
+                RunReason.PROGRAM_FAILED, f"continue_as_new was refused: {refused.message}"
+            ) from None
+        raise ContinuedAsNew(
+            generation=int(switched["generation"]),
+            input_text=input_text,
+            first_seq=int(switched.get("firstSeq") or 0),
+            prior_usd=str(switched.get("priorUSD") or "0"),
+        )
 
     async def _once(
         self,

@@ -63,14 +63,17 @@ def build_program(
     model = agent.get("model") or {}
     source = agent.get("source") or {}
     cap = Decimal(config.cap_usd) if config.cap_usd else None
+    generation = int(getattr(config, "generation", 0))
+    given = getattr(config, "generation_input", None)  # a later generation's (continue_as_new)
     spec = ProgramSpec(
         project=config.project,
         run=config.name,
         attempt=config.attempt,
-        input=str(config.run_spec.get("input", "")),
+        input=str(given if given is not None else config.run_spec.get("input", "")),
         entrypoint=str(agent["entrypoint"]),
         source_digest=source.get("digest"),
-        setup=agent.get("setup"),
+        # Setup runs once per run: a later generation finds what it installed in the workspace.
+        setup=agent.get("setup") if generation == 0 else None,
         memory=agent.get("memory"),
         cpu_seconds=int(getattr(config, "program_cpu_seconds", 3600)),
         cap_usd=cap,
@@ -94,6 +97,8 @@ def build_program(
         workspace=workspace.workspace,
         cap_usd=cap,
         spent=lambda: spend.budget.spent,
+        attempt=int(config.attempt),
+        generation=generation,
     )
     return PythonProgram(
         spec=spec,
