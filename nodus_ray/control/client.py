@@ -356,12 +356,19 @@ class ControlPlaneClient:
         return await self._call(lambda h: h.children_status.remote(project, parent, names))
 
     async def continue_as_new(
-        self, project: str, name: str, attempt: int, generation: int, input_text: str
+        self,
+        project: str,
+        name: str,
+        attempt: int,
+        generation: int,
+        input_text: str,
+        read: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         """End the run's ``generation`` with ``input_text`` as the next one's input (once:
-        asked again, the same switch); ``{"generation", "firstSeq", "priorUSD"}``."""
+        asked again, the same switch); ``{"generation", "firstSeq", "priorUSD"}``. ``read``:
+        the last message seq of each name the program took (the next generation reads after)."""
         return await self._call(
-            lambda h: h.continue_as_new.remote(project, name, attempt, generation, input_text)
+            lambda h: h.continue_as_new.remote(project, name, attempt, generation, input_text, read)
         )
 
     # -- groups -----------------------------------------------------------------------------

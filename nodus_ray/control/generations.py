@@ -4,8 +4,9 @@ A long-lived program (a chat that reads messages for weeks) would replay an ever
 journal; ``continue_as_new`` ends the program's current generation with a new input and starts
 it again on an empty journal, so its history stays bounded. Generation 0 is the run's journal
 (`layout.journal_folder`); generation n >= 1 lives in `layout.journal_generation_folder` and
-starts with what `layout.run_generation` holds (its input and its journal's first seq, which
-continues the previous generation's seqs). ``status.generation`` names the current one, and
+starts with what `layout.run_generation` holds (its input, its journal's first seq, which
+continues the previous generation's seqs, and the last message seq of each name the program
+took, so a message is read once over the whole run). ``status.generation`` names the current one, and
 ``status.cost.priorUSD`` is what the earlier ones cost (the run's cap covers the whole run).
 
 The switch, under the run's lock, in an order a crash cannot break:
@@ -116,12 +117,19 @@ class GenerationService:
         self._registry = registry
 
     async def continue_as_new(
-        self, project: str, name: str, attempt: int, generation: int, input_text: str
+        self,
+        project: str,
+        name: str,
+        attempt: int,
+        generation: int,
+        input_text: str,
+        read: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         """End ``generation`` of the run with ``input_text`` as the next one's input.
 
         Returns ``{"generation", "firstSeq", "priorUSD"}`` of the new generation. ``attempt``
-        is the asking actor's: an older one than the run's (a zombie) is refused.
+        is the asking actor's: an older one than the run's (a zombie) is refused. ``read`` is
+        the last message seq of each name the program took, kept with the new generation.
         """
         key = (project, name)
         storage = self._registry.storage
@@ -159,6 +167,7 @@ class GenerationService:
             record = {
                 "input": input_text,
                 "firstSeq": first_seq,
+                "read": {str(k): int(v) for k, v in (read or {}).items()},
                 "from": {"generation": current, "attempt": attempt},
             }
             # The new input first: once the status names the generation, its input must be there.

@@ -245,9 +245,15 @@ class ControlPlane:
 
     @after_recovery
     async def continue_as_new(
-        self, project: str, name: str, attempt: int, generation: int, input_text: str
+        self,
+        project: str,
+        name: str,
+        attempt: int,
+        generation: int,
+        input_text: str,
+        read: dict[str, int] | None = None,
     ) -> dict[str, Any]:
-        return await self.generations.continue_as_new(project, name, attempt, generation, input_text)
+        return await self.generations.continue_as_new(project, name, attempt, generation, input_text, read)
 
     @after_recovery
     async def suspend_run(self, project: str, name: str) -> dict[str, Any]:

@@ -231,6 +231,7 @@ class RunSupervisor:
             generation_input=str(started["input"]) if started is not None else None,
             journal_first_seq=int(started.get("firstSeq") or 0) if started is not None else 0,
             prior_cost_usd=str(prior_cost(run["status"])),
+            messages_read={str(k): int(v) for k, v in ((started or {}).get("read") or {}).items()},
         )
 
     async def _supervise_run(self, key: Key) -> None:

@@ -14,7 +14,7 @@ import logging
 import shutil
 import socket
 from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
@@ -89,11 +89,13 @@ class RunConfig:
     attempt: int = 0  # status.attempts when this actor was started: its epoch (`durable.fencing`)
     program_cpu_seconds: int = 3600  # a Python program's CPU seconds (NODUS_PROGRAM_CPU_SECONDS)
     # A Python program's journal generation (``continue_as_new``, `control.generations`): its
-    # input (None: the run's own), its journal's first seq, what the earlier ones cost.
+    # input (None: the run's own), its journal's first seq, what the earlier ones cost, the
+    # last message seq of each name they took.
     generation: int = 0
     generation_input: str | None = None
     journal_first_seq: int = 0
     prior_cost_usd: str = "0"
+    messages_read: dict[str, int] = field(default_factory=dict)
 
 
 class RunActor:
@@ -282,6 +284,7 @@ class RunActor:
                     generation_input=switched.input_text,
                     journal_first_seq=switched.first_seq,
                     prior_cost_usd=switched.prior_usd,
+                    messages_read=switched.read,
                 )
 
     async def _generation(self) -> RunOutcome:

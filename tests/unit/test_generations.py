@@ -42,15 +42,28 @@ class PlaneControl:
         self.plane = plane
         self.crash = False
         self.calls: list[tuple[Any, ...]] = []
+        self.asked_after: list[int] = []
+
+    async def next_message(
+        self, project: str, name: str, after_seq: int, message_name: str | None = None
+    ) -> dict[str, Any] | None:
+        self.asked_after.append(after_seq)
+        return {"seq": after_seq + 1, "name": message_name, "payload": f"m{after_seq + 1}"}
 
     async def continue_as_new(
-        self, project: str, name: str, attempt: int, generation: int, input_text: str
+        self,
+        project: str,
+        name: str,
+        attempt: int,
+        generation: int,
+        input_text: str,
+        read: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         self.calls.append((attempt, generation, input_text))
         if self.crash:
             raise Crash
         return await self.plane.services.generations.continue_as_new(
-            project, name, attempt, generation, input_text
+            project, name, attempt, generation, input_text, read
         )
 
 
@@ -68,20 +81,22 @@ def journal_of(storage: Storage, config: RunConfig) -> Journal:
 def waits_of(plane: Plane, control: PlaneControl, config: RunConfig, tmp_path: Path) -> ProgramWaits:
     return ProgramWaits(
         steps=Steps(journal_of(plane.storage, config)),
-        control=control,  # type: ignore[arg-type]  # only continue_as_new is called
+        control=control,  # type: ignore[arg-type]  # only messages and continue_as_new are asked
         storage=plane.storage,
         project="demo",
         run="r1",
         workspace=tmp_path,
         attempt=config.attempt,
         generation=config.generation,
+        read_before=config.messages_read,
     )
 
 
 async def program(waits: ProgramWaits, computed: Any) -> None:
-    """The program of the test: one step (replayed), then ``continue_as_new(computed)``."""
+    """The program of the test: one step (replayed), a message, then ``continue_as_new(computed)``."""
     begun = await waits.steps.begin("ask-1", "step", effect="pure")
-    assert begun.recorded  # written before, with its cost: the old generation's only step
+    assert begun.recorded  # written before, with its cost
+    assert await waits.wait_for_message("message/user-1", wire.WaitForMessage("user")) == "m1"
     await waits.continue_as_new("continue-as-new", wire.ContinueAsNew(input=computed))
 
 
@@ -130,21 +145,22 @@ def test_a_crash_at_each_point_of_the_switch_loses_no_input_and_replays_no_old_s
         with pytest.raises(ContinuedAsNew) as switched:
             await program(waits_of(plane, control, second.config, tmp_path), {"n": 999})
         assert switched.value.input_text == '{"n":2}'
-        assert (switched.value.generation, switched.value.first_seq) == (1, 2)
+        assert (switched.value.generation, switched.value.first_seq) == (1, 4)
+        assert switched.value.read == {"user": 1}
         assert Decimal(switched.value.prior_usd) == Decimal("0.10")
         run = await plane.services.runs.get_run("demo", "r1")
         assert run["status"]["generation"] == 1 and Decimal(run["status"]["cost"]["priorUSD"]) == Decimal(
             "0.10"
         )
         record = plane.storage.read_json(layout.run_generation("demo", "r1", 1))
-        assert record["input"] == '{"n":2}' and record["firstSeq"] == 2
+        assert record["input"] == '{"n":2}' and record["firstSeq"] == 4
         assert plane.storage.list_dir(layout.journal_folder("demo", "r1")) == []  # bounded history
 
         # 3. Asked again (the answer was lost): the same switch, the cost counted once.
         again = await plane.services.generations.continue_as_new(
             "demo", "r1", second.config.attempt, 0, '{"n":2}'
         )
-        assert again == {"generation": 1, "firstSeq": 2, "priorUSD": switched.value.prior_usd}
+        assert again == {"generation": 1, "firstSeq": 4, "priorUSD": switched.value.prior_usd}
         with pytest.raises(Conflict) as zombie:  # the first actor, come back
             await plane.services.generations.continue_as_new("demo", "r1", first.config.attempt, 1, "x")
         assert zombie.value.code == "StaleAttempt"
@@ -157,19 +173,25 @@ def test_a_crash_at_each_point_of_the_switch_loses_no_input_and_replays_no_old_s
         plane.run_actors.kill(second)
         third = (await until(lambda: plane.run_actors.of("r1")[2:], what="a third actor"))[0]
         config = third.config
-        assert (config.generation, config.generation_input, config.journal_first_seq) == (1, '{"n":2}', 2)
+        assert (config.generation, config.generation_input, config.journal_first_seq) == (1, '{"n":2}', 4)
         assert Decimal(config.prior_cost_usd) == Decimal("0.10")
+        assert journal_of(plane.storage, config).records == []
+        # The message the old generation took is not taken again: the new one reads after it.
+        assert config.messages_read == {"user": 1}
+        control.asked_after.clear()
+        later = waits_of(plane, control, config, tmp_path)
+        assert await later.wait_for_message("message/user-1", wire.WaitForMessage("user")) == "m2"
+        assert control.asked_after == [1]
         new = journal_of(plane.storage, config)
-        assert new.records == []
-        assert (
-            await asyncio.to_thread(new.append, "reply-1", "step", "Completed", {}, cost_usd="0.05")
-        ).seq == 2
+        assert [(r.seq, r.step_id) for r in new.records] == [(4, "message/user-1"), (5, "message/user-1")]
+        added = await asyncio.to_thread(new.append, "reply-1", "step", "Completed", {}, cost_usd="0.05")
+        assert added.seq == 6
 
         # The views read the current generation; the journaled cost is the whole run's.
         steps = await plane.services.runs.run_steps("demo", "r1")
-        assert [step["id"] for step in steps] == ["reply-1"]
-        events = await plane.services.runs.run_events("demo", "r1", 2)
-        assert [record["seq"] for record in events["records"]] == [2]
+        assert [step["id"] for step in steps] == ["message/user-1", "reply-1"]
+        events = await plane.services.runs.run_events("demo", "r1", 5)
+        assert [record["seq"] for record in events["records"]] == [5, 6]
         cost = await asyncio.to_thread(plane.services.supervisor._journaled_cost, ("demo", "r1"))
         assert cost == Decimal("0.15")
 

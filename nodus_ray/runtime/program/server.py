@@ -64,14 +64,23 @@ class ContinuedAsNew(Exception):  # noqa: N818 - how the program ended, not an e
     """The program called ``continue_as_new``: its generation is journaled as ended and the
     control plane recorded the next one (`control.generations`), which the actor runs now:
     ``generation`` on an empty journal starting at ``first_seq``, with ``input_text``;
-    ``prior_usd`` is what the run's earlier generations cost."""
+    ``prior_usd`` is what the run's earlier generations cost, ``read`` the last message seq
+    the program took of each name (the next generation reads after them)."""
 
-    def __init__(self, generation: int, input_text: str, first_seq: int, prior_usd: str) -> None:
+    def __init__(
+        self,
+        generation: int,
+        input_text: str,
+        first_seq: int,
+        prior_usd: str,
+        read: dict[str, int] | None = None,
+    ) -> None:
         super().__init__(f"continued as new: generation {generation}")
         self.generation = generation
         self.input_text = input_text
         self.first_seq = first_seq
         self.prior_usd = prior_usd
+        self.read = dict(read or {})
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,13 @@ class ProgramControlPlane(Protocol):
     async def children_status(self, project: str, parent: str, names: list[str]) -> list[dict[str, Any]]: ...
 
     async def continue_as_new(
-        self, project: str, name: str, attempt: int, generation: int, input_text: str
+        self,
+        project: str,
+        name: str,
+        attempt: int,
+        generation: int,
+        input_text: str,
+        read: dict[str, int] | None = None,
     ) -> dict[str, Any]: ...
 
 
@@ -112,9 +118,16 @@ class ProgramWaits:
     clock: Callable[[], datetime] = _now
     attempt: int = 0  # the actor's (a zombie's continue_as_new is refused)
     generation: int = 0  # the journal generation this program runs in
+    # The last message seq of each name the earlier generations took: a message is read once
+    # over the whole run, not once per generation.
+    read_before: dict[str, int] = field(default_factory=dict)
     _consumed: dict[str, int] = field(default_factory=dict)  # message name -> last seq taken
     _children: dict[str, Decimal | None] = field(default_factory=dict)  # child -> committed USD
     _spawned: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (child, input JSON)
+
+    def __post_init__(self) -> None:
+        for name, seq in self.read_before.items():
+            self._consumed[name] = max(self._consumed.get(name, 0), int(seq))
 
     # -- timers ----------------------------------------------------------------------------
     async def sleep(self, step_id: str, request: wire.Sleep) -> Any:
@@ -355,20 +368,23 @@ class ProgramWaits:
         (not the one the program computed now): the same switch, asked twice, is made once.
         """
         input_text = encoded_payload(request.input)  # a run's input is text, as `AgentRun` sends it
+        read = dict(self._consumed)
         begun = await self.steps.begin(step_id, "continue-as-new", effect="idempotent", write_started=False)
         if begun.recorded:
-            input_text = str((begun.value or {}).get("input", input_text))
+            recorded = begun.value if isinstance(begun.value, dict) else {}
+            input_text = str(recorded.get("input", input_text))
+            read = {str(k): int(v) for k, v in (recorded.get("read") or {}).items()}
         else:
             await self.steps.end(
                 step_id,
                 "continue-as-new",
-                {"input": input_text},
+                {"input": input_text, "read": read},
                 attempt=begun.attempt,
                 summary=f"continued as new (generation {self.generation + 1})",
             )
         try:
             switched = await self.control.continue_as_new(
-                self.project, self.run, self.attempt, self.generation, input_text
+                self.project, self.run, self.attempt, self.generation, input_text, read
             )
         except NodusError as refused:
             raise RunFailure(
@@ -379,6 +395,7 @@ class ProgramWaits:
             input_text=input_text,
             first_seq=int(switched.get("firstSeq") or 0),
             prior_usd=str(switched.get("priorUSD") or "0"),
+            read=read,
         )
 
     async def _once(

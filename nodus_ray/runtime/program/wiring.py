@@ -99,6 +99,7 @@ def build_program(
         spent=lambda: spend.budget.spent,
         attempt=int(config.attempt),
         generation=generation,
+        read_before=dict(getattr(config, "messages_read", None) or {}),
     )
     return PythonProgram(
         spec=spec,
