@@ -10,14 +10,18 @@ How it ends: the program returns (``result.json`` and the answer are written: Su
 raises (Failed ``ProgramFailed`` with the exception and its traceback's tail), it parks (the
 server answered ``park``: the process is killed and `Parked` or the cost/resolution exception
 goes up to the run actor, which reports Waiting), or the process ends without a word (a CPU or
-memory limit, a crash: Failed ``ProgramFailed`` saying how, with its last output lines). The
-workspace is snapshotted whenever the program stops, so ``ctx.state_dir`` survives a move.
+memory limit: Failed ``ProgramFailed`` saying how, with its last output lines). A process killed
+from outside (SIGKILL, the OOM killer) is not the program's doing: it starts again in a new
+sandbox process and replays, as under a new actor, at most `MAX_LOST_IN_A_ROW` times in a row
+without a newly completed step. The workspace is snapshotted whenever the program stops, so
+``ctx.state_dir`` survives a move.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -49,7 +53,11 @@ from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
-__all__ = ["ProgramSpec", "PythonProgram", "parse_memory", "answer_text"]
+__all__ = ["MAX_LOST_IN_A_ROW", "ProgramSpec", "PythonProgram", "parse_memory", "answer_text"]
+
+# A program process killed from outside starts again at most this many times in a row with no
+# newly completed step in between (then the run fails ProgramFailed saying so).
+MAX_LOST_IN_A_ROW = 3
 
 _SETUP_TIMEOUT_SECONDS = 1800.0
 _TAIL_LINES = 20
@@ -156,20 +164,20 @@ class PythonProgram:
         await self._open_sandbox()
         await asyncio.to_thread(self._materialise, runtime)
         await self._setup()
-        server = ProgramServer(self.steps, _Ops(self), self._facts(), on_log=self._on_log)
-        await server.start(runtime / "runtime.sock")
-        output = _Output()
-        try:
-            self._proc = proc = await asyncio.to_thread(start_program, self._sandbox(), self._launch(runtime))
-            reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
-            reader.start()
-            end = await self._await_end(server, proc, output)
-        except BaseException:
-            await self._snapshot()
-            raise
-        finally:
-            await server.close()
-        await self._snapshot()
+        spent_before = self.models.spend.budget.spent  # what the replays count comes on top
+        lost_in_a_row = 0
+        while True:
+            completed = self._completed()
+            try:
+                end = await self._serve_once(runtime)
+                break
+            except _ProgramLost as lost:
+                lost_in_a_row = 1 if self._completed() > completed else lost_in_a_row + 1
+                if lost_in_a_row > MAX_LOST_IN_A_ROW:
+                    raise RunFailure(
+                        RunReason.PROGRAM_FAILED, f"{lost.message} ({lost_in_a_row} times in a row)"
+                    ) from None
+            await self._rewind(spent_before)
         if end.error is not None:
             raise RunFailure(RunReason.PROGRAM_FAILED, _failure_text(end.error))
         try:
@@ -183,12 +191,49 @@ class PythonProgram:
         )
         return answer_text(end.value)
 
+    async def _serve_once(self, runtime: Path) -> ProgramEnd:
+        """One program process, from its start to its end (raises how it stopped otherwise)."""
+        server = ProgramServer(self.steps, _Ops(self), self._facts(), on_log=self._on_log)
+        socket_path = runtime / "runtime.sock"
+        socket_path.unlink(missing_ok=True)  # a lost process's server listened here before
+        await server.start(socket_path)
+        output = _Output()
+        try:
+            self._proc = proc = await asyncio.to_thread(start_program, self._sandbox(), self._launch(runtime))
+            reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
+            reader.start()
+            end = await self._await_end(server, proc, output)
+        except BaseException:
+            await self._snapshot()
+            raise
+        finally:
+            await server.close()
+        await self._snapshot()
+        return end
+
+    def _completed(self) -> int:
+        """How many steps the journal holds an end of (progress, for `MAX_LOST_IN_A_ROW`)."""
+        return sum(1 for r in self.steps.journal.records if r.state in ("Completed", "Failed", "Resolved"))
+
+    async def _rewind(self, spent_before: Decimal) -> None:
+        """Make this actor what a new one would be before the program starts: a replay index
+        at the journal's start, model calls and waits with nothing counted yet (the replay
+        counts each recorded charge, turn and message again), then the ``sandbox`` and
+        ``setup`` steps asked again (recorded: the sandbox stays the one open)."""
+        steps = self.steps = Steps(self.steps.journal)
+        self.models = dataclasses.replace(self.models, steps=steps, turns=[])
+        self.models.spend.budget.spent = spent_before
+        self.waits = dataclasses.replace(self.waits, steps=steps, _consumed={}, _children={}, _spawned={})
+        await self._open_sandbox()
+        await self._setup()
+
     async def _await_end(
         self, server: ProgramServer, proc: subprocess.Popen[bytes], output: _Output
     ) -> ProgramEnd:
-        """The server's end (then the process is killed), or the process's (then it failed)."""
+        """The server's end (then the process is killed), or the process's: a limit it hit
+        fails the run, a kill from outside raises `_ProgramLost` (it starts again)."""
         ended = asyncio.ensure_future(server.finished())
-        exited = asyncio.ensure_future(asyncio.to_thread(proc.wait))
+        exited = asyncio.ensure_future(asyncio.to_thread(_reap, proc))
         try:
             await asyncio.wait({ended, exited}, return_when=asyncio.FIRST_COMPLETED)
             if not ended.done():  # its last request may still be on its way
@@ -196,14 +241,32 @@ class PythonProgram:
             if ended.done():
                 await asyncio.to_thread(stop_program, proc)
                 return ended.result()  # raises what parked or failed the program
-            await exited
-            raise RunFailure(RunReason.PROGRAM_FAILED, self._died(proc, output))
+            cpu_used = await exited
+            message = self._died(proc, output)
+            if self._killed_from_outside(proc, output, cpu_used):
+                raise _ProgramLost(message)
+            raise RunFailure(RunReason.PROGRAM_FAILED, message)
         finally:
             for future in (ended, exited):
                 if not future.done():
                     future.cancel()
             with contextlib.suppress(BaseException):
                 await ended
+
+    def _killed_from_outside(self, proc: subprocess.Popen[bytes], output: _Output, cpu_used: float) -> bool:
+        """Whether a signal ended the process that none of its limits sent (SIGKILL from a person
+        or the OOM killer): its CPU limit gives SIGXCPU, then SIGKILL at the hard limit (its
+        CPU time tells), its file-size limit SIGXFSZ, its memory limit a MemoryError."""
+        code = proc.returncode
+        if code is None or 0 <= code <= 128:
+            return False
+        signum = -code if code < 0 else code - 128
+        if signum in (signal.SIGXCPU, signal.SIGXFSZ):
+            return False
+        if signum == signal.SIGKILL and cpu_used >= self.spec.cpu_seconds:
+            return False
+        tail = output.tail()
+        return not ("MemoryError" in tail or "Cannot allocate memory" in tail)
 
     def _died(self, proc: subprocess.Popen[bytes], output: _Output) -> str:
         code = proc.returncode
@@ -364,6 +427,26 @@ class _Ops:
 
     def replayed(self, step_id: str) -> None:
         self._program.models.replayed(step_id)
+
+
+class _ProgramLost(Exception):  # noqa: N818 - not an error of the program: it starts again
+    """The program's process was killed from outside, without returning or raising."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> float:
+    """Wait for the process and return the CPU seconds it and its descendants used (``wait4``:
+    the sandbox's processes each wait for theirs, so the program's time adds up to here)."""
+    try:
+        _pid, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:  # reaped already (`stop_program`)
+        proc.wait()
+        return 0.0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return float(usage.ru_utime + usage.ru_stime)
 
 
 def _failure_text(error: wire.ErrorInfo) -> str:
