@@ -61,9 +61,9 @@ check: setup
 # service of its own, whose checker fails the build on any broken invariant.
 test: setup browser-deps check
 	$(BIN)/pytest -q tests/unit
-	$(BIN)/pytest -q tests/integration --ignore=tests/integration/test_faults.py
-	$(BIN)/pytest -q tests/integration/test_faults.py
-	NODUS_TEST_STORAGE=s3 $(BIN)/pytest -q tests/integration/test_faults.py
+	$(BIN)/pytest -q tests/integration --ignore=tests/integration/test_faults.py --ignore=tests/integration/test_faults_python.py
+	$(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_faults_python.py
+	NODUS_TEST_STORAGE=s3 $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_faults_python.py
 	$(BIN)/python benchmarks/chaos.py --minutes 2 --seed 1 --quiet
 
 # The fault campaign alone, longer: `make chaos MINUTES=20 STORAGE=s3`.
@@ -76,10 +76,10 @@ unit: setup
 	$(BIN)/pytest -q tests/unit
 
 integration: setup
-	$(BIN)/pytest -q tests/integration --ignore=tests/integration/test_faults.py
+	$(BIN)/pytest -q tests/integration --ignore=tests/integration/test_faults.py --ignore=tests/integration/test_faults_python.py
 
 faults: setup
-	$(BIN)/pytest -q tests/integration/test_faults.py
+	$(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_faults_python.py
 
 bench: setup
 	$(BIN)/python benchmarks/run_overhead.py

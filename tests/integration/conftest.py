@@ -45,6 +45,8 @@ NODUS = str(Path(sys.executable).parent / "nodus")
 RAY_PORTS = int(os.environ.get("NODUS_TEST_RAY_PORTS") or free_port_block())
 PORT = int(os.environ.get("NODUS_TEST_PORT") or HeadPorts(RAY_PORTS).api)  # Serve's HTTP proxy
 DASHBOARD_URL = f"http://127.0.0.1:{HeadPorts(RAY_PORTS).dashboard}"
+# The files of the fault-injection suite: a session that collects one of them arms crash points.
+FAULT_SUITES = ("test_faults.py", "test_faults_python.py")
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class Server:
         from nodus_ray.faults import arm
 
         if "NODUS_FAULTS" not in self.env:
-            raise RuntimeError("crash points are armed only in a session that runs test_faults.py")
+            raise RuntimeError("crash points are armed only in a session that runs the fault suite")
 
         return arm(self.faults, point, context, action)
 
@@ -242,7 +244,7 @@ def server(
     for path in (storage, sandboxes, home, faults):
         path.mkdir(mode=0o711)
     # Crash points only where the fault suite runs: everywhere else the service runs as shipped.
-    with_faults = any(item.path.name == "test_faults.py" for item in request.session.items)
+    with_faults = any(item.path.name in FAULT_SUITES for item in request.session.items)
     # Nothing of the developer's own service reaches the session's (their NODUS_* settings, a
     # RAY_ADDRESS, a key): the session configures every variable it depends on.
     inherited = {
