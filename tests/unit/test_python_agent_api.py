@@ -123,7 +123,9 @@ def test_uploads_over_a_limit_or_of_the_wrong_shape_are_refused_naming_it(tmp_pa
         body = _refusal(await http.post(f"{BASE}/agentsources", json={"files": many}), 422)
         assert "1000 files" in body["message"]
         big = {"data.txt": "x" * (4 * 1024 * 1024 + 1)}
-        body = _refusal(await http.post(f"{BASE}/agentsources", json={"files": big}), 422)
+        body = _refusal(
+            await http.post(f"{BASE}/agentsources", json={"files": big}), 413
+        )  # the size limit: Payload Too Large, as the body cap
         assert "4 MiB" in body["message"]
         huge = b'{"files": {"a.txt": "' + b"x" * MAX_SOURCE_BODY_BYTES + b'"}}'
         body = _refusal(await http.post(f"{BASE}/agentsources", content=huge), 413)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from ..errors import Invalid
+from ..errors import Invalid, PayloadTooLarge
 
 __all__ = ["MAX_SOURCE_FILES", "MAX_SOURCE_BYTES", "source_files", "check_source", "entrypoint_parts"]
 
@@ -48,7 +48,10 @@ def _check_limits(count: int, total: int) -> None:
     if count > MAX_SOURCE_FILES:
         raise _refuse(f"source has more than {MAX_SOURCE_FILES} files (the limit is {MAX_SOURCE_FILES})")
     if total > MAX_SOURCE_BYTES:
-        raise _refuse(f"source is larger than 4 MiB (the limit is {MAX_SOURCE_BYTES} bytes)")
+        raise PayloadTooLarge(
+            f"source is larger than 4 MiB (the limit is {MAX_SOURCE_BYTES} bytes)",
+            details={"field": "source"},
+        )
 
 
 def _read(path: Path, name: str) -> str:
