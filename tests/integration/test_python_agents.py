@@ -251,3 +251,61 @@ def test_the_deadline_stops_a_program_that_runs_too_long(server: Server) -> None
     assert not any(str(workspace) in line for line in os.popen("ps -eo args").read().splitlines()), (
         "no process of the program is left"
     )
+
+
+CHAT_SOURCE = """
+import anthropic
+
+
+def main(ctx, input):
+    state = input if isinstance(input, dict) else {"generation": 0, "answered": 0, "seen": []}
+    for _ in range(2):
+        text = ctx.wait_for_message("user")
+        if text == "/bye":
+            return state
+        anthropic.Anthropic().messages.create(
+            model="claude-haiku-4-5", max_tokens=64, messages=[{"role": "user", "content": text}]
+        )
+        state = {**state, "answered": state["answered"] + 1, "seen": state["seen"] + [text]}
+    ctx.continue_as_new({**state, "generation": state["generation"] + 1})
+"""
+
+
+def test_continue_as_new_bounds_the_journal_and_carries_input_and_cost(server: Server) -> None:
+    from decimal import Decimal
+
+    agent, name = unique("pychat"), unique("pychatrun")
+    with server.http() as http:
+        uploaded = http.post("/v1/projects/default/agentsources", json={"files": {"main.py": CHAT_SOURCE}})
+        assert uploaded.status_code == 201, uploaded.text
+        document = {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "Agent",
+            "metadata": {"name": agent},
+            "spec": {"source": uploaded.json(), "entrypoint": "main:main"},
+        }
+        assert http.put(f"{AGENTS}/{agent}", json=document).status_code == 201
+        run = {"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name}}
+        created = http.post(RUNS, json={**run, "spec": {"agent": agent, "input": "hello"}})
+        assert created.status_code == 201, created.text
+        for text in ["m1", "m2", "m3", "m4", "m5", "/bye"]:
+            sent = http.post(f"{RUNS}/{name}/messages", json={"payload": text, "name": "user"})
+            assert sent.status_code in (200, 201, 202), sent.text
+    done = _phase(server, name, "Succeeded", timeout=120)
+    status = done["status"]
+    assert status["generation"] >= 2, status
+    # Each message was read once over the generations, and the last input carried the state.
+    answer = _answer(server, name)
+    assert '"answered": 5' in answer and '"generation": 2' in answer, answer
+    assert '"m1",\n    "m2",\n    "m3",\n    "m4",\n    "m5"' in answer, answer
+    with server.http() as http:
+        steps = http.get(f"{RUNS}/{name}/steps").json()["items"]
+    ids = [step["id"] for step in steps]
+    # The current generation's steps only: message 5, its model call, the /bye.
+    assert [i for i in ids if i.startswith("message/")] == ["message/user-1", "message/user-2"], ids
+    assert [i for i in ids if i.startswith("model-")] == ["model-1"], ids
+    assert "continue-as-new" not in ids, ids
+    prior = Decimal(status["cost"]["priorUSD"])
+    here = sum((Decimal(step["costUSD"]) for step in steps), Decimal(0))
+    assert prior > 0 and here > 0
+    assert Decimal(status["cost"]["totalUSD"]) == prior + here, status["cost"]
