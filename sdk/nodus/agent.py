@@ -29,6 +29,7 @@ from ._runtime.sources import check_source, source_files
 from .agent_run import AgentRun, RunContext
 from .agent_spec import AGENT_PARAMS, Egress, SecretKey, claude_agent_spec, python_agent_spec
 from .client import Client
+from .durations import format_duration
 from .errors import Conflict, Invalid, Unsupported
 from .handles import _encode_input, _format_deadline, _run_name, _unsupported
 from .resources import (
@@ -61,6 +62,31 @@ _PLACEHOLDER_SOURCE = {"digest": "sha256:" + "0" * 64, "files": 1, "bytes": 0}
 # -- Agent ------------------------------------------------------------------------------------
 
 
+def _worker_settings(min_workers: Any, max_workers: Any, scaledown_window: Any) -> dict[str, Any]:
+    """``spec.minWorkers``/``maxWorkers``/``scaledownWindow``, only those given (an Agent that
+    sets none sends the document it always did); the server checks their ranges."""
+    spec: dict[str, Any] = {}
+    for arg, field, value in (
+        ("min_workers", "minWorkers", min_workers),
+        ("max_workers", "maxWorkers", max_workers),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Invalid(f"{arg} is a whole number of run actors", details={"field": arg})
+        spec[field] = value
+    if scaledown_window is not None:
+        if isinstance(scaledown_window, timedelta):
+            scaledown_window = format_duration(scaledown_window)
+        if not isinstance(scaledown_window, str):
+            raise Invalid(
+                'scaledown_window is a duration such as "5m" or a timedelta',
+                details={"field": "scaledown_window"},
+            )
+        spec["scaledownWindow"] = scaledown_window
+    return spec
+
+
 class Agent:
     """A durable agent definition; deploy it, then submit runs with `remote`, `submit` or `map`.
 
@@ -72,12 +98,14 @@ class Agent:
     and ``memory`` (``"2Gi"``) are its limits, ``per_run_max_cost`` and ``max_cost`` (all runs
     together) its caps. Without a program, the agent runs on Claude, as `ClaudeAgent` does.
 
-    ``min_workers``, ``max_workers``, ``scaledown_window`` and ``app`` raise `errors.Unsupported`:
-    the server keeps no pre-started workers per Agent yet.
+    ``max_workers`` is its concurrency limit (runs holding an actor at once; more wait Pending,
+    ``MaxWorkersReached``), ``min_workers`` the pre-started run actors kept for it and
+    ``scaledown_window`` (``"5m"`` or a `timedelta`) how long an idle one beyond those stays.
+    ``app`` raises `errors.Unsupported`.
     """
 
     # Settings the server cannot honour yet: refused at construction, before anything is sent.
-    _UNSUPPORTED_ARGS: tuple[str, ...] = ("min_workers", "max_workers", "scaledown_window", "app")
+    _UNSUPPORTED_ARGS: tuple[str, ...] = ("app",)
 
     name: str
 
@@ -109,7 +137,7 @@ class Agent:
             if given[arg] is not None:
                 raise _unsupported(
                     f"Agent({arg}=...)",
-                    "the server keeps no pre-started workers per Agent yet; leave it out",
+                    "an Agent is deployed on its own, not into an app; leave it out",
                     arg,
                 )
         if image is not None and not isinstance(image, str):
@@ -136,6 +164,7 @@ class Agent:
             cpu=cpu,
             memory=memory,
         )
+        spec.update(_worker_settings(min_workers, max_workers, scaledown_window))
         self._source = source
         self._entrypoint = entrypoint
         self._setup(name, spec, project, client)

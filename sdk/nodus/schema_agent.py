@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, StrictInt, model_validator
 
+from .durations import parse_duration
 from .egress_policy import MAX_ALLOWED_HOSTS, validate_allowed_host
 from .schema_common import (
     API_VERSION,
@@ -182,6 +183,13 @@ def _validate_entrypoint(value: str) -> str:
     return value
 
 
+def _validate_scaledown_window(value: str) -> str:
+    seconds = parse_duration(value).total_seconds()
+    if not 10 <= seconds <= 24 * 3600:
+        raise ValueError(f"{value!r} is outside 10s..24h (how long an idle pre-started run actor stays)")
+    return value
+
+
 def _validate_setup(value: str) -> str:
     if len(value.encode("utf-8")) > MAX_SETUP_BYTES:
         raise ValueError(f"the setup script is larger than {MAX_SETUP_BYTES} bytes (16 KiB)")
@@ -216,9 +224,18 @@ class AgentSpec(StrictModel):
     cpu: float | None = Field(default=None, gt=0, le=64, allow_inf_nan=False, strict=True)
     memory: Annotated[str, AfterValidator(_validate_memory)] | None = None
     maxCostUSD: UsdAmount | None = None  # all the Agent's runs together
+    # Run actors of the Agent: pre-started ones kept for it, its concurrency limit (runs that
+    # hold an actor at once; parked ones hold none), how long an idle pre-started one stays.
+    minWorkers: StrictInt | None = Field(default=None, ge=0, le=64)
+    maxWorkers: StrictInt | None = Field(default=None, ge=1, le=1000)
+    scaledownWindow: Annotated[str, AfterValidator(_validate_scaledown_window)] | None = None
 
     @model_validator(mode="after")
     def _program(self) -> AgentSpec:
+        if self.minWorkers is not None and self.maxWorkers is not None and self.minWorkers > self.maxWorkers:
+            raise ValueError(
+                f"spec.minWorkers ({self.minWorkers}) is more than spec.maxWorkers ({self.maxWorkers})"
+            )
         if (self.source is None) != (self.entrypoint is None):
             missing = "spec.entrypoint" if self.entrypoint is None else "spec.source"
             raise ValueError(

@@ -277,12 +277,27 @@ def test_a_dict_source_is_the_program_and_an_agent_without_one_applies_as_before
     assert [method for method, *_ in api.requests] == ["POST", "PUT", "PUT"]
 
 
-def test_pre_started_workers_stay_refused_naming_them(api: _FakeAPI) -> None:
-    for argument, value in (("min_workers", 1), ("max_workers", 2), ("scaledown_window", "5m"), ("app", "x")):
-        with pytest.raises(errors.Unsupported) as caught:
-            nodus.Agent("researcher", client=api.client(), **{argument: value})
-        assert caught.value.details["field"] == argument and argument in caught.value.message
+def test_app_stays_refused_naming_it(api: _FakeAPI) -> None:
+    with pytest.raises(errors.Unsupported) as caught:
+        nodus.Agent("researcher", client=api.client(), app="x")
+    assert caught.value.details["field"] == "app" and "app" in caught.value.message
     assert api.requests == []
+
+
+def test_worker_settings_map_to_the_spec_and_unset_ones_are_left_out(api: _FakeAPI) -> None:
+    from datetime import timedelta
+
+    agent = nodus.Agent(
+        "pooled", min_workers=1, max_workers=2, scaledown_window=timedelta(minutes=5), client=api.client()
+    )
+    agent.deploy()
+    assert api.requests[-1][2]["spec"] == {"minWorkers": 1, "maxWorkers": 2, "scaledownWindow": "5m"}
+    nodus.Agent("limited", max_workers=3, client=api.client()).deploy()
+    assert api.requests[-1][2]["spec"] == {"maxWorkers": 3}
+    for argument, value in (("max_workers", "2"), ("min_workers", True), ("scaledown_window", 5)):
+        with pytest.raises(errors.Invalid) as caught:
+            nodus.Agent("bad", client=api.client(), **{argument: value})
+        assert caught.value.details["field"] == argument
 
 
 # -- a Python run's handle ------------------------------------------------------------------------

@@ -192,11 +192,8 @@ def one_error_line(result: Any) -> str:
 @pytest.mark.parametrize(
     "argument, value",
     [
-        # Pre-started workers per Agent are not built; source, entrypoint, setup, secrets, env,
-        # network, models, max_cost, cpu and memory are (tests/unit/test_python_agent_sdk.py).
-        ("min_workers", 1),
-        ("max_workers", 2),
-        ("scaledown_window", "5m"),
+        # Apps are not built; source, entrypoint, setup, secrets, env, network, models,
+        # max_cost, cpu, memory and the worker settings are (tests/unit/test_python_agent_sdk.py).
         ("app", "x"),
     ],
 )
