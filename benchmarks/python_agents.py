@@ -6,14 +6,17 @@ stopped after its N steps and resumed by a fresh executor that must return the r
 results without running the steps again.
 
 * **nodus-ray**: a real service of its own (``nodus up`` on a temporary home, storage and Ray
-  head, `support.temporary_service`), the Python SDK, an Agent whose source is a program with
-  one ``@agent.step`` function. Per step from the runs' own timing: ``status.startedAt ->
-  finishedAt`` of an N-step run minus that of a 0-step run, over N; and the journal's steady
-  state, the record times of ``inc-1 .. inc-N`` (``nodus agentrun steps``) over N - 1. Replay:
-  a run that parks (``ctx.sleep``) after its N steps; a timer wakes it, a new actor and
-  sandbox run the program again from the start, and every step returns its journaled result.
-  Replay time is ``status.wakeAt -> finishedAt`` for N = 1,000 minus the same for N = 0 (the
-  wake's fixed cost: an actor, a sandbox, an interpreter).
+  head, `support.temporary_service`), the Python SDK, an Agent whose source is a program of
+  ``@agent.step`` functions, each run in its bubblewrap sandbox. Wall is the program's own:
+  from its entrypoint's start to the end of its steps, which a last step (``elapsed``, in
+  every size, so it cancels out) returns as part of the run's result; so the fixed cost of
+  a run (actor, sandbox, interpreter) is left out as it is for the in-process baselines, and
+  printed apart (``status.startedAt -> finishedAt``). Also the journal's steady state: the
+  record times of ``inc-1 .. inc-N`` (``nodus agentrun steps``) over N - 1. Replay: a run
+  that parks (``ctx.sleep``) after its N steps; a timer wakes it, a new actor and sandbox run
+  the program again from the start, every step returns its journaled result, and ``elapsed``
+  (first run in that attempt) says how long the attempt took to get past them. The whole
+  wake (``status.wakeAt -> finishedAt``) is printed apart.
 * **DBOS** (``dbos``, SQLite system database): ``@DBOS.workflow`` calling a ``@DBOS.step`` N
   times. Replay: a child process runs the workflow and dies (``os._exit``) after the N steps;
   this process recovers it (``DBOS._recover_pending_workflows``, what ``DBOS.launch`` does at
@@ -58,7 +61,13 @@ REPLAY_SIZES = (0, 1000)
 SMALL_REPEATS = 5  # the 0- and 3-step programs run this many times as often as the 1,000-step one
 
 # The nodus program: the Agent's whole source. Its one step is the trivial body of every system.
-PROGRAM = '''"""The benchmark's program: N trivial steps, then (when asked) a durable sleep."""
+PROGRAM = '''"""The benchmark's program: N trivial steps, then (when asked) a durable sleep.
+
+`elapsed` is a step too, so it runs once, in the attempt that first reaches it: after a wake,
+it measures that attempt from its entrypoint's start, through the replay of every recorded step.
+"""
+
+import time
 
 import nodus
 
@@ -70,14 +79,20 @@ def inc(i: int) -> int:
     return i + 1
 
 
+@agent.step(effect="pure")
+def elapsed(began: float) -> float:
+    return time.perf_counter() - began
+
+
 @agent.entrypoint
-def main(ctx: nodus.RunContext, input: dict) -> int:
+def main(ctx: nodus.RunContext, input: dict) -> dict:
+    began = time.perf_counter()
     acc = 0
     for _ in range(input["steps"]):
         acc = inc(acc)
     if input.get("park"):
         ctx.sleep(input["park"])
-    return acc
+    return {"acc": acc, "seconds": elapsed(began)}
 '''
 
 
@@ -278,9 +293,11 @@ def _langgraph(workdir: Path, repeats: int, crash: tuple[int, str] | None) -> di
     for turn in range(repeats * SMALL_REPEATS):
         for n in _sizes(turn):
             key = str(uuid.uuid4())
-            wall, value = _timed(
-                lambda n=n, key=key: graph.invoke({"steps": n, "acc": 0}, config(key, n), durability="sync")
-            )
+
+            def first(n: int = n, key: str = key) -> Any:
+                return graph.invoke({"steps": n, "acc": 0}, config(key, n), durability="sync")
+
+            wall, value = _timed(first)
             assert value["acc"] == n, (value, n)
             walls[n].append(wall)
     replays: dict[int, list[float]] = {n: [] for n in REPLAY_SIZES}
@@ -289,7 +306,11 @@ def _langgraph(workdir: Path, repeats: int, crash: tuple[int, str] | None) -> di
             key = str(uuid.uuid4())
             _crash_child("langgraph", workdir, n, key)
             executed.clear()
-            wall, value = _timed(lambda n=n, key=key: graph.invoke(None, config(key, n), durability="sync"))
+
+            def resume(n: int = n, key: str = key) -> Any:
+                return graph.invoke(None, config(key, n), durability="sync")  # from the last checkpoint
+
+            wall, value = _timed(resume)
             assert value["acc"] == n and not executed, (value, n, len(executed))  # recorded, not run again
             replays[n].append(wall)
     connection.close()
@@ -350,25 +371,32 @@ def _nodus(repeats: int) -> dict[str, Any]:
                 now = status(name)
                 return now if now.get("phase") in ("Succeeded", "Failed", "Cancelled") else None
 
-            now = wait_until(done, 900, f"run {name} to finish", interval=0.2)
+            now: dict[str, Any] = wait_until(done, 900, f"run {name} to finish", interval=0.2)
             if now["phase"] != "Succeeded":
                 sys.exit(f"run {name} {now['phase']}: {now.get('reason')}: {now.get('message')}")
             return now
 
+        def returned(run: nodus.AgentRun, n: int) -> float:
+            value = json.loads(run.result())  # the answer is the return value's JSON
+            assert value["acc"] == n, (value, n)
+            return float(value["seconds"])
+
         walls: dict[int, list[float]] = {n: [] for n in SIZES}
-        steady: list[float] = []
+        runs: dict[int, list[float]] = {n: [] for n in SIZES}
+        steady: dict[int, list[float]] = {n: [] for n in SIZES if n > 1}
         for turn in range(repeats * SMALL_REPEATS):
             for n in _sizes(turn):
                 run = agent.submit({"steps": n})
                 now = finished(run.name)
-                walls[n].append((_at(now["finishedAt"]) - _at(now["startedAt"])).total_seconds())
-                if n == max(SIZES):
+                walls[n].append(returned(run, n))
+                runs[n].append((_at(now["finishedAt"]) - _at(now["startedAt"])).total_seconds())
+                if n in steady:  # the journal's record times of inc-1 .. inc-N
                     marks = [_at(s["finishedAt"]) for s in client.run_steps(run.name) if s["kind"] == "step"]
-                    assert len(marks) == n, (len(marks), n)
-                    steady.append((marks[-1] - marks[0]).total_seconds() / (n - 1))
-                assert run.result() == str(n), (run.result(), n)  # the answer is the return value's JSON
+                    assert len(marks) == n + 1, (len(marks), n)  # inc-1 .. inc-N, elapsed-1
+                    steady[n].append((marks[-2] - marks[0]).total_seconds() / (n - 1))
                 run.delete()
         replays: dict[int, list[float]] = {n: [] for n in REPLAY_SIZES}
+        wakes: dict[int, list[float]] = {n: [] for n in REPLAY_SIZES}
         for _ in range(repeats):
             for n in REPLAY_SIZES:
                 run = agent.submit({"steps": n, "park": "2s"})
@@ -379,12 +407,15 @@ def _nodus(repeats: int) -> dict[str, Any]:
                     interval=0.1,
                 )
                 now = finished(run.name)
-                replays[n].append((_at(now["finishedAt"]) - _at(sleeping["wakeAt"])).total_seconds())
+                replays[n].append(returned(run, n))
+                wakes[n].append((_at(now["finishedAt"]) - _at(sleeping["wakeAt"])).total_seconds())
                 run.delete()
         return {
             "walls": {n: _median(v) for n, v in walls.items()},
-            "steady": _median(steady),
+            "runs": {n: _median(v) for n, v in runs.items()},
+            "steady": {n: _median(v) for n, v in steady.items()},
             "replays": {n: _median(v) for n, v in replays.items()},
+            "wakes": {n: _median(v) for n, v in wakes.items()},
         }
 
 
@@ -426,7 +457,13 @@ def main() -> None:
     rows: list[str] = []
     if not args.skip_nodus:
         figures = _nodus(args.repeats)
-        rows.append(_row("nodus-ray", figures, _ms(figures["steady"])))
+        rows.append(_row("nodus-ray", figures, " / ".join(_ms(v) for v in figures["steady"].values())))
+        for what, label in (
+            ("runs", "status startedAt -> finishedAt"),
+            ("wakes", "status wakeAt -> finishedAt"),
+        ):
+            walls = ", ".join(f"{n} steps {_ms(v)}" for n, v in figures[what].items())
+            print(f"nodus-ray: {label}: {walls}", file=sys.stderr)
     if not args.skip_baselines:
         versions = _ensure_baselines()
         labels = {
@@ -445,7 +482,7 @@ def main() -> None:
                     )
     print(
         "| date | system | wall: 0 / 3 / 1,000 steps | per step, 3-step | per step, 1,000-step "
-        "| per step, journal steady state | replay: 1,000 / 0 steps | replay of 1,000 recorded steps |"
+        "| per step, journal steady state (3 / 1,000) | replay: 1,000 / 0 steps | replay of 1,000 recorded steps |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
