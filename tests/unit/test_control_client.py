@@ -90,6 +90,13 @@ _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("spawn_child", ("p", "r", "k", "in", "5m", "0.1"), "spawn_child", ("p", "r", "k", "in", "5m", "0.1")),
     ("spawn_child", ("p", "r", "k", "in"), "spawn_child", ("p", "r", "k", "in", None, None)),
     ("children_status", ("p", "r", ["r-k"]), "children_status", ("p", "r", ["r-k"])),
+    (
+        "continue_as_new",
+        ("p", "r", 2, 0, "next", {"user": 3}),
+        "continue_as_new",
+        ("p", "r", 2, 0, "next", {"user": 3}),
+    ),
+    ("continue_as_new", ("p", "r", 2, 0, "next"), "continue_as_new", ("p", "r", 2, 0, "next", None)),
     ("suspend_run", ("p", "r"), "suspend_run", ("p", "r")),
     ("resume_run", ("p", "r"), "resume_run", ("p", "r")),
     ("retry_run", ("p", "r"), "retry_run", ("p", "r")),
