@@ -36,6 +36,7 @@ demo: setup
 	$(BIN)/python examples/python-agents/triage.py
 	$(BIN)/python examples/python-agents/approval.py
 	$(BIN)/python examples/python-agents/fanout.py
+	$(BIN)/python examples/python-agents/chat.py
 	$(BIN)/nodus apply -f examples/python-agents/yaml/agent.yaml
 	$(BIN)/nodus apply -f examples/python-agents/yaml/run.yaml
 	$(BIN)/nodus wait agentrun/py-yaml-agent-run --for=jsonpath='{.status.phase}'=Succeeded --timeout=2m
