@@ -24,6 +24,7 @@ from nodus.resources import FAMILIES, Turn
 from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, StepFailed, Steps
+from nodus_ray.faults import crash_point
 from nodus_ray.models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
 from nodus_ray.money.billing import max_input_tokens
 from nodus_ray.money.prices import ROUTER_MODEL
@@ -161,6 +162,7 @@ class ModelCalls:
             failure = anthropic_error(error.reason, str(error))
             await self.steps.fail(step_id, "model", failure, attempt=begun.attempt)
             raise StepFailed(step_id, failure) from error
+        crash_point("step-effect-done", f"{self.steps.journal.prefix}/{step_id}")  # made, not recorded
         charged = route_charge + self.spend.price(model, response.usage, call_bound)
         metrics.model_call(
             model,
