@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,24 @@ def test_an_actor_killed_after_a_step_is_recorded_replays_it_and_runs_nothing_tw
     model = [(r.state, r.attempt) for r in _journal(server, name) if r.kind == "model"]
     assert model == [("Completed", 1)], "the model call was replayed, not made again"
     assert len(run["status"]["turns"]) == 1, "its turn is counted once"
+    assert Decimal(run["status"]["cost"]["totalUSD"]) > 0, "the model call was billed"
+
+
+def test_an_actor_killed_between_a_model_call_and_its_record_calls_again_and_bills_once(
+    server: Server,
+) -> None:
+    """A call on the server's key is safe to repeat: made again by the next actor, recorded, turned
+    and billed once, and the credits the lost actor held for it are not kept."""
+    name = unique("pymodel")
+    server.arm("step-effect-done", _context(name, "model-1"))
+    _start(server, name, {"ticks": 3, "claude": 2})
+    assert settle_program(server, name) == []
+    assert server.fired("step-effect-done")
+    run = audit_program(server, name, ticks=3)  # the ledger balances and holds nothing back
+    assert run["status"]["attempts"] >= 2
+    assert _states(server, name, "model-1") == [("Completed", 1)]
+    assert len(run["status"]["turns"]) == 1
+    assert Decimal(run["status"]["cost"]["totalUSD"]) == Decimal(run["status"]["turns"][0]["costUSD"]) > 0
 
 
 def test_an_actor_killed_after_an_external_step_started_waits_for_a_person_and_runs_it_once(
@@ -340,6 +359,36 @@ def test_the_sandbox_process_killed_mid_step_starts_again_and_runs_nothing_twice
     assert run["status"]["attempts"] == 1, "the same actor started the program again"
     assert _lines(server, name, "pure.txt") == [f"add-{i}" for i in range(1, 5)], "no pure step ran twice"
     wait_for(lambda: not _program_processes(workspace), timeout=30, message="no program process left")
+
+
+def test_a_program_killed_again_and_again_without_progress_fails_saying_so(server: Server) -> None:
+    """Started again at most three times in a row with no newly completed step: the fourth kill
+    fails the run ProgramFailed, naming the signal and the count, and leaves no process."""
+    name = _start(server, unique("pykill"), {"ticks": 2, "hold": 1})
+    workspace = workspace_of(server, name)
+    killed: set[int] = set()
+    for kills in range(1, 5):
+        wait_for(
+            lambda k=kills: _lines(server, name, "held.txt") == ["held"] * k,
+            timeout=120,
+            message=f"the program in its step, start {kills}",
+        )
+        program = wait_for(
+            lambda: (p := _interpreter(workspace)) is not None and p.pid not in killed and p,
+            timeout=30,
+            message="a new interpreter",
+        )
+        killed.add(program.pid)
+        program.kill()
+        program.wait(timeout=30)
+    run = _state(server, name, "Failed", "ProgramFailed", timeout=120)
+    message = run["status"]["message"]
+    assert "SIGKILL" in message and "4 times in a row" in message, message
+    assert run["status"]["attempts"] == 1
+    assert _lines(server, name, "counter.txt") == ["1"], "the completed step never ran again"
+    assert _lines(server, name, "held.txt") == ["held"] * 4
+    wait_for(lambda: not _program_processes(workspace), timeout=30, message="no program process left")
+    audit_money(server, name)
 
 
 # -- waiting holds nothing --------------------------------------------------------------------------
