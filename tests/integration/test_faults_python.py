@@ -79,7 +79,7 @@ def main(ctx, input):
                 model="claude-haiku-4-5", max_tokens=64, messages=[{"role": "user", "content": "Say hi"}]
             )
         if input.get("hold") == i:
-            ctx.step("hold", hold, effect="idempotent")
+            ctx.step("hold", hold, effect=input.get("hold_effect", "idempotent"))
         if input.get("sleep") == i:
             ctx.sleep(input["seconds"])
         if input.get("wait") == i:
@@ -338,7 +338,7 @@ def _interpreter(workspace: Path) -> psutil.Process | None:
 
 
 def test_the_sandbox_process_killed_mid_step_starts_again_and_runs_nothing_twice(server: Server) -> None:
-    name = _start(server, unique("pyproc"), {"ticks": 4, "hold": 2})
+    name = _start(server, unique("pyproc"), {"ticks": 4, "hold": 2, "claude": 1})
     workspace = workspace_of(server, name)
     wait_for(
         lambda: _lines(server, name, "held.txt") == ["held"], timeout=120, message="the program in its step"
@@ -358,7 +358,43 @@ def test_the_sandbox_process_killed_mid_step_starts_again_and_runs_nothing_twice
     run = audit_program(server, name, ticks=4)
     assert run["status"]["attempts"] == 1, "the same actor started the program again"
     assert _lines(server, name, "pure.txt") == [f"add-{i}" for i in range(1, 5)], "no pure step ran twice"
+    assert len(run["status"]["turns"]) == 1, "the replayed model call is one turn, billed once"
+    assert [s for s, _ in _states(server, name, "model-1")] == ["Completed"]
     wait_for(lambda: not _program_processes(workspace), timeout=30, message="no program process left")
+
+
+def test_the_sandbox_process_killed_mid_external_step_waits_for_a_person(server: Server) -> None:
+    """Its effect may have happened: the program started again does not repeat it blindly."""
+    name = _start(server, unique("pyprocx"), {"ticks": 2, "hold": 1, "hold_effect": "external"})
+    workspace = workspace_of(server, name)
+    wait_for(lambda: _lines(server, name, "held.txt") == ["held"], timeout=120, message="the external step")
+    program = wait_for(lambda: _interpreter(workspace), timeout=30, message="the program's interpreter")
+    program.kill()
+    parked = _state(server, name, "Waiting", "NeedsResolution")
+    assert parked["status"]["step"] == "hold-1", parked["status"]
+    assert _lines(server, name, "held.txt") == ["held"], "not run again unasked"
+    wait_for(lambda: not _program_processes(workspace), timeout=30, message="no process while it waits")
+    (workspace / "go").touch()
+    with server.http() as http:
+        resolved = http.post(
+            f"{RUNS}/{name}/resolve",
+            json={
+                "step": "hold-1",
+                "decision": "NoEffect",
+                "revision": parked["metadata"]["resourceVersion"],
+            },
+        )
+        assert resolved.status_code == 200, resolved.text
+    assert settle_program(server, name) == []
+    audit_program(server, name, ticks=2)
+    assert _lines(server, name, "held.txt") == ["held", "held"], "declared without effect: run again, once"
+    assert _states(server, name, "hold-1") == [
+        ("Started", 1),
+        ("NeedsResolution", 1),
+        ("NoEffect", 1),
+        ("Started", 2),
+        ("Completed", 2),
+    ]
 
 
 def test_a_program_killed_again_and_again_without_progress_fails_saying_so(server: Server) -> None:
