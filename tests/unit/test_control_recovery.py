@@ -59,6 +59,8 @@ FACADE = {
     "spawn_child": "(self, project: 'str', parent: 'str', key: 'str', input_text: 'str', "
     "deadline: 'str | None' = None, cap_usd: 'str | None' = None)",
     "children_status": "(self, project: 'str', parent: 'str', names: 'list[str]')",
+    "continue_as_new": "(self, project: 'str', name: 'str', attempt: 'int', generation: 'int', "
+    "input_text: 'str', read: 'dict[str, int] | None' = None)",
     "suspend_run": "(self, project: 'str', name: 'str')",
     "resume_run": "(self, project: 'str', name: 'str')",
     "retry_run": "(self, project: 'str', name: 'str')",
