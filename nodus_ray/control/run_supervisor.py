@@ -32,7 +32,8 @@ from nodus.lifecycle import (
     check_run_transition,
     run_transition,
 )
-from nodus_ray.control.generations import generation_of, journaled_cost, prior_cost, starting_generation
+from nodus_ray.control.agent_workers import AgentWorkers, queued_for_worker, recovery_order
+from nodus_ray.control.generations import journaled_cost
 from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.registry import (
     Key,
@@ -43,6 +44,7 @@ from nodus_ray.control.registry import (
     parked,
     suspended,
 )
+from nodus_ray.control.run_config import run_config
 from nodus_ray.control.run_pool import RunActorPool
 from nodus_ray.control.wake_timers import WakeTimers
 from nodus_ray.control.workspace_sweep import WorkspaceSweeper
@@ -118,12 +120,13 @@ class RunSupervisor:
         self.sweeper = WorkspaceSweeper(registry, settings.sandbox_root)
         # Parked Python runs that sleep (or wait with a timeout): one timer each, no actor.
         self.wake_timers = WakeTimers(registry, self.supervise)
+        self.workers = AgentWorkers(registry)  # each Agent's spec.maxWorkers
 
     # -- recovery ---------------------------------------------------------------------------
 
     def recover(self) -> None:
         """After a (re)start: re-attach every unfinished run to its actor, or arm its deadline."""
-        for key, run in self._registry.runs.items():
+        for key, run in sorted(self._registry.runs.items(), key=recovery_order):  # the queue's order
             if run["status"]["phase"] in RUN_TERMINAL_PHASES:
                 continue
             if parked(run) or awaits_admission(run):
@@ -158,9 +161,13 @@ class RunSupervisor:
     # -- supervising ------------------------------------------------------------------------
 
     def supervise(self, key: Key) -> None:
-        """Keep one live actor on the run until it ends (a no-op when it is supervised already)."""
+        """Keep one live actor on the run until it ends (a no-op when it is supervised already);
+        a run over its Agent's spec.maxWorkers is queued instead (`agent_workers`)."""
         task = self._tasks.get(key)
         if task is None or task.done():
+            if not self.workers.take(key):
+                self.arm_deadline(key)
+                return
             self._tasks[key] = asyncio.get_running_loop().create_task(self._supervise_run(key))
 
     def _find_actor(self, run: dict[str, Any]) -> Any | None:
@@ -184,7 +191,14 @@ class RunSupervisor:
         run = self._registry.runs[key]
         project, name = key
         attempt = int(run["status"].get("attempts") or 0) + 1
-        config = await self._run_config(key, attempt)
+        config = await run_config(
+            self._registry,
+            self._settings,
+            key,
+            attempt,
+            workspace=self.workspace(project, name),
+            hidden_paths=self.hidden_paths(),
+        )
         slot = self._pool.take()
         if slot is not None:
             await self._note(key, {"attempts": attempt, "actorName": slot.name})
@@ -196,43 +210,6 @@ class RunSupervisor:
         actor_name = run_actor_name(project, name, attempt)
         await self._note(key, {"attempts": attempt, "actorName": actor_name})
         return self._launcher.start(actor_name, config)
-
-    async def _run_config(self, key: Key, attempt: int) -> RunConfig:
-        run = self._registry.runs[key]
-        project, name = key
-        pinned = await asyncio.to_thread(self._registry.storage.read_json, layout.run_agent(project, name))
-        generation = generation_of(run["status"])
-        started = await asyncio.to_thread(
-            starting_generation, self._registry.storage, project, name, generation
-        )
-        settings = self._settings
-        return RunConfig(
-            project=project,
-            name=name,
-            agent=run["spec"]["agent"],
-            agent_revision=int(run["status"]["agentRevision"]),
-            agent_spec=pinned["spec"],
-            run_spec=run["spec"],
-            storage_uri=settings.storage_uri,
-            workspace=self.workspace(project, name),
-            deadline_at=run["status"].get("deadlineAt"),
-            offline_latency_seconds=settings.offline_latency_seconds,
-            sandbox_uid=run["status"].get("sandbox", {}).get("uid"),
-            hidden_paths=self.hidden_paths(),
-            cap_usd=run["status"]["cost"].get("limitUSD"),
-            prices_file=settings.prices_file,
-            group=run["spec"].get("group"),
-            workspace_snapshots=settings.workspace_snapshots,
-            workspace_seeded=bool(run["status"].get("workspaceSeeded")),
-            egress_private_networks=settings.egress_private_networks,
-            attempt=attempt,
-            program_cpu_seconds=settings.program_cpu_seconds,
-            generation=generation,
-            generation_input=str(started["input"]) if started is not None else None,
-            journal_first_seq=int(started.get("firstSeq") or 0) if started is not None else 0,
-            prior_cost_usd=str(prior_cost(run["status"])),
-            messages_read={str(k): int(v) for k, v in ((started or {}).get("read") or {}).items()},
-        )
 
     async def _supervise_run(self, key: Key) -> None:
         """Keep one live actor on an unfinished run until it ends; replace actors that die."""
@@ -332,6 +309,8 @@ class RunSupervisor:
         actor = self._actors.pop(key, None)
         if actor is not None:
             self._launcher.kill(actor)
+        for queued in self.workers.release(key):  # its worker goes to the Agent's oldest queued run
+            self.supervise(queued)
         run = self._registry.runs.get(key)
         if run is not None and run["status"]["phase"] == RunPhase.CANCELLED:
             await asyncio.to_thread(self.remove_workspace, *key)
@@ -427,7 +406,7 @@ class RunSupervisor:
         run = self._registry.runs.get(key)
         if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
             return
-        if not (parked(run) or awaits_admission(run)):
+        if not (parked(run) or awaits_admission(run) or queued_for_worker(run)):
             return  # it has an actor, which watches its own deadline
         deadline = run["spec"].get("deadline") or run["status"].get("deadlineAt")
         await self._fail(

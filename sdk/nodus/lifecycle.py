@@ -38,12 +38,14 @@ __all__ = [
     "WAITING_FIELDS",
     "RUN_TRANSITIONS",
     "RUN_RETRY_TRANSITIONS",
+    "RUN_QUEUE_TRANSITIONS",
     "GROUP_TRANSITIONS",
     "IllegalTransition",
     "check_run_transition",
     "check_group_transition",
     "run_transition",
     "retry_transition",
+    "queue_transition",
     "is_terminal",
     "is_parked",
 ]
@@ -76,6 +78,8 @@ class RunReason(StrEnum):
     # Pending: queued in a group
     DEPENDENCY_WAIT = "DependencyWait"
     GROUP_WAIT = "GroupWait"
+    # Pending: its Agent's spec.maxWorkers runs hold an actor; it starts when one parks or ends
+    MAX_WORKERS_REACHED = "MaxWorkersReached"
     # Waiting
     AWAITING_MESSAGE = "AwaitingMessage"
     SLEEPING = "Sleeping"  # a Python program's ctx.sleep: a timer starts it again (status.wakeAt)
@@ -187,6 +191,11 @@ RUN_TRANSITIONS: Mapping[RunPhase, frozenset[RunPhase]] = {
 # report, outcome or status merge (which check RUN_TRANSITIONS) can ever revive a finished run.
 RUN_RETRY_TRANSITIONS: Mapping[RunPhase, frozenset[RunPhase]] = {_F: frozenset({_R})}
 
+# The one way back to Pending, and only for the Agent's worker queue (`queue_transition`): a run
+# woken, resumed or retried (Running, no actor yet) while its Agent is at spec.maxWorkers waits
+# for a worker. A table of its own too: no report or outcome moves a Running run back.
+RUN_QUEUE_TRANSITIONS: Mapping[RunPhase, frozenset[RunPhase]] = {_R: frozenset({_P})}
+
 # Running -> Running: counts, cost, messages change; Running -> Cancelling when cancelled with
 # runs (or cases) unfinished; Cancelling -> Cancelled once they stopped; a sealed group ends.
 GROUP_TRANSITIONS: Mapping[GroupPhase, frozenset[GroupPhase]] = {
@@ -264,6 +273,16 @@ def retry_transition(status: Mapping[str, Any], message: str | None = None) -> d
     if RunPhase.RUNNING not in RUN_RETRY_TRANSITIONS.get(source, frozenset()):
         raise IllegalTransition("AgentRun", frm, RunPhase.RUNNING)
     return _patch(status, frm, RunPhase.RUNNING, None, message)
+
+
+def queue_transition(status: Mapping[str, Any], message: str | None = None) -> dict[str, Any]:
+    """The patch that moves a Running run with no actor back to Pending ``MaxWorkersReached``
+    (see :data:`RUN_QUEUE_TRANSITIONS`); raises :class:`IllegalTransition` for any other phase."""
+    frm = str(status.get("phase") or RunPhase.PENDING)
+    source = _run_phase("AgentRun", frm, frm, RunPhase.PENDING)
+    if RunPhase.PENDING not in RUN_QUEUE_TRANSITIONS.get(source, frozenset()):
+        raise IllegalTransition("AgentRun", frm, RunPhase.PENDING)
+    return _patch(status, frm, RunPhase.PENDING, RunReason.MAX_WORKERS_REACHED, message)
 
 
 def _patch(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from nodus.schema_agent import AgentSpec
+from tests.unit.test_control_support import Plane, agent_doc, group_doc, make_plane, run_doc, until
 
 # -- the schema -------------------------------------------------------------------------------
 
@@ -39,3 +42,139 @@ def test_worker_fields_out_of_range_are_refused_naming_them(fields: dict[str, An
     with pytest.raises(ValidationError) as caught:
         AgentSpec(**fields)
     assert named in str(caught.value)
+
+
+def test_only_the_worker_queue_takes_a_running_run_back_to_pending() -> None:
+    from nodus.lifecycle import IllegalTransition, check_run_transition, queue_transition
+
+    patch = queue_transition({"phase": "Running", "reason": None}, "1 of 1 workers busy")
+    assert patch == {"phase": "Pending", "reason": "MaxWorkersReached", "message": "1 of 1 workers busy"}
+    for phase in ("Pending", "Waiting", "Succeeded", "Failed", "Cancelled"):
+        with pytest.raises(IllegalTransition):
+            queue_transition({"phase": phase})
+    with pytest.raises(IllegalTransition):  # no report or outcome does it
+        check_run_transition("Running", "Pending")
+
+
+# -- spec.maxWorkers: the Agent's concurrency limit ---------------------------------------------
+
+
+def _status(plane: Plane, run: str) -> tuple[str, str | None]:
+    status = plane.services.registry.runs[("demo", run)]["status"]
+    return status["phase"], status.get("reason")
+
+
+def _stored(plane: Plane, run: str) -> dict[str, Any]:
+    return dict(plane.storage.read_json(f"projects/demo/agentruns/{run}/run.json")["status"])
+
+
+def test_runs_over_max_workers_wait_pending_and_start_oldest_first_as_workers_free(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc(maxWorkers=2))
+        runs = plane.services.runs
+        for name in ("r1", "r2", "z-older", "a-newer"):  # names sort unlike creation order
+            await runs.create_run("demo", run_doc(name, keepAlive=True))
+        await until(lambda: plane.run_actors.of("r1") and plane.run_actors.of("r2"), what="two actors")
+        for name in ("z-older", "a-newer"):
+            assert _status(plane, name) == ("Pending", "MaxWorkersReached")
+            assert plane.run_actors.of(name) == []
+        await until(lambda: _stored(plane, "a-newer").get("reason") == "MaxWorkersReached", what="stored")
+        assert _stored(plane, "a-newer")["message"].startswith("2 of 2 workers busy")
+
+        plane.run_actors.of("r1")[0].end({"phase": "Succeeded", "reason": "Completed"})  # one ends
+        await until(lambda: plane.run_actors.of("z-older"), what="the oldest queued run started")
+        await until(lambda: plane.phase("z-older") == "Running", what="its actor's Running report")
+        assert _status(plane, "z-older") == ("Running", None)
+        assert _status(plane, "a-newer") == ("Pending", "MaxWorkersReached")
+
+        # A parked run holds no worker: the next queued run starts.
+        plane.run_actors.of("r2")[0].end(
+            {"phase": "Waiting", "reason": "AwaitingMessage", "messages": {"read": 0}}
+        )
+        await until(lambda: plane.run_actors.of("a-newer"), what="the next queued run started")
+        # Woken while the Agent is at its limit, it waits for a worker (no actor yet).
+        await plane.services.messages.send_message("demo", "r2", "go on")
+        await until(lambda: _status(plane, "r2") == ("Pending", "MaxWorkersReached"), what="r2 queued")
+        assert len(plane.run_actors.of("r2")) == 1
+        assert plane.services.supervisor.workers.busy("demo", "helper") == 2
+        plane.run_actors.of("a-newer")[0].end({"phase": "Succeeded", "reason": "Completed"})
+        await until(lambda: plane.run_actors.of("r2")[1:], what="r2 started again")
+        await until(lambda: plane.phase("r2") == "Running", what="r2 Running")
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_queued_run_leaves_the_queue_and_an_agent_without_a_limit_queues_nothing(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc(maxWorkers=1))
+        await plane.services.agents.apply_agent("demo", agent_doc("free"))
+        runs = plane.services.runs
+        for name in ("a", "b", "c"):
+            await runs.create_run("demo", run_doc(name))
+        for name in ("f1", "f2", "f3"):
+            await runs.create_run("demo", run_doc(name, agent="free"))
+        await until(lambda: all(plane.run_actors.of(n) for n in ("a", "f1", "f2", "f3")), what="actors")
+        await runs.cancel_run("demo", "b")
+        plane.run_actors.of("a")[0].end({"phase": "Succeeded", "reason": "Completed"})
+        await until(lambda: plane.run_actors.of("c"), what="c, skipping the cancelled b")
+        assert plane.run_actors.of("b") == [] and plane.phase("b") == "Cancelled"
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_control_plane_keeps_the_running_runs_and_the_queue_in_order(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc(maxWorkers=1))
+        for name in ("r1", "r2", "r3"):
+            await plane.services.runs.create_run("demo", run_doc(name))
+        (actor,) = await until(lambda: plane.run_actors.of("r1"), what="r1's actor")
+        await until(lambda: plane.stored_phase("r1") == "Running", what="r1 Running stored")
+        await until(lambda: _stored(plane, "r3").get("reason") == "MaxWorkersReached", what="r3 queued")
+        restarted = await plane.restart()
+        await until(lambda: actor.run.calls == 2, what="the restarted control plane re-attached to r1")
+        assert plane.run_actors.of("r2") == [] and plane.run_actors.of("r3") == []
+        assert _status(restarted, "r2") == ("Pending", "MaxWorkersReached")
+        assert restarted.services.supervisor.workers.busy("demo", "helper") == 1
+        actor.end({"phase": "Succeeded", "reason": "Completed"})
+        await until(lambda: plane.run_actors.of("r2"), what="r2, the oldest queued, started")
+        assert plane.run_actors.of("r3") == []
+        plane.run_actors.of("r2")[0].end({"phase": "Succeeded", "reason": "Completed"})
+        await until(lambda: plane.run_actors.of("r3"), what="then r3")
+
+    asyncio.run(scenario())
+
+
+def test_group_members_its_group_admitted_still_wait_for_the_agents_limit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc(maxWorkers=1))
+        await plane.services.runs.create_run("demo", run_doc("solo"))
+        await until(lambda: plane.run_actors.of("solo"), what="solo's actor")
+        await plane.services.groups.apply_group("demo", group_doc("g"))
+        await plane.services.runs.create_run("demo", run_doc("g-m1", group="g", taskKey="m1"))
+        assert _status(plane, "g-m1") == ("Pending", "GroupWait")
+        assert await plane.services.group_link.start_member("demo", "g-m1")  # its group admits it
+        await until(lambda: _status(plane, "g-m1") == ("Pending", "MaxWorkersReached"), what="it waits")
+        assert plane.run_actors.of("g-m1") == []
+        assert plane.services.registry.runs[("demo", "g-m1")]["status"]["admittedAt"]
+        plane.run_actors.of("solo")[0].end({"phase": "Succeeded", "reason": "Completed"})
+        await until(lambda: plane.run_actors.of("g-m1"), what="the member started")
+
+    asyncio.run(scenario())
+
+
+def test_a_queued_runs_deadline_still_runs(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc(maxWorkers=1))
+        await plane.services.runs.create_run("demo", run_doc("busy"))
+        await plane.services.runs.create_run("demo", run_doc("late", deadline="1s"))
+        await until(lambda: plane.phase("late") == "Failed", what="the queued run's deadline")
+        assert _status(plane, "late") == ("Failed", "DeadlineExceeded") and plane.run_actors.of("late") == []
+
+    asyncio.run(scenario())
