@@ -483,12 +483,15 @@ def test_parked_programs_hold_no_actor_and_no_process_and_a_cancelled_parent_can
 def test_ray_stop_force_mid_program_then_nodus_up_finishes_it_and_wakes_the_sleeper_on_time(
     server: Server, ray_driver: Any
 ) -> None:
-    """`ray stop --force` with one program inside a step and one asleep: after `nodus up` the
-    first is replayed and finishes (nobody resolves anything), the second wakes at the wake
-    time it journaled before the stop, and every counted line is there once."""
+    """`ray stop --force` with one program inside a step, one asleep and one waiting for a
+    message: after `nodus up` the first is replayed and finishes (nobody resolves anything), the
+    second wakes at the wake time it journaled before the stop, the third still waits and goes
+    on when its message comes; every counted line is there once."""
     agent = _agent(server)
     held = _start(server, unique("pyheld"), {"ticks": 3, "hold": 2}, agent)
     sleeper = _start(server, unique("pysleeper"), {"ticks": 2, "sleep": 1, "seconds": 40}, agent)
+    waiter = _start(server, unique("pywaiter"), {"ticks": 2, "wait": 2}, agent)
+    _state(server, waiter, "Waiting", "AwaitingMessage")
     wait_for(
         lambda: _lines(server, held, "held.txt") == ["held"], timeout=120, message="a program in its step"
     )
@@ -526,3 +529,11 @@ def test_ray_stop_force_mid_program_then_nodus_up_finishes_it_and_wakes_the_slee
     woke = audit_program(server, sleeper, ticks=2)
     assert parse_timestamp(woke["status"]["finishedAt"]) >= parse_timestamp(wake_at), "woken at its time"
     assert woke["status"]["attempts"] >= 2
+
+    waiting = _run(server, waiter)["status"]
+    assert (waiting["phase"], waiting.get("reason")) == ("Waiting", "AwaitingMessage"), "still waiting"
+    with server.http() as http:
+        sent = http.post(f"{RUNS}/{waiter}/messages", json={"payload": "yes", "name": "go"})
+        assert sent.status_code in (200, 201, 202), sent.text
+    assert settle_program(server, waiter) == []
+    audit_program(server, waiter, ticks=2)
