@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from nodus_ray.control.agent_slots import Reservation, plan, reservations
 from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig
 from nodus_ray.settings import NAMESPACE
 
 if TYPE_CHECKING:
     from nodus_ray.control.agents import AgentService
+    from nodus_ray.control.registry import Registry
     from nodus_ray.control.secrets import SecretStore
 
 __all__ = ["RunActorPool", "RunPoolService", "Slot"]
@@ -47,12 +49,15 @@ _POOL_CHECK_SECONDS = 10.0  # how soon a node that joined gets parked run actors
 
 @dataclass
 class Slot:
-    """One parked run actor: its name, its handle, and the node it was placed on."""
+    """One parked run actor: its name, its handle, the node it was placed on, and the Agent it
+    is kept for (`agent_slots`; None: any run's)."""
 
     name: str
     node: str
     handle: Any
     waiter: asyncio.Future[RunConfig | None] | None = field(default=None, repr=False)
+    agent: tuple[str, str] | None = None
+    idle_since: float = field(default_factory=time.monotonic)
 
 
 class RunActorPool:
@@ -67,6 +72,8 @@ class RunActorPool:
         # Whether parked actors import the Anthropic SDK ahead (about 1 s of CPU each): only
         # when runs may use it (the server has a key, or an agent brings its own).
         self.warm_anthropic = False
+        # Parked actors kept for one Agent each (spec.minWorkers, spec.scaledownWindow).
+        self.reservations: dict[tuple[str, str], Reservation] = {}
 
     def __len__(self) -> int:
         return sum(1 for slot in self._slots.values() if self._ready(slot))
@@ -89,7 +96,7 @@ class RunActorPool:
         in a thread, and a moment later than asked: a refill must not hold up the control
         plane's event loop, nor compete with the first steps of the run that just took a slot.
         """
-        if self.per_node <= 0 or self._filling:
+        if (self.per_node <= 0 and not self.reservations and not self._reserved()) or self._filling:
             return
         self._filling = True
         loop = asyncio.get_running_loop()
@@ -102,11 +109,20 @@ class RunActorPool:
                 self._slots.pop(slot_name, None)  # its node is gone, and the slot with it
             wanted: list[Slot] = []
             for node in nodes:
-                have = sum(1 for slot in self._slots.values() if slot.node == node)
+                have = sum(1 for slot in self._slots.values() if slot.node == node and slot.agent is None)
                 for _ in range(self.per_node - have):
                     slot = Slot(name=f"runslot.{node[:8]}.{uuid.uuid4().hex[:12]}", node=node, handle=None)
                     self._slots[slot.name] = slot  # known before it exists: its claim may come first
                     wanted.append(slot)
+            start, retire = plan(
+                self._slots.values(), nodes, self.reservations, time.monotonic(), self._ready
+            )
+            for node, agent in start:
+                slot = Slot(f"runslot.{node[:8]}.{uuid.uuid4().hex[:12]}", node, None, agent=agent)
+                self._slots[slot.name] = slot
+                wanted.append(slot)
+            for slot_name in retire:  # idle for its Agent's scaledownWindow, and not needed
+                self.discard(self._slots.pop(slot_name))
             if wanted:
                 await asyncio.to_thread(self._create, wanted, self.warm_anthropic)
         except Exception:  # noqa: BLE001 - a failed refill leaves fewer slots; runs start fresh actors
@@ -130,6 +146,7 @@ class RunActorPool:
         if slot is None or slot.waiter is not None:
             return None
         slot.waiter = asyncio.get_running_loop().create_future()
+        slot.idle_since = time.monotonic()
         try:
             return await slot.waiter
         finally:
@@ -140,15 +157,22 @@ class RunActorPool:
     def _handed_out(slot: Slot) -> bool:
         return slot.waiter is not None and slot.waiter.done() and not slot.waiter.cancelled()
 
-    def take(self) -> Slot | None:
+    def _reserved(self) -> bool:
+        return any(slot.agent is not None for slot in self._slots.values())
+
+    def take(self, agent: tuple[str, str] | None = None) -> Slot | None:
         """A parked slot, taken out of the pool (the caller must `assign` or `discard` it).
 
-        From the node with the most parked slots, and of equals not the node of the last one
-        taken: runs spread over the cluster's nodes instead of filling the first one listed.
+        One kept for the run's ``agent`` first (`agent_slots`); else a generic one, from the node
+        with the most parked slots, and of equals not the node of the last one taken: runs
+        spread over the cluster's nodes instead of filling the first one listed.
         """
+        for name, slot in self._slots.items():
+            if agent is not None and slot.agent == agent and self._ready(slot):
+                return self._slots.pop(name)
         ready: dict[str, list[str]] = {}
         for name, slot in self._slots.items():
-            if self._ready(slot):
+            if self._ready(slot) and slot.agent is None:
                 ready.setdefault(slot.node, []).append(name)
         if not ready:
             return None
@@ -180,14 +204,19 @@ class RunPoolService:
     key of its own, or an agent brings one (BYOK).
     """
 
-    def __init__(self, pool: RunActorPool, secrets: SecretStore, agents: AgentService) -> None:
+    def __init__(
+        self, pool: RunActorPool, secrets: SecretStore, agents: AgentService, registry: Registry | None = None
+    ) -> None:
         self.pool = pool
         self._secrets = secrets
         self._agents = agents
+        self._registry = registry  # whose Agents' spec.minWorkers the pool keeps actors for
 
     async def refill(self) -> None:
         server_key = await asyncio.to_thread(self._secrets.server_key)
         self.pool.warm_anthropic = self._agents.uses_byok() or bool(server_key)
+        if self._registry is not None:
+            self.pool.reservations = reservations(self._registry.agents)
         self.pool.fill()
 
     async def keep_filled(self) -> None:

@@ -199,7 +199,7 @@ class RunSupervisor:
             workspace=self.workspace(project, name),
             hidden_paths=self.hidden_paths(),
         )
-        slot = self._pool.take()
+        slot = self._pool.take((project, str(run["spec"]["agent"])))  # one kept for its Agent first
         if slot is not None:
             await self._note(key, {"attempts": attempt, "actorName": slot.name})
             assigned = self._pool.assign(slot, config)

@@ -103,7 +103,7 @@ def compose(
     inboxes = Inboxes(storage)
 
     agents = AgentService(registry, PriceTable.load(settings.prices_file))
-    run_pool = RunPoolService(RunActorPool(settings.run_pool_per_node), secret_store, agents)
+    run_pool = RunPoolService(RunActorPool(settings.run_pool_per_node), secret_store, agents, registry)
     supervisor = RunSupervisor(registry, settings, run_pool.pool, run_actors, inboxes, ledger)
     if graders is None:
         grading_root = str(Path(settings.sandbox_root) / ".grading")

@@ -33,11 +33,19 @@ def test_max_workers_runs_an_agents_runs_one_at_a_time_and_all_succeed(server: S
                 "apiVersion": "nodus.dev/v1",
                 "kind": "Agent",
                 "metadata": {"name": agent},
-                "spec": {"source": uploaded.json(), "entrypoint": "main:main", "maxWorkers": 1},
+                "spec": {
+                    "source": uploaded.json(),
+                    "entrypoint": "main:main",
+                    "maxWorkers": 1,
+                    # one parked run actor kept for it (taken first by its runs once the pool has it)
+                    "minWorkers": 1,
+                    "scaledownWindow": "30s",
+                },
             },
         )
         assert put.status_code == 201, put.text
-        assert put.json()["spec"]["maxWorkers"] == 1
+        spec = put.json()["spec"]
+        assert (spec["maxWorkers"], spec["minWorkers"], spec["scaledownWindow"]) == (1, 1, "30s")
         for index, name in enumerate(names):
             created = http.post(
                 RUNS,

@@ -178,3 +178,86 @@ def test_a_queued_runs_deadline_still_runs(tmp_path: Path) -> None:
         assert _status(plane, "late") == ("Failed", "DeadlineExceeded") and plane.run_actors.of("late") == []
 
     asyncio.run(scenario())
+
+
+# -- spec.minWorkers / scaledownWindow: parked run actors kept for the Agent --------------------
+
+
+def test_reservations_follow_the_agents_specs() -> None:
+    from nodus_ray.control.agent_slots import Reservation, reservations
+
+    agents = {
+        ("demo", "warm"): {"spec": {"minWorkers": 2, "scaledownWindow": "1m"}},
+        ("demo", "stopped"): {"spec": {"minWorkers": 2, "state": "Stopped"}},
+        ("demo", "plain"): {"spec": {"maxWorkers": 3}},
+    }
+    # A stopped agent keeps none (what it had retires at the next check: it has no window).
+    assert reservations(agents) == {("demo", "warm"): Reservation(2, 60.0)}
+
+
+def _pool(monkeypatch: pytest.MonkeyPatch, nodes: list[str]) -> Any:
+    from nodus_ray.control import run_pool
+
+    killed: list[str] = []
+    monkeypatch.setattr(run_pool.RunActorPool, "_alive_nodes", lambda self: nodes)
+    monkeypatch.setattr(run_pool.RunActorPool, "_create", staticmethod(lambda slots, warm: None))
+    monkeypatch.setattr(run_pool.ray, "kill", lambda handle, no_restart=True: killed.append(handle))
+    pool = run_pool.RunActorPool(per_node=1)
+    pool.killed = killed  # type: ignore[attr-defined]
+    return pool
+
+
+async def _park_all(pool: Any) -> None:
+    """Every created slot's actor starts and parks in its ``__init__`` (`claim`)."""
+    for slot in list(pool._slots.values()):
+        if slot.waiter is None:
+            slot.handle = slot.name
+            asyncio.get_running_loop().create_task(pool.claim(slot.name))
+    await asyncio.sleep(0)
+
+
+def test_the_pool_keeps_min_workers_for_the_agent_its_runs_take_them_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nodus_ray.control.agent_slots import Reservation
+
+    async def scenario() -> None:
+        pool = _pool(monkeypatch, ["node-a", "node-b"])
+        warm = ("demo", "warm")
+        pool.reservations = {warm: Reservation(3)}
+        await pool._refill()
+        await _park_all(pool)
+        kept = [slot for slot in pool._slots.values() if slot.agent == warm]
+        assert len(kept) == 3 and {slot.node for slot in kept} == {"node-a", "node-b"}  # spread
+        assert sum(1 for slot in pool._slots.values() if slot.agent is None) == 2  # one generic per node
+        taken = pool.take(warm)
+        assert taken is not None and taken.agent == warm
+        other = pool.take(("demo", "cold"))
+        assert other is not None and other.agent is None  # another agent's run never takes them
+        await pool._refill()  # a taken one is replaced
+        assert sum(1 for slot in pool._slots.values() if slot.agent == warm) == 3
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_kept_actor_beyond_min_workers_retires_after_the_scaledown_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nodus_ray.control import agent_slots
+    from nodus_ray.control.agent_slots import Reservation
+
+    async def scenario() -> None:
+        pool = _pool(monkeypatch, ["node-a"])
+        warm, gone = ("demo", "warm"), ("demo", "gone")
+        pool.reservations = {warm: Reservation(2), gone: Reservation(1)}
+        await pool._refill()
+        await _park_all(pool)
+        pool.reservations = {warm: Reservation(1, window=60.0)}  # lowered; "gone" was deleted
+        await pool._refill()
+        assert sum(1 for slot in pool._slots.values() if slot.agent == gone) == 0  # no window: at once
+        assert sum(1 for slot in pool._slots.values() if slot.agent == warm) == 2  # idle < 60 s: stays
+        later = agent_slots.plan(pool._slots.values(), ["node-a"], pool.reservations, 1e12, pool._ready)
+        assert later[0] == [] and len(later[1]) == 1  # once idle for the window, one retires
+        assert len(pool.killed) == 1
+
+    asyncio.run(scenario())
