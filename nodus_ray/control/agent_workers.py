@@ -131,6 +131,11 @@ class AgentWorkers:
             self._waiting[key].discard(name)  # the oldest one first: `take` admits it
         return [(project, name) for name, _ in valid[:free]]
 
+    def startable_for(self, key: Key) -> list[Key]:
+        """`startable` of the run's Agent: a raised limit shows when its next run queues."""
+        run = self._registry.runs.get(key)
+        return [] if run is None else self.startable(key[0], str(run["spec"]["agent"]))
+
     def _valid_waiter(self, agent: Key, name: str) -> dict[str, Any] | None:
         """The queued run, or None (and forgotten) when it was cancelled, suspended or deleted."""
         run = self._registry.runs.get((agent[0], name))

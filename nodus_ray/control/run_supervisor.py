@@ -167,6 +167,8 @@ class RunSupervisor:
         if task is None or task.done():
             if not self.workers.take(key):
                 self.arm_deadline(key)
+                for older in self.workers.startable_for(key):  # the limit was raised meanwhile
+                    self.supervise(older)
                 return
             self._tasks[key] = asyncio.get_running_loop().create_task(self._supervise_run(key))
 

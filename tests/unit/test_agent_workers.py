@@ -168,6 +168,22 @@ def test_group_members_its_group_admitted_still_wait_for_the_agents_limit(tmp_pa
     asyncio.run(scenario())
 
 
+def test_a_raised_limit_starts_the_oldest_queued_runs_when_the_next_one_comes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc(maxWorkers=1))
+        for name in ("a", "b"):
+            await plane.services.runs.create_run("demo", run_doc(name))
+        await until(lambda: plane.run_actors.of("a"), what="a's actor")
+        assert _status(plane, "b") == ("Pending", "MaxWorkersReached")
+        await plane.services.agents.apply_agent("demo", agent_doc(maxWorkers=2))
+        await plane.services.runs.create_run("demo", run_doc("c"))
+        await until(lambda: plane.run_actors.of("b"), what="b, older than c, took the new worker")
+        assert plane.run_actors.of("c") == [] and _status(plane, "c") == ("Pending", "MaxWorkersReached")
+
+    asyncio.run(scenario())
+
+
 def test_a_queued_runs_deadline_still_runs(tmp_path: Path) -> None:
     async def scenario() -> None:
         plane = await make_plane(tmp_path)
