@@ -124,6 +124,11 @@ class Journal:
         return self._prefix
 
     @property
+    def is_local(self) -> bool:
+        """Whether an append is a local file (well under a millisecond) rather than a request."""
+        return self._storage.is_local
+
+    @property
     def records(self) -> list[JournalRecord]:
         return list(self._records)
 

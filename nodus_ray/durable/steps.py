@@ -150,9 +150,14 @@ class Steps:
     async def _append(
         self, step_id: str, kind: str, state: StepState, payload: Any, *, attempt: int, cost_usd: str = "0"
     ) -> JournalRecord:
-        record = await asyncio.to_thread(
-            self.journal.append, step_id, kind, state, payload, attempt=attempt, cost_usd=cost_usd
-        )
+        if self.journal.is_local:
+            # A local append is one small fsync'd file: a hop to a thread and back would cost a
+            # third of it again on every step (`benchmarks/python_agents.py`).
+            record = self.journal.append(step_id, kind, state, payload, attempt=attempt, cost_usd=cost_usd)
+        else:  # a request to S3: the event loop must not wait on it
+            record = await asyncio.to_thread(
+                self.journal.append, step_id, kind, state, payload, attempt=attempt, cost_usd=cost_usd
+            )
         self._index(record)
         return record
 

@@ -47,12 +47,16 @@ def write_local(full: str, data: bytes, *, replace: bool) -> None:
     """Write ``full`` durably and atomically: the bytes to a temporary name, fsync'd, then
     renamed over it (``replace``) or linked to it, which raises `AlreadyExists` if it exists."""
     parent = os.path.dirname(full)
-    os.makedirs(parent, exist_ok=True)
     temporary = f"{parent}/.{os.path.basename(full)}.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "wb") as handle:
+    try:
+        handle = open(temporary, "xb")
+    except FileNotFoundError:  # the folder's first object (the journal's hot path skips the stats)
+        os.makedirs(parent, exist_ok=True)
+        handle = open(temporary, "xb")
+    with handle:
         handle.write(data)
         handle.flush()
-        os.fsync(handle.fileno())
+        os.fdatasync(handle.fileno())  # the data and its size; the times are not worth a write
     if replace:
         os.replace(temporary, full)
     else:

@@ -4,6 +4,7 @@ of one run's journal, the older of which must stop at its next write and never o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,7 +108,11 @@ def test_a_zombie_woken_after_its_started_stops_before_the_effect_and_the_replac
                 effects.append("replacement")
                 return {"ok": True}
 
-            result = asyncio.run(Steps(journal).run("turn-1/model-1", "model", replacement_effect))
+            # Another process in truth: its own thread and event loop (a local append runs on the
+            # zombie's loop, which is frozen here).
+            with concurrent.futures.ThreadPoolExecutor(1) as other:
+                replacement = Steps(journal).run("turn-1/model-1", "model", replacement_effect)
+                result = other.submit(asyncio.run, replacement).result()
             assert result == {"ok": True}
         return record
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,8 @@ def test_hello_answers_the_runs_facts_and_steps_are_numbered_by_the_actor(tmp_pa
     srv = server(tmp_path)
     replies = asyncio.run(play(srv, steps_program([1, 2])))
     assert replies[0] is not None and replies[0].value == {"input": {"x": 1}, "run": "r"}
-    assert [r.outcome for r in replies[1:] if r is not None] == ["execute", "ok", "execute", "ok"]
+    # A pure step's end is not answered (the program goes on at once); the record is written.
+    assert [None if r is None else r.outcome for r in replies[1:]] == ["execute", None, "execute", None]
     records = journal(tmp_path).records
     assert [(r.step_id, r.state) for r in records] == [("add-1", "Completed"), ("add-2", "Completed")]
     assert records[1].payload["result"] == 2
@@ -192,7 +192,7 @@ def test_the_program_over_the_socket(tmp_path: Path) -> None:
             for request in [*steps_program([5]), wire.Log("hi\n"), wire.Return({"ok": True})]:
                 stream.write(wire.encode(request))
                 stream.flush()
-                if not isinstance(request, wire.Log):
+                if not isinstance(request, wire.Log | wire.StepEnd):  # neither is answered
                     answers.append(json.loads(stream.readline()))
             return answers
 
@@ -207,28 +207,21 @@ def test_the_program_over_the_socket(tmp_path: Path) -> None:
         return answers, end
 
     answers, end = asyncio.run(main())
-    assert [a["outcome"] for a in answers] == ["ok", "execute", "ok", "ok"]
+    assert [a["outcome"] for a in answers] == ["ok", "execute", "ok"]
     assert end.value == {"ok": True} and logs == ["hi\n"]
 
 
-def test_per_step_overhead_of_a_thousand_pure_steps(tmp_path: Path) -> None:
-    """The durable overhead per step (one journal object each), recorded and replayed."""
-    program = steps_program(list(range(1000)))
-
-    async def timed(srv: ProgramServer, requests: list[wire.Request]) -> float:
-        began = time.perf_counter()
-        for request in requests:
-            await srv.dispatch(request)
-        return time.perf_counter() - began
-
-    recorded = asyncio.run(timed(server(tmp_path), program))
-    began = time.perf_counter()
-    srv = server(tmp_path)  # loading the journal is part of a replay
-    replayed = asyncio.run(timed(srv, [wire.Hello(), *[wire.StepBegin("add") for _ in range(1000)]]))
-    replayed += time.perf_counter() - began - replayed
+def test_a_thousand_pure_steps_write_one_record_each_and_replay_writes_none(tmp_path: Path) -> None:
+    """One journal object per pure step, and a replay of them all answers from the journal
+    without a write (their speed is `benchmarks/python_agents.py`'s, not a test's)."""
+    asyncio.run(play(server(tmp_path), steps_program(list(range(1000)))))
     assert len(journal(tmp_path).records) == 1000
-    print(f"\n1,000 pure steps: {recorded * 1000 / 1000:.3f} ms/step recorded, {replayed:.3f} s replay")
-    assert recorded / 1000 < 0.02, "a pure step costs one local journal write, well under 20 ms"
+    replies = asyncio.run(
+        play(server(tmp_path), [wire.Hello(), *[wire.StepBegin("add") for _ in range(1000)]])
+    )
+    assert [r.value for r in replies[1:] if r is not None] == list(range(1000))
+    assert [r.replaying for r in replies[1:] if r is not None][-2:] == [True, False]
+    assert len(journal(tmp_path).records) == 1000
 
 
 def test_a_retried_failed_step_runs_again_as_its_next_attempt(tmp_path: Path) -> None:
@@ -293,7 +286,9 @@ def test_a_step_cut_after_its_model_call_runs_again_and_its_call_is_replayed(tmp
     cut = [wire.Hello(), wire.StepBegin("ask"), wire.ModelCall({"messages": []})]
     asyncio.run(play(serve(), cut))  # the process died before StepEnd
     replies = asyncio.run(play(serve(), [*cut, wire.StepEnd("ask", "hi"), wire.StepBegin("after")]))
-    assert [r.outcome for r in replies if r is not None] == ["ok", "execute", "recorded", "ok", "execute"]
+    outcomes = [None if r is None else r.outcome for r in replies]
+    # A pure step's end is not answered: the program goes on at once.
+    assert outcomes == ["ok", "execute", "recorded", None, "execute"]
     assert made == ["ask-1/model-1"], "the call was made once"
 
 

@@ -135,6 +135,7 @@ class FakeActor:
         def recorded(entry: Entry) -> Reply:
             return Reply(Outcome.RECORDED, entry.value, entry.error, replaying=cursor < len(self.journal))
 
+        pending_effect = "pure"
         with conn:
             for line in reader:
                 began = time.perf_counter()
@@ -147,16 +148,17 @@ class FakeActor:
                         reply = Reply(
                             Outcome.OK, {**facts, "attempt": len(self.starts)}, replaying=bool(self.journal)
                         )
-                    case StepBegin(name=name):
+                    case StepBegin(name=name, effect=effect):
                         step_id = ident(name)
                         entry = replay_or(step_id)
                         if entry is not None:
                             reply = recorded(entry)
                         else:
-                            pending, reply = step_id, Reply(Outcome.EXECUTE)
+                            pending, pending_effect, reply = step_id, effect, Reply(Outcome.EXECUTE)
                     case StepEnd(value=value):
                         record(pending or "?", value)
-                        reply = Reply(Outcome.OK)
+                        # As the real actor: only an external step's end is answered.
+                        reply = Reply(Outcome.OK) if pending_effect == "external" else None
                     case StepFail(error=error):
                         record(pending or "?", None, error)
                         reply = Reply(Outcome.OK)

@@ -237,6 +237,8 @@ class ProgramServer:
                     await writer.drain()
         except (ConnectionError, OSError):
             pass
+        except Exception as error:  # noqa: BLE001 - e.g. Fenced: the actor's finished() raises it
+            self._settle(None, error)
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
@@ -371,7 +373,7 @@ class ProgramServer:
         self._open = _Open(name=request.name, step_id=step_id, effect=effect, attempt=begun.attempt)
         return wire.Reply(wire.Outcome.EXECUTE, replaying=self._replaying())
 
-    async def _step_end(self, request: wire.StepEnd | wire.StepFail) -> wire.Reply:
+    async def _step_end(self, request: wire.StepEnd | wire.StepFail) -> wire.Reply | None:
         running = self._open
         if running is None or running.name != request.name:
             raise wire.ProtocolError(f"step {request.name!r} ended but was not running")
@@ -390,6 +392,8 @@ class ProgramServer:
                 attempt=running.attempt,
                 summary=_summary(request.value),
             )
+        if running.effect != "external" and isinstance(request, wire.StepEnd):
+            return None  # the program went on already (`RunContext`'s step end of a pure step)
         return wire.Reply(wire.Outcome.OK, replaying=self._replaying())
 
 

@@ -165,6 +165,9 @@ class _Transport:
     def call(self, request: Request) -> Any:
         return self.client.call(request)
 
+    def post(self, request: Request) -> None:
+        self.client.post(request)
+
     def fail(self, error: ErrorInfo, cause: BaseException | None = None) -> NoReturn:
         self.client.fail(error)
 

@@ -89,6 +89,16 @@ class RuntimeClient:
                 self.exit(EXIT_FATAL)
             return reply
 
+    def post(self, request: Request) -> None:
+        """Send a request the actor does not answer (a pure or idempotent step's end). A lost
+        actor shows at the next `call`, which finds the socket closed."""
+        line = _dumps(request)
+        with self._lock:
+            try:
+                self._sock.sendall(line)
+            except OSError:
+                self.exit(EXIT_LOST)
+
     def log(self, text: str, stream: str = "stdout") -> None:
         """Program output; fire-and-forget (the actor does not answer it)."""
         with self._lock:

@@ -58,6 +58,10 @@ class Transport(Protocol):
 
     def call(self, request: Request) -> Reply: ...
 
+    def post(self, request: Request) -> None:
+        """Send a request the actor does not answer (a pure or idempotent step's end)."""
+        ...
+
     def fail(self, error: ErrorInfo, cause: BaseException | None = None) -> NoReturn:
         """End the run as failed with ``error`` (the program does not go on)."""
         ...
@@ -235,6 +239,17 @@ class ProgramContext:
     def _failed(self, name: str, exc: Exception) -> None:
         self._transport.call(StepFail(name=name, error=error_info(exc)))
 
+    def _end(self, name: str, value: Any, effect: str) -> None:
+        """A step's value to the journal. An external step waits for the record (its effect is
+        done and must not be repeated); a pure or idempotent one goes on at once: the actor
+        reads requests in order, so the record is written before anything this program asks
+        next, and were it lost with the actor, the step would simply run again."""
+        end = StepEnd(name=name, value=value)
+        if effect == "external":
+            self._transport.call(end)
+        else:
+            self._transport.post(end)
+
     def run_step(self, name: str, fn: Callable[[], Any], effect: str) -> Any:
         if self._depth:
             return fn()
@@ -250,7 +265,7 @@ class ProgramContext:
             raise
         self._depth -= 1
         value = self.json_result(value, f"step {name} returned a value that")
-        self._transport.call(StepEnd(name=name, value=value))
+        self._end(name, value, effect)
         return value
 
     async def run_step_async(self, name: str, fn: Callable[[], Awaitable[Any]], effect: str) -> Any:
@@ -268,7 +283,7 @@ class ProgramContext:
             raise
         self._depth -= 1
         value = self.json_result(value, f"step {name} returned a value that")
-        self._transport.call(StepEnd(name=name, value=value))
+        self._end(name, value, effect)
         return value
 
     # -- RunContext -----------------------------------------------------------------------------

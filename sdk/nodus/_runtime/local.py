@@ -152,6 +152,9 @@ class LocalJournal:
         if self._runs.record is not None:
             self._runs.record.append(entry)
 
+    def post(self, request: Request) -> None:
+        self.call(request)
+
     def call(self, request: Request) -> Reply:
         match request:
             case StepBegin(name=name):

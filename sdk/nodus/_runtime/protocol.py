@@ -13,7 +13,10 @@ A step the program runs itself (a decorated function, ``ctx.step``) is two reque
    - ``recorded``: the journal has the step's result (``value``) or its exception (``error``);
      the program returns or raises it without running the function.
    - ``execute``: run the function now, then send ``StepEnd`` (its JSON value) or
-     ``StepFail`` (its exception); the actor answers ``ok`` once the result is journaled.
+     ``StepFail`` (its exception); the actor answers ``ok`` once the result is journaled,
+     except for the ``StepEnd`` of a ``pure`` or ``idempotent`` step, which it does not answer:
+     the program goes on at once (the actor writes the record before it reads the next
+     request, and a step whose record was lost runs again anyway), which saves a round trip.
 2. Everything else (a model call, a timer, a message, children, outputs) is one request that
    the actor carries out as a journaled step of its own and answers with ``recorded`` (the
    step's value) — whether it ran now or was replayed makes no difference to the program.
@@ -331,10 +334,16 @@ class Reply:
 
 
 def encode(message: Request | Reply) -> bytes:
-    """One line of the protocol. Raises TypeError/ValueError for a value that is not JSON."""
-    data = asdict(message)
-    if isinstance(message, Reply) and message.error is None:
+    """One line of the protocol. Raises TypeError/ValueError for a value that is not JSON.
+
+    Shallow on purpose (this is on every step's path): the fields hold JSON values as they
+    are, but for an ErrorInfo; `asdict` would deep-copy a step's whole value first."""
+    data = dict(message.__dict__)
+    error = data.get("error")
+    if error is None and isinstance(message, Reply):
         data.pop("error")
+    elif isinstance(error, ErrorInfo):
+        data["error"] = asdict(error)
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
 
 
