@@ -147,7 +147,7 @@ def test_send_delivers_once_with_a_key_of_its_step(tmp_path: Path) -> None:
     for _ in range(2):
         asyncio.run(world.waits().send("send-1", wire.Send("other", "ping", {"x": 1})))
     # A message is text: a payload that is not travels as its JSON, as AgentRun.send sends it.
-    assert world.control.sent == [("p", "other", "{\"x\":1}", "r/send-1", "ping")]
+    assert world.control.sent == [("p", "other", '{"x":1}', "r/send-1", "ping")]
 
 
 def test_save_output_stores_a_workspace_file_and_refuses_paths_outside(tmp_path: Path) -> None:
