@@ -14,7 +14,7 @@ import logging
 import shutil
 import socket
 from collections.abc import Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
@@ -43,6 +43,7 @@ from nodus_ray.runtime.program.python_program import PythonProgram
 from nodus_ray.runtime.program.server import ContinuedAsNew, Parked
 from nodus_ray.runtime.program.wiring import build_program, ensure_program_workspace, is_program
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
+from nodus_ray.runtime.run_config import RunConfig
 from nodus_ray.runtime.waiting import command_evidence, needs_resolution_message
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
 from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
@@ -62,40 +63,6 @@ _CONTROL_PLANE_PATIENCE_SECONDS = 120.0
 def run_actor_name(project: str, name: str, attempt: int) -> str:
     """Unique per attempt, so a replacement never races the dead actor's name."""
     return f"run.{project}.{name}.{attempt}"
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything an actor needs, pinned when the run was created (never read from the Agent)."""
-
-    project: str
-    name: str
-    agent: str
-    agent_revision: int
-    agent_spec: dict[str, Any]
-    run_spec: dict[str, Any]
-    storage_uri: str
-    workspace: str
-    deadline_at: str | None
-    offline_latency_seconds: float = 0.0
-    sandbox_uid: int | None = None
-    hidden_paths: tuple[str, ...] = ()
-    cap_usd: str | None = None
-    prices_file: str | None = None
-    group: str | None = None
-    workspace_snapshots: bool = True
-    workspace_seeded: bool = False  # an evaluation task's files are its first workspace
-    egress_private_networks: str = ""  # the operator's NODUS_EGRESS_PRIVATE_NETWORKS
-    attempt: int = 0  # status.attempts when this actor was started: its epoch (`durable.fencing`)
-    program_cpu_seconds: int = 3600  # a Python program's CPU seconds (NODUS_PROGRAM_CPU_SECONDS)
-    # A Python program's journal generation (``continue_as_new``, `control.generations`): its
-    # input (None: the run's own), its journal's first seq, what the earlier ones cost, the
-    # last message seq of each name they took.
-    generation: int = 0
-    generation_input: str | None = None
-    journal_first_seq: int = 0
-    prior_cost_usd: str = "0"
-    messages_read: dict[str, int] = field(default_factory=dict)
 
 
 class RunActor:

@@ -1,0 +1,46 @@
+"""What a run actor is started with: everything pinned when the run was created.
+
+A dataclass apart from the actor so the control plane (`control.run_config` builds it), the
+run pool and the tests name it without importing the actor's machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunConfig"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything an actor needs, pinned when the run was created (never read from the Agent)."""
+
+    project: str
+    name: str
+    agent: str
+    agent_revision: int
+    agent_spec: dict[str, Any]
+    run_spec: dict[str, Any]
+    storage_uri: str
+    workspace: str
+    deadline_at: str | None
+    offline_latency_seconds: float = 0.0
+    sandbox_uid: int | None = None
+    hidden_paths: tuple[str, ...] = ()
+    cap_usd: str | None = None
+    prices_file: str | None = None
+    group: str | None = None
+    workspace_snapshots: bool = True
+    workspace_seeded: bool = False  # an evaluation task's files are its first workspace
+    egress_private_networks: str = ""  # the operator's NODUS_EGRESS_PRIVATE_NETWORKS
+    attempt: int = 0  # status.attempts when this actor was started: its epoch (`durable.fencing`)
+    program_cpu_seconds: int = 3600  # a Python program's CPU seconds (NODUS_PROGRAM_CPU_SECONDS)
+    # A Python program's journal generation (``continue_as_new``, `control.generations`): its
+    # input (None: the run's own), its journal's first seq, what the earlier ones cost, the
+    # last message seq of each name they took.
+    generation: int = 0
+    generation_input: str | None = None
+    journal_first_seq: int = 0
+    prior_cost_usd: str = "0"
+    messages_read: dict[str, int] = field(default_factory=dict)
