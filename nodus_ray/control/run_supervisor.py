@@ -52,6 +52,7 @@ from nodus_ray.durable.fencing import Fenced, JournalConflict
 from nodus_ray.faults import crash_point
 from nodus_ray.money.credits import CreditLedger
 from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig, run_actor_name
+from nodus_ray.runtime.run_config import actor_resources
 from nodus_ray.sandbox.run_workspaces import workspace_path
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 from nodus_ray.settings import NAMESPACE, ServerSettings
@@ -86,7 +87,11 @@ class RayRunActors:
 
     def start(self, name: str, config: RunConfig) -> Any:
         return RemoteRunActor.options(
-            name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            **actor_resources(config.agent_spec),
         ).remote(config)
 
     def kill(self, actor: Any) -> None:
@@ -201,7 +206,10 @@ class RunSupervisor:
             workspace=self.workspace(project, name),
             hidden_paths=self.hidden_paths(),
         )
-        slot = self._pool.take((project, str(run["spec"]["agent"])))  # one kept for its Agent first
+        # One kept for its Agent first; an Agent that sizes its actors (spec.cpu/memory) gets a
+        # fresh one, since a pre-started actor holds no resources.
+        sized = bool(actor_resources(config.agent_spec))
+        slot = None if sized else self._pool.take((project, str(run["spec"]["agent"])))
         if slot is not None:
             await self._note(key, {"attempts": attempt, "actorName": slot.name})
             assigned = self._pool.assign(slot, config)

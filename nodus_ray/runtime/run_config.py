@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunConfig"]
+__all__ = ["RunConfig", "actor_resources"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,17 @@ class RunConfig:
     journal_first_seq: int = 0
     prior_cost_usd: str = "0"
     messages_read: dict[str, int] = field(default_factory=dict)
+
+
+def actor_resources(agent_spec: dict[str, Any]) -> dict[str, float]:
+    """The Ray resources a run actor of this Agent asks for: ``spec.cpu`` as CPUs and
+    ``spec.memory`` as memory, so Ray places it where they are free; none by default (a run
+    actor waits on its model and its sandbox far more than it computes)."""
+    from nodus.schema_agent import memory_bytes  # the schema's own reading of "2Gi"
+
+    wanted: dict[str, float] = {}
+    if agent_spec.get("cpu"):
+        wanted["num_cpus"] = float(agent_spec["cpu"])
+    if agent_spec.get("memory"):
+        wanted["memory"] = float(memory_bytes(str(agent_spec["memory"])))
+    return wanted

@@ -277,3 +277,11 @@ def test_an_idle_kept_actor_beyond_min_workers_retires_after_the_scaledown_windo
         assert len(pool.killed) == 1
 
     asyncio.run(scenario())
+
+
+def test_an_agents_cpu_and_memory_are_its_run_actors_ray_resources() -> None:
+    from nodus_ray.runtime.run_config import actor_resources
+
+    assert actor_resources({}) == {}
+    assert actor_resources({"cpu": 0.5, "memory": "512Mi"}) == {"num_cpus": 0.5, "memory": float(512 << 20)}
+    assert actor_resources({"memory": "2Gi"}) == {"memory": float(2 << 30)}
