@@ -165,7 +165,21 @@ def _keep_tmp_args(keep_dirs: Sequence[str], hidden: Sequence[Path]) -> list[str
     args: list[str] = []
     kept = sorted({os.path.realpath(d) for d in keep_dirs if os.path.isdir(d)})
     kept = [d for d in kept if _within(d, "/tmp") and d != "/tmp"]
+    # bubblewrap makes a mount point's missing parents 0700 and root's: the sandbox uid must
+    # pass through them (a clone in /tmp/ci/... with its venv), so they are made 0755 first.
+    between: list[str] = []
     for directory in kept:
+        parent = os.path.dirname(directory)
+        chain: list[str] = []
+        while parent != "/tmp" and _within(parent, "/tmp"):
+            chain.insert(0, parent)
+            parent = os.path.dirname(parent)
+        between += [p for p in chain if p not in between and not any(_within(p, k) for k in kept)]
+    for step in between:
+        args += ["--perms", "0755", "--dir", step]
+    for directory in kept:
+        if any(_within(directory, k) and directory != k for k in kept):
+            continue  # inside another kept directory: bound with it
         args += ["--ro-bind", directory, directory]
     for path in sorted({os.path.realpath(p) for p in hidden if os.path.isdir(p)}):
         if any(_within(path, d) for d in kept):
