@@ -22,16 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodus._runtime.protocol import ENV_SOCKET, SANDBOX_RUNTIME_DIR
+from nodus._runtime.protocol import SANDBOX_RUNTIME_DIR
 from nodus_ray.sandbox.api import _SANDBOX_PATH, Sandbox, SandboxLimits
 from nodus_ray.sandbox.bubblewrap import BubblewrapSandbox, _bwrap_argv, _seccomp_fd
 from nodus_ray.sandbox.limits import _shell_argv
-from nodus_ray.sandbox.process import ProcessSandbox
 
-__all__ = ["ProgramLaunch", "interpreter_dirs", "start_program", "stop_program", "ENV_RUNTIME_DIR"]
-
-# Only under the process fallback (no bubblewrap, so no bind): where the runtime dir is.
-ENV_RUNTIME_DIR = "NODUS_RUNTIME_DIR"
+__all__ = ["ProgramLaunch", "interpreter_dirs", "start_program", "stop_program"]
 
 
 def interpreter_dirs() -> list[str]:
@@ -90,27 +86,8 @@ def start_program(sandbox: Sandbox, launch: ProgramLaunch) -> subprocess.Popen[b
                 cwd="/",
                 pass_fds=() if fd is None else (fd,),
             )
-    if isinstance(sandbox, ProcessSandbox):
-        sandbox._reseal()
-        kwargs = sandbox._popen_kwargs()
-        socket_path = str(launch.runtime_dir / "runtime.sock")
-        kwargs["env"] = {
-            **kwargs["env"],
-            **launch.env,
-            ENV_SOCKET: socket_path,
-            ENV_RUNTIME_DIR: str(launch.runtime_dir),
-            "PATH": _path_env(),
-        }
-        return subprocess.Popen(
-            shell,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            **kwargs,
-        )
-    raise TypeError(f"cannot start a program in a {type(sandbox).__name__}")
+    # A program is untrusted code: never without bubblewrap (`PythonProgram` refuses earlier).
+    raise TypeError(f"a program runs only in bubblewrap, not in a {type(sandbox).__name__}")
 
 
 def stop_program(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:

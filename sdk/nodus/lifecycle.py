@@ -103,6 +103,7 @@ class RunReason(StrEnum):
     RUNNER_LOST = "RunnerLost"
     INTERNAL_ERROR = "InternalError"
     PROGRAM_FAILED = "ProgramFailed"  # a Python program raised (status.message: the exception)
+    SANDBOX_UNAVAILABLE = "SandboxUnavailable"  # a Python program on a node without bubblewrap
     STEP_CANCELLED = "StepCancelled"
     NON_DETERMINISTIC = "NonDeterministic"  # replay met a recorded step the program no longer asks for
     # Cancelled

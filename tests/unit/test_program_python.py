@@ -97,7 +97,12 @@ async def _reserve(amount: Decimal) -> None:
 
 
 def run_program(
-    tmp_path: Path, input: dict[str, Any], attempt: int = 1, cpu_seconds: int = 3600, setup: str | None = None
+    tmp_path: Path,
+    input: dict[str, Any],
+    attempt: int = 1,
+    cpu_seconds: int = 3600,
+    setup: str | None = None,
+    sandbox: Any = None,
 ) -> str:
     storage = Storage(str(tmp_path / "store"))
     storage.write_bytes(
@@ -124,7 +129,7 @@ def run_program(
         ),
         steps=steps,
         storage=storage,
-        open_sandbox=lambda: create_sandbox(workspace),
+        open_sandbox=lambda: (sandbox or create_sandbox)(workspace),
         waits=ProgramWaits(
             steps=steps, control=FakeControl(), storage=storage, project="p", run="r", workspace=workspace
         ),
@@ -209,3 +214,18 @@ def test_setup_runs_once_and_what_it_installs_is_importable(tmp_path: Path) -> N
     assert run_program(tmp_path, {"installed": True}, setup=setup) == "5"
     assert run_program(tmp_path, {"installed": True}, setup=setup, attempt=2) == "5"
     assert (tmp_path / "ws" / "setup.log").read_text() == "ran\n", "setup is a journaled step: once"
+
+
+def test_without_bubblewrap_a_program_does_not_run_at_all(tmp_path: Path) -> None:
+    # Commands of a Claude run may fall back to plain processes (with a note); a program, the
+    # user's own code, runs inside bubblewrap or not at all.
+    from nodus_ray.sandbox.process import ProcessSandbox
+
+    def fallback(workspace: Path) -> ProcessSandbox:
+        return ProcessSandbox(workspace, note="bubblewrap not available (this test)")
+
+    with pytest.raises(RunFailure) as refused:
+        run_program(tmp_path, {}, sandbox=fallback)
+    assert refused.value.reason == "SandboxUnavailable"
+    assert "only inside bubblewrap" in refused.value.message and "this test" in refused.value.message
+    assert not (tmp_path / "ws" / "state" / "count").exists(), "no step of the program ran"

@@ -300,6 +300,14 @@ class PythonProgram:
         )
         if self.sandbox is None:  # replayed: the workspace exists; reattach to it
             self.sandbox = await asyncio.to_thread(self.open_sandbox)
+        if self.sandbox.backend != "bubblewrap":
+            # The program is untrusted code: it runs inside bubblewrap or not at all (a Claude
+            # run's commands may fall back to plain processes, with a note; a program may not).
+            raise RunFailure(
+                RunReason.SANDBOX_UNAVAILABLE,
+                "a Python agent's program runs only inside bubblewrap, which this node cannot run "
+                f"({self.sandbox.note}); install it there (apt-get install bubblewrap)",
+            )
         env = getattr(self.sandbox, "env", None)
         if isinstance(env, dict):  # what setup installs lands in the workspace, first on sys.path
             env["PIP_TARGET"] = wire.SANDBOX_SITE_DIR
