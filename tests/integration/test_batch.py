@@ -111,6 +111,9 @@ def test_an_interrupted_batch_resumes_and_finished_tasks_are_not_run_again(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A test session started in the background inherits SIGINT ignored (a shell does that to
+        # background jobs), and Python then never raises KeyboardInterrupt: Ctrl-C as a user's.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     wait_for(
         lambda: (get_group(server, group).get("status") or {}).get("counts", {}).get("succeeded", 0) >= 2,
