@@ -306,3 +306,31 @@ def test_a_program_that_gives_up_inside_a_step_fails_with_what_it_said(tmp_path:
     replies, end = asyncio.run(program())
     assert [r.outcome for r in replies if r is not None] == ["ok", "execute", "ok"]
     assert end.error == said
+
+
+def test_secret_values_are_masked_in_what_the_program_hands_over_before_it_is_kept(tmp_path: Path) -> None:
+    from nodus_ray.core.redaction import Redactor
+
+    secret = "tok-0123456789abcdef"
+    srv = ProgramServer(Steps(journal(tmp_path)), FakeOps(), {}, redact=Redactor({"api/TOKEN": secret}))
+    leaked = wire.ErrorInfo("builtins.ValueError", f"bad token {secret}", f"line 3: {secret}")
+
+    async def program() -> Any:
+        srv._finished = asyncio.get_running_loop().create_future()
+        await play(
+            srv,
+            [
+                wire.Hello(),
+                wire.StepBegin("read"),
+                wire.StepEnd("read", {"token": secret}),
+                wire.StepBegin("use"),
+                wire.StepFail("use", leaked),
+                wire.Raise(leaked),
+            ],
+        )
+        return await srv.finished()
+
+    end = asyncio.run(program())
+    kept = json.dumps([r.payload for r in journal(tmp_path).records])
+    assert secret not in kept and "[REDACTED:api/TOKEN]" in kept
+    assert end.error is not None and secret not in end.error.message + end.error.traceback

@@ -185,7 +185,7 @@ class ModelCalls:
             "stop_sequence": None,
             "family": family,
             "routing": routing,
-            "prompt": prompt[:_PROMPT_PREVIEW],
+            "prompt": self.redact(prompt[:_PROMPT_PREVIEW]),
             "billedUSD": str(charged),
             "at": utc_now(),
         }

@@ -193,7 +193,7 @@ class PythonProgram:
 
     async def _serve_once(self, runtime: Path) -> ProgramEnd:
         """One program process, from its start to its end (raises how it stopped otherwise)."""
-        server = ProgramServer(self.steps, _Ops(self), self._facts(), on_log=self._on_log)
+        server = ProgramServer(self.steps, _Ops(self), self._facts(), on_log=self._on_log, redact=self.redact)
         socket_path = runtime / "runtime.sock"
         socket_path.unlink(missing_ok=True)  # a lost process's server listened here before
         await server.start(socket_path)

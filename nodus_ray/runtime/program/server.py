@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from nodus._runtime import protocol as wire
 from nodus.lifecycle import RunReason
+from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import NeedsResolution, NonDeterministic, StepFailed, Steps
 from nodus_ray.faults import crash_point
 from nodus_ray.money.spend import CapExceeded, CreditsExhausted
@@ -167,11 +168,16 @@ class ProgramServer:
         facts: dict[str, Any],
         *,
         on_log: Callable[[wire.Log], None] | None = None,
+        redact: Redactor | None = None,
     ) -> None:
         self.steps = steps
         self.ops = ops
         self.facts = facts
         self.on_log = on_log
+        # The run's secret values, masked in whatever the program hands over to be kept (a
+        # step's value or exception, its return value, why it raised) before it is journaled
+        # or stored, as command output is: neither storage nor status ever holds one.
+        self.redact = redact or Redactor({})
         self._counts: dict[str, int] = {}
         self._open: _Open | None = None
         self._said_hello = False
@@ -272,6 +278,9 @@ class ProgramServer:
             self._settle(None, switched)
             return wire.Reply(wire.Outcome.OK)
 
+    def _redacted(self, error: wire.ErrorInfo) -> wire.ErrorInfo:
+        return wire.ErrorInfo(error.type, self.redact(error.message), self.redact(error.traceback))
+
     def _fatal(self, failure: RunFailure) -> wire.Reply:
         self._settle(None, failure)
         return wire.Reply(wire.Outcome.FATAL, message=failure.message)
@@ -323,10 +332,10 @@ class ProgramServer:
             case wire.StepBegin():
                 return await self._step_begin(request)
             case wire.Return():
-                self._settle(ProgramEnd(value=request.value), None)
+                self._settle(ProgramEnd(value=self.redact.tree(request.value)), None)
                 return wire.Reply(wire.Outcome.OK)
             case wire.Raise():
-                self._settle(ProgramEnd(error=request.error), None)
+                self._settle(ProgramEnd(error=self._redacted(request.error)), None)
                 return wire.Reply(wire.Outcome.OK)
             case wire.ModelCall():
                 return self._value(await self.ops.model(self._next_id("model"), request))
@@ -382,15 +391,15 @@ class ProgramServer:
             await self.ops.after_external(running.step_id)
         crash_point("step-effect-done", f"{self.steps.journal.prefix}/{running.step_id}")
         if isinstance(request, wire.StepFail):
-            error = _error_dict(request.error)
+            error = _error_dict(self._redacted(request.error))
             await self.steps.fail(running.step_id, "step", error, attempt=running.attempt)
         else:
             await self.steps.end(
                 running.step_id,
                 "step",
-                request.value,
+                self.redact.tree(request.value),
                 attempt=running.attempt,
-                summary=_summary(request.value),
+                summary=self.redact(_summary(request.value)),
             )
         if running.effect != "external" and isinstance(request, wire.StepEnd):
             return None  # the program went on already (`RunContext`'s step end of a pure step)
