@@ -251,5 +251,5 @@ def main(ctx, input):
     assert len(actor.journal) == 1000
     per_step_ms = total * 1000 / 1000
     program_ms = (total - start.handling_seconds) * 1000 / 1000
+    # Printed, not asserted: speed is benchmarks/python_agents.py's to measure, beside its baselines.
     print(json.dumps({"per_step_ms": round(per_step_ms, 4), "program_side_ms": round(program_ms, 4)}))
-    assert per_step_ms < 1.0, f"{per_step_ms:.3f} ms a step with the fake actor"
