@@ -20,6 +20,7 @@ __all__ = [
     "Forbidden",
     "Conflict",
     "PayloadTooLarge",
+    "PayloadExpired",
     "Unavailable",
     "TooManyRequests",
     "WaitTimeout",
@@ -110,6 +111,14 @@ class PayloadTooLarge(Invalid):
     default_code = "PayloadTooLarge"
 
 
+class PayloadExpired(NodusError):
+    """A recorded payload (an input, a message, a model reply, command output, an answer, an
+    output, a per-case record) was deleted after its retention; the run and its totals remain."""
+
+    status = 410
+    default_code = "PayloadExpired"
+
+
 class Unavailable(NodusError):
     """The server cannot be reached or is not ready."""
 
@@ -158,6 +167,7 @@ _BY_STATUS: dict[int, type[NodusError]] = {
     403: Forbidden,
     404: NotFound,
     409: Conflict,
+    410: PayloadExpired,
     413: PayloadTooLarge,
     422: Invalid,
     429: TooManyRequests,

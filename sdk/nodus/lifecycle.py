@@ -88,6 +88,9 @@ class RunReason(StrEnum):
     NEEDS_RESOLUTION = "NeedsResolution"
     MAX_COST_REACHED = "MaxCostReached"
     INSUFFICIENT_CREDITS = "InsufficientCredits"
+    # the project's Budget (kind Budget) cannot hold the next call's or command's worst case; the
+    # run goes on when the budget is raised or a new period starts
+    BUDGET_EXCEEDED = "BudgetExceeded"
     # Succeeded
     COMPLETED = "Completed"
     MAX_TOKENS_REACHED = "MaxTokensReached"
@@ -104,6 +107,7 @@ class RunReason(StrEnum):
     INTERNAL_ERROR = "InternalError"
     PROGRAM_FAILED = "ProgramFailed"  # a Python program raised (status.message: the exception)
     SANDBOX_UNAVAILABLE = "SandboxUnavailable"  # a Python program on a node without bubblewrap
+    IMAGE_PULL_FAILED = "ImagePullFailed"  # spec.image could not be resolved, pulled or unpacked
     STEP_CANCELLED = "StepCancelled"
     NON_DETERMINISTIC = "NonDeterministic"  # replay met a recorded step the program no longer asks for
     # Cancelled
@@ -129,6 +133,7 @@ class BlockedReason(StrEnum):
     DEPENDENCY_WAIT = "DependencyWait"
     MAX_ACTIVE_REACHED = "MaxActiveReached"
     MAX_COST_REACHED = "MaxCostReached"
+    BUDGET_EXCEEDED = "BudgetExceeded"  # the project's Budget has no room: the group admits nothing
     NEEDS_RESOLUTION = "NeedsResolution"
 
 
@@ -152,6 +157,7 @@ PARKED_REASONS: frozenset[RunReason] = frozenset(
         RunReason.MAX_COST_REACHED,
         RunReason.AWAITING_MESSAGE,
         RunReason.INSUFFICIENT_CREDITS,
+        RunReason.BUDGET_EXCEEDED,
         RunReason.SLEEPING,
         RunReason.AWAITING_CHILDREN,
         RunReason.SUSPENDED,

@@ -48,6 +48,7 @@ def test_the_wire_is_the_documents_strings() -> None:
         "DependencyWait",
         "MaxActiveReached",
         "MaxCostReached",
+        "BudgetExceeded",
         "NeedsResolution",
     }
     assert GroupReason.RUNS_FAILED == "RunsFailed"
@@ -74,11 +75,12 @@ def test_every_parked_reason_holds_no_actor_including_credits() -> None:
         "MaxCostReached",
         "AwaitingMessage",
         "InsufficientCredits",
+        "BudgetExceeded",
         "Sleeping",
         "AwaitingChildren",
         "Suspended",
     }
-    assert is_parked("Waiting", "InsufficientCredits")
+    assert is_parked("Waiting", "InsufficientCredits") and is_parked("Waiting", "BudgetExceeded")
     assert is_parked("Waiting", "Sleeping") and is_parked("Waiting", "Suspended")
     assert not is_parked("Running", "AwaitingMessage")
     assert not is_parked("Waiting", None)
