@@ -14,10 +14,12 @@ $(BIN)/nodus: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(BIN)/nodus
 
+# bubblewrap runs commands; skopeo and umoci resolve and unpack an Agent's spec.image;
+# busybox-static is what the tests build their small images from.
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-		echo "installing bubblewrap (the sandbox) with apt"; \
-		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+	@{ command -v bwrap && command -v skopeo && command -v umoci && dpkg -s busybox-static; } >/dev/null 2>&1 || { \
+		echo "installing bubblewrap (the sandbox), skopeo, umoci and busybox-static (images) with apt"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap skopeo umoci busybox-static; }
 
 setup: $(BIN)/nodus system-deps
 
