@@ -112,7 +112,11 @@ AGENT_PARAMS: tuple[AgentParam, ...] = (
         "--max-cost",
         to_spec=_cost,
     ),
-    AgentParam("image", "image", "An image reference (stored and listed; commands still run on the host)."),
+    AgentParam(
+        "image",
+        "image",
+        "The OCI image commands run on: docker://NAME[:TAG], oci:/PATH[:TAG] or oci-archive:/FILE[:TAG].",
+    ),
     AgentParam(
         "env",
         "env",

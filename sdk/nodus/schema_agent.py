@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field, StrictInt, model_validator
 
 from .durations import parse_duration
 from .egress_policy import MAX_ALLOWED_HOSTS, validate_allowed_host
+from .image_ref import validate_image_ref
 from .schema_common import (
     API_VERSION,
     MAX_INPUT_BYTES,
@@ -210,7 +211,8 @@ class AgentSpec(StrictModel):
     maxTokens: StrictInt = Field(default=1024, ge=1, le=128_000)
     maxToolCalls: StrictInt = Field(default=50, ge=1, le=1000)
     perRunMaxCostUSD: UsdAmount = "1.00"
-    image: str | None = Field(default=None, max_length=512)
+    # An OCI image reference (`image_ref`): commands run on its root, not the host's.
+    image: Annotated[str, AfterValidator(validate_image_ref)] | None = Field(default=None, max_length=512)
     state: Literal["Running", "Stopped"] = "Running"
     env: Annotated[list[EnvVar], AfterValidator(_unique_env)] = Field(
         default_factory=list, max_length=MAX_ENV_VARS
