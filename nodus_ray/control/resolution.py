@@ -9,13 +9,19 @@ the journal's only writer then) and starts the run again:
 * ``NoEffect``: the step did nothing; replay runs it again as the next attempt;
 * ``Cancelled``: the run fails (``StepCancelled``) and the step is recorded as failed.
 
-A decision names the run's ``metadata.resourceVersion`` it was made on: of two people who
-looked at the same uncertain step, only the first decision is taken.
+A decision names the run's ``metadata.resourceVersion`` it was made on (``expectedRevision``;
+``revision`` is its older name): of two people who looked at the same uncertain step, only the
+first decision is taken. It may also name the journal position it was made on
+(``checkpointSeq``, the seq of the journal's last record, as ``steps`` shows it): a decision made
+before the run's journal moved on (a message came, another decision was recorded) is refused
+``StaleCheckpoint``, and a position the journal has not reached is refused as invalid.
+``evidence`` is text or an object of text (SDK: ``dict[str, str]``), kept with the step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from nodus.errors import Conflict, Invalid
@@ -27,7 +33,7 @@ from nodus_ray.durable.fencing import JournalConflict
 from nodus_ray.durable.journal import Journal
 from nodus_ray.store.timestamps import utc_now
 
-__all__ = ["ResolutionService", "DECISIONS"]
+__all__ = ["ResolutionService", "DECISIONS", "journal_position"]
 
 DECISIONS = ("Completed", "NoEffect", "Cancelled")
 _MAX_TEXT = 64 * 1024
@@ -42,6 +48,74 @@ def _text(value: Any, field: str, *, required: bool) -> str | None:
             details={"field": field},
         )
     return value
+
+
+_FIELDS = ("step", "decision", "result", "evidence", "revision", "expectedRevision", "checkpointSeq")
+_MAX_EVIDENCE_KEYS = 64
+
+
+def _evidence(value: Any) -> str | dict[str, str] | None:
+    """Text, or an object whose keys and values are text (``evidence.KEY`` names a bad entry)."""
+    if value is None or isinstance(value, str):
+        return _text(value, "evidence", required=False)
+    if not isinstance(value, dict) or len(value) > _MAX_EVIDENCE_KEYS:
+        raise Invalid(
+            f"evidence: text, or an object of at most {_MAX_EVIDENCE_KEYS} text values "
+            '({"receipt": "r-42"})',
+            details={"field": "evidence"},
+        )
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or not isinstance(item, str):
+            raise Invalid(
+                f"evidence.{str(key)[:40]}: every evidence entry is a name and a text value",
+                details={"field": f"evidence.{str(key)[:40]}"},
+            )
+    if len(json.dumps(value, ensure_ascii=False).encode("utf-8")) > _MAX_TEXT:
+        raise Invalid(f"evidence: at most {_MAX_TEXT} bytes in all", details={"field": "evidence"})
+    return dict(value)
+
+
+def _whole(body: dict[str, Any], field: str, what: str) -> int | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise Invalid(f"{field}: {what} (a whole number)", details={"field": field})
+    return value
+
+
+def _expected_revision(body: dict[str, Any]) -> int:
+    """``expectedRevision`` (or its older name ``revision``): one is required, both must agree."""
+    what = "the run's metadata.resourceVersion the decision was made on"
+    revision = _whole(body, "revision", what)
+    expected = _whole(body, "expectedRevision", what)
+    if revision is not None and expected is not None and revision != expected:
+        raise Invalid(
+            "expectedRevision: revision is its older name; send one of them",
+            details={"field": "expectedRevision"},
+        )
+    chosen = expected if expected is not None else revision
+    if chosen is None:
+        raise Invalid(f"expectedRevision: required, {what}", details={"field": "expectedRevision"})
+    return chosen
+
+
+def _check_checkpoint(name: str, checkpoint: int | None, position: int) -> None:
+    """The decision was made on the journal as it is now: not before it moved on, not ahead."""
+    if checkpoint is None or checkpoint == position:
+        return
+    if checkpoint > position:
+        raise Invalid(
+            f"checkpointSeq: {checkpoint} is ahead of agentrun {name!r}'s journal, which is at seq "
+            f"{position}; send the seq of its last recorded step (checkpoint_seq in the SDK)",
+            details={"field": "checkpointSeq", "current": position},
+        )
+    raise Conflict(
+        f"checkpointSeq {checkpoint} is stale: agentrun {name!r}'s journal moved on to seq {position} "
+        "since the decision was made (checkpoint_seq in the SDK); read its steps again before deciding",
+        code="StaleCheckpoint",
+        details={"kind": "AgentRun", "name": name, "field": "checkpointSeq", "current": position},
+    )
 
 
 async def _append(journal: Journal, name: str, *args: Any, **kwargs: Any) -> None:
@@ -81,6 +155,11 @@ def _command_result(result: Any) -> dict[str, Any]:
     }
 
 
+def journal_position(records: list[Any]) -> int:
+    """The seq of the journal's last record (-1 for none: a run waiting for a person has some)."""
+    return int(records[-1].seq) if records else -1
+
+
 class ResolutionService:
     """The ``resolve`` verb: a person's decision on a run's uncertain step."""
 
@@ -90,10 +169,10 @@ class ResolutionService:
 
     async def resolve_run(self, project: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Record a person's decision on the run's uncertain step, then let the run go on (or fail)."""
-        unknown = sorted(set(body) - {"step", "decision", "result", "evidence", "revision"})
+        unknown = sorted(set(body) - set(_FIELDS))
         if unknown:
             raise Invalid(
-                f"{unknown[0]}: unknown field (a resolution has step, decision, result, evidence, revision)",
+                f"{unknown[0]}: unknown field (a resolution has {', '.join(_FIELDS)})",
                 details={"field": unknown[0]},
             )
         step = _text(body.get("step"), "step", required=True)
@@ -104,13 +183,9 @@ class ResolutionService:
                 f"decision: one of {', '.join(DECISIONS)}, not {str(decision)[:40]!r}",
                 details={"field": "decision"},
             )
-        revision = body.get("revision")
-        if isinstance(revision, bool) or not isinstance(revision, int):
-            raise Invalid(
-                "revision: the run's metadata.resourceVersion the decision was made on (a whole number)",
-                details={"field": "revision"},
-            )
-        evidence = _text(body.get("evidence"), "evidence", required=False)
+        revision = _expected_revision(body)
+        checkpoint = _whole(body, "checkpointSeq", "the seq of the journal's last record when deciding")
+        evidence = _evidence(body.get("evidence"))
         run = self._registry.run(project, name)
         key = (project, name)
         async with self._registry.locks[key]:
@@ -143,6 +218,7 @@ class ResolutionService:
                 )
             journal = run_journal(self._registry.storage, key, run["status"])
             records = await asyncio.to_thread(journal.load)
+            _check_checkpoint(name, checkpoint, journal_position(records))
             last = next(record for record in reversed(records) if record.step_id == step)
             resolution = {"decision": decision, "evidence": evidence, "resolvedAt": utc_now()}
             if decision == "Completed" and last.kind == "step":
@@ -209,7 +285,8 @@ class ResolutionService:
                     attempt=last.attempt,
                 )
             if decision == "Cancelled":
-                message = f"step {step} was resolved Cancelled" + (f": {evidence}" if evidence else "")
+                said = evidence if isinstance(evidence, str) or not evidence else json.dumps(evidence)
+                message = f"step {step} was resolved Cancelled" + (f": {said}" if said else "")
                 failed = run_transition(status, RunPhase.FAILED, RunReason.STEP_CANCELLED, message)
                 status.update({**failed, "finishedAt": utc_now()})
             else:

@@ -6,15 +6,14 @@ what a durable Python entrypoint receives.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from .client import Client
-from .errors import NotFound
+from .errors import Invalid, NotFound
 from .events import afollow_events, log_line
-from .handles import _encode_input, _ResourceHandle, _run_failed, _unsupported
+from .handles import _encode_input, _ResourceHandle, _run_failed
 from .resources import TERMINAL_PHASES, at_cost_cap, awaiting_message
 from .view import View
 
@@ -24,6 +23,22 @@ __all__ = ["AgentRun", "RunContext", "RunOutput", "RunOutputs"]
 _GOES_ON_BY_ITSELF = frozenset({"AwaitingMessage", "Sleeping", "AwaitingChildren", "Suspended"})
 # How often `logs(follow=True)` of a Python run reads its program log again (seconds).
 _PROGRAM_LOG_POLL = 0.5
+
+
+def _evidence(evidence: Any) -> dict[str, str]:
+    """``resolve``'s evidence as sent: a mapping whose keys and values are text, checked here."""
+    if not isinstance(evidence, Mapping):
+        raise Invalid(
+            'evidence: a mapping of text, e.g. {"receipt": "r-42"}, not ' + type(evidence).__name__,
+            details={"field": "evidence"},
+        )
+    for key, value in evidence.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise Invalid(
+                f"evidence[{key!r}]: every entry is a name and a text value, not {type(value).__name__}",
+                details={"field": "evidence"},
+            )
+    return dict(evidence)
 
 
 class RunOutput:
@@ -173,40 +188,35 @@ class AgentRun(_ResourceHandle):
         self,
         step_id: str,
         decision: str,
-        evidence: str | Mapping[str, str] | None = None,
+        evidence: dict[str, str] | None = None,
         result: Any = None,
         checkpoint_seq: int | None = None,
         expected_revision: int | None = None,
-        *,
-        revision: int | None = None,
     ) -> View:
         """Decide a step whose outcome is unknown (the run waits with ``NeedsResolution``).
 
         ``decision`` is ``Completed`` (the step did take effect; ``result`` is what it returned:
         a Python step's JSON value, or ``{"exitCode": 0, "output": "..."}`` for a command),
         ``NoEffect`` (it did nothing: it runs again) or ``Cancelled`` (the run fails).
-        ``evidence`` says how you know (text, or a dict of text, stored JSON-encoded).
-        ``expected_revision`` (``revision`` is its older name) is the run's
-        ``metadata.resourceVersion`` the decision was made on (default: the run as it is now);
-        a stale one is refused with `errors.Conflict` (``RevisionMismatch``), so two people
-        cannot both decide. ``checkpoint_seq`` raises `errors.Unsupported`: the journal has no
-        checkpoints to resolve at.
+        ``evidence`` says how you know: a mapping of text (``{"receipt": "r-42"}``), kept with
+        the step. ``expected_revision`` is the run's ``metadata.resourceVersion`` the decision
+        was made on (default: the run as it is now); a stale one is refused with
+        `errors.Conflict` (``RevisionMismatch``), so two people cannot both decide.
+        ``checkpoint_seq`` is the journal position the decision was made on (the ``seq`` of the
+        last of `steps`): when the journal has moved on since, `errors.Conflict`
+        (``StaleCheckpoint``); a position it has not reached, `errors.Invalid`.
         """
+        body: dict[str, Any] = {"step": step_id, "decision": decision}
+        if evidence is not None:
+            body["evidence"] = _evidence(evidence)
+        for arg, value in (("checkpoint_seq", checkpoint_seq), ("expected_revision", expected_revision)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise Invalid(f"{arg}: a whole number, not {value!r}", details={"field": arg})
         if checkpoint_seq is not None:
-            raise _unsupported(
-                "resolve(checkpoint_seq=...)",
-                "a run's journal has no checkpoints to resolve at",
-                "checkpoint_seq",
-            )
-        if expected_revision is None:
-            expected_revision = revision
+            body["checkpointSeq"] = checkpoint_seq
         if expected_revision is None:
             expected_revision = int((self._refresh().get("metadata") or {}).get("resourceVersion") or 0)
-        body: dict[str, Any] = {"step": step_id, "decision": decision, "revision": expected_revision}
-        if isinstance(evidence, Mapping):
-            body["evidence"] = json.dumps(dict(evidence), ensure_ascii=False, sort_keys=True)
-        elif evidence is not None:
-            body["evidence"] = evidence
+        body["expectedRevision"] = expected_revision
         if result is not None:
             body["result"] = dict(result) if isinstance(result, Mapping) else result
         self._resource = self._client.resolve_run(self.name, body, project=self._project)

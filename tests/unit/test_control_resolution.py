@@ -111,3 +111,47 @@ def test_cancelled_fails_the_run_and_a_model_step_cannot_be_completed(tmp_path: 
         assert len(plane.run_actors.of("r1")) == 1  # a failed run gets no actor
 
     asyncio.run(scenario())
+
+
+def test_checkpoint_seq_refuses_a_decision_on_an_older_or_a_future_journal_position(tmp_path: Path) -> None:
+    """000's ``checkpoint_seq``: the decision is taken only on the journal position it was made on."""
+
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        run = await _uncertain(plane)
+        expected = run["metadata"]["resourceVersion"]
+        resolution = plane.services.resolution
+        journal = Journal(plane.storage, layout.journal_folder("demo", "r1"))
+        position = (await asyncio.to_thread(journal.load))[-1].seq
+        base = {"step": "s1", "decision": "NoEffect", "expectedRevision": expected}
+        with pytest.raises(Conflict) as stale:
+            await resolution.resolve_run("demo", "r1", {**base, "checkpointSeq": position - 1})
+        assert stale.value.code == "StaleCheckpoint" and stale.value.details["field"] == "checkpointSeq"
+        assert stale.value.details["current"] == position and "checkpoint_seq" in stale.value.message
+        with pytest.raises(Invalid) as future:
+            await resolution.resolve_run("demo", "r1", {**base, "checkpointSeq": position + 1})
+        assert future.value.details["field"] == "checkpointSeq"
+        for bad, field in (
+            ({"checkpointSeq": "3"}, "checkpointSeq"),
+            ({"checkpointSeq": -2}, "checkpointSeq"),
+            ({"evidence": {"receipt": 42}}, "evidence.receipt"),
+            ({"evidence": ["x"]}, "evidence"),
+            ({"revision": expected + 1}, "expectedRevision"),  # both names, disagreeing
+        ):
+            with pytest.raises(Invalid) as caught:
+                await resolution.resolve_run("demo", "r1", {**base, **bad})
+            assert caught.value.details["field"] == field, bad
+        with pytest.raises(Invalid) as missing:
+            await resolution.resolve_run("demo", "r1", {"step": "s1", "decision": "NoEffect"})
+        assert missing.value.details["field"] == "expectedRevision"
+        records = await asyncio.to_thread(journal.load)
+        assert records[-1].state == "NeedsResolution" and records[-1].seq == position  # nothing written
+        resolved = await resolution.resolve_run(
+            "demo", "r1", {**base, "checkpointSeq": position, "evidence": {"checked": "nothing deployed"}}
+        )
+        assert resolved["status"]["phase"] == "Running"
+        records = await asyncio.to_thread(journal.load)
+        assert records[-1].state == "NoEffect"
+        assert records[-1].payload["resolution"]["evidence"] == {"checked": "nothing deployed"}
+
+    asyncio.run(scenario())

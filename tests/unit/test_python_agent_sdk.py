@@ -329,29 +329,41 @@ def test_a_runs_children_outputs_and_verbs(api: _FakeAPI, tmp_path: Path) -> Non
     ]
 
 
-def test_resolve_takes_the_documents_arguments_and_the_older_revision(api: _FakeAPI) -> None:
+def test_resolve_takes_the_documents_arguments(api: _FakeAPI) -> None:
+    """000's signature: positional, evidence a mapping of text, checkpoint_seq and expected_revision."""
     run = nodus.AgentRun("triage-1", client=api.client())
-    run.resolve("charge-1", "Completed", evidence={"receipt": "r-42"}, result={"id": 7}, expected_revision=3)
+    run.resolve("charge-1", "Completed", {"receipt": "r-42"}, {"id": 7}, 12, 3)
     assert api.requests[-1][2] == {
         "step": "charge-1",
         "decision": "Completed",
-        "revision": 3,
-        "evidence": '{"receipt": "r-42"}',
+        "expectedRevision": 3,
+        "checkpointSeq": 12,
+        "evidence": {"receipt": "r-42"},
         "result": {"id": 7},
     }
-    run.resolve("charge-1", "NoEffect", evidence="never charged", revision=4)
+    run.resolve("charge-1", "NoEffect", evidence={"why": "never charged"}, expected_revision=4)
     assert api.requests[-1][2] == {
         "step": "charge-1",
         "decision": "NoEffect",
-        "revision": 4,
-        "evidence": "never charged",
+        "expectedRevision": 4,
+        "evidence": {"why": "never charged"},
     }
     run.resolve("charge-1", "Cancelled")  # the revision of the run as it is now
-    assert api.requests[-1][2]["revision"] == 7
+    assert api.requests[-1][2]["expectedRevision"] == 7
     sent = len(api.requests)
-    with pytest.raises(errors.Unsupported) as caught:
-        run.resolve("charge-1", "Completed", checkpoint_seq=3)
-    assert caught.value.details["field"] == "checkpoint_seq" and len(api.requests) == sent
+    for bad, field in (
+        ({"evidence": "never charged"}, "evidence"),  # 000: a mapping of text, not text
+        ({"evidence": {"n": 3}}, "evidence"),
+        ({"checkpoint_seq": -1}, "checkpoint_seq"),
+        ({"checkpoint_seq": True}, "checkpoint_seq"),
+        ({"expected_revision": "3"}, "expected_revision"),
+    ):
+        with pytest.raises(errors.Invalid) as caught:
+            run.resolve("charge-1", "Completed", **bad)
+        assert caught.value.details["field"] == field, bad
+    assert len(api.requests) == sent  # refused before anything was sent
+    with pytest.raises(TypeError):
+        run.resolve("charge-1", "NoEffect", revision=4)  # type: ignore[call-arg]  # not 000's name
 
 
 def test_a_python_runs_logs_are_its_program_log(api: _FakeAPI) -> None:

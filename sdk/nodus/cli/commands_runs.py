@@ -263,6 +263,13 @@ def agentrun_resolve(
         int | None,
         typer.Option("--revision", help="The run's metadata.resourceVersion you decided on (default: now)."),
     ] = None,
+    checkpoint_seq: Annotated[
+        int | None,
+        typer.Option(
+            "--checkpoint-seq",
+            help="The journal seq you decided on (the last step's SEQ); refused if the run moved on.",
+        ),
+    ] = None,
     project: ProjectOption = None,
 ) -> None:
     """Decide a step whose outcome is unknown; the run goes on (or fails, for Cancelled)."""
@@ -278,6 +285,8 @@ def agentrun_resolve(
         body["result"] = {"exitCode": exit_code, "output": output or ""}
     if evidence is not None:
         body["evidence"] = evidence
+    if checkpoint_seq is not None:
+        body["checkpointSeq"] = checkpoint_seq
     run = client.resolve_run(name, body)
     status = run.get("status") or {}
     typer.echo(f"agentrun/{name} step {step} resolved {decision}; phase {status.get('phase')}")
