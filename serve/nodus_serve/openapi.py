@@ -89,9 +89,11 @@ _BODIES: dict[tuple[str, str], dict[str, Any]] = {
             "properties": {
                 "step": _STRING,
                 "decision": {"enum": ["Completed", "NoEffect", "Cancelled"]},
+                "expectedRevision": {"type": "integer"},
                 "revision": {"type": "integer"},
+                "checkpointSeq": {"type": "integer"},
                 "result": _ANY_OBJECT,
-                "evidence": _STRING,
+                "evidence": {"oneOf": [_STRING, {"type": "object", "additionalProperties": _STRING}]},
             },
         }
     ),
