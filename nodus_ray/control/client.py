@@ -119,6 +119,7 @@ class RunOutcome(BaseModel):
     step: str | None = None  # NeedsResolution: the step a person resolves
     messages: dict[str, int] | None = None  # AwaitingMessage: {"read": seq of the last message read}
     creditsNeededUSD: str | None = None  # InsufficientCredits: what the next call needs
+    budgetNeededUSD: str | None = None  # BudgetExceeded: what the next step needs of the Budget
     # A Python program parked: when a timer starts it again (Sleeping, a message wait's
     # timeout), and what else does (``{"message": name, "after": seq}``, ``{"children": [...]}``).
     wakeAt: str | None = None
@@ -333,6 +334,10 @@ class ControlPlaneClient:
     async def reserve_credits(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
         return await self._call(lambda h: h.reserve_credits.remote(project, name, amount, attempt))
 
+    async def reserve_budget(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
+        """Hold ``amount`` of the project's Budget for the run's next step (True: no Budget)."""
+        return await self._call(lambda h: h.reserve_budget.remote(project, name, amount, attempt))
+
     async def next_message(
         self, project: str, name: str, after_seq: int, message_name: str | None = None
     ) -> dict[str, Any] | None:
@@ -438,6 +443,25 @@ class ControlPlaneClient:
 
     async def add_credits(self, project: str, amount: str) -> dict[str, Any]:
         return await self._call(lambda h: h.add_credits.remote(project, amount))
+
+    # -- the project Budget -------------------------------------------------------------------
+
+    async def apply_budget(
+        self, project: str, document: dict[str, Any], mode: str = "apply"
+    ) -> dict[str, Any]:
+        return await self._call(lambda h: h.apply_budget.remote(project, document, mode))
+
+    async def patch_budget(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(lambda h: h.patch_budget.remote(project, name, patch))
+
+    async def get_budget(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.get_budget.remote(project, name))
+
+    async def list_budgets(self, project: str) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.list_budgets.remote(project))
+
+    async def delete_budget(self, project: str, name: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.delete_budget.remote(project, name))
 
     # -- tokens -----------------------------------------------------------------------------
 

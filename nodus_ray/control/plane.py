@@ -27,6 +27,7 @@ from nodus_ray.control.recovery import RecoveryGate, after_recovery
 from nodus_ray.control.run_files import RunFiles
 from nodus_ray.control.run_supervisor import RayRunActors
 from nodus_ray.control.services import compose
+from nodus_ray.control.templates import ensure_templates
 from nodus_ray.runtime.run_actor import RunConfig
 from nodus_ray.sandbox.backend import bwrap_available
 from nodus_ray.settings import ServerSettings
@@ -54,6 +55,7 @@ class ControlPlane:
         self.resolution = services.resolution
         self.secrets = services.secrets
         self.credits = services.credits
+        self.budgets = services.budgets
         self.access = services.access
         self.run_pool = services.run_pool
         self.children = services.children
@@ -80,6 +82,8 @@ class ControlPlane:
     async def _recover(self) -> None:
         """Reload every resource and bring back what runs; then the background loops start."""
         await self._services.recover()
+        # After the agents are loaded (an absent template is absent, not unread), before any call.
+        await ensure_templates(self.agents, self.registry)
         loop = asyncio.get_running_loop()
         self._background = [
             loop.create_task(self.run_pool.keep_filled()),
@@ -365,6 +369,34 @@ class ControlPlane:
     @after_recovery
     async def reserve_credits(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
         return await self.credits.reserve_credits(project, name, amount, attempt)
+
+    # -- the project Budget -----------------------------------------------------------------
+
+    @after_recovery
+    async def reserve_budget(self, project: str, name: str, amount: str, attempt: int | None = None) -> bool:
+        return await self.budgets.reserve_budget(project, name, amount, attempt)
+
+    @after_recovery
+    async def apply_budget(
+        self, project: str, document: dict[str, Any], mode: str = "apply"
+    ) -> dict[str, Any]:
+        return await self.budgets.apply_budget(project, document, mode)
+
+    @after_recovery
+    async def patch_budget(self, project: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return await self.budgets.patch_budget(project, name, patch)
+
+    @after_recovery
+    async def get_budget(self, project: str, name: str) -> dict[str, Any]:
+        return await self.budgets.get_budget(project, name)
+
+    @after_recovery
+    async def list_budgets(self, project: str) -> list[dict[str, Any]]:
+        return await self.budgets.list_budgets(project)
+
+    @after_recovery
+    async def delete_budget(self, project: str, name: str) -> dict[str, Any]:
+        return await self.budgets.delete_budget(project, name)
 
     # -- tokens ---------------------------------------------------------------------------
 

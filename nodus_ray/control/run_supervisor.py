@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -126,6 +127,10 @@ class RunSupervisor:
         # Parked Python runs that sleep (or wait with a timeout): one timer each, no actor.
         self.wake_timers = WakeTimers(registry, self.supervise)
         self.workers = AgentWorkers(registry)  # each Agent's spec.maxWorkers
+        # The project Budget (`control.budgets`, wired by `compose`): whether a run that parked
+        # with BudgetExceeded could go on at once, and what a deleted run had billed.
+        self.budget_affordable: Callable[[str, str | None], bool] = lambda project, needed: False
+        self.budget_forget: Callable[[str, str], None] = lambda project, name: None
 
     # -- recovery ---------------------------------------------------------------------------
 
@@ -389,6 +394,9 @@ class RunSupervisor:
         needed = outcome.pop("creditsNeededUSD", None)
         if reason == RunReason.INSUFFICIENT_CREDITS:
             return self._affordable(key[0], needed)  # credits were added while the actor was finishing
+        budget_needed = outcome.pop("budgetNeededUSD", None)
+        if reason == RunReason.BUDGET_EXCEEDED:  # the Budget was raised while the actor was finishing
+            return self.budget_affordable(key[0], budget_needed)
         waiting_for = outcome.get("waitingFor") or {}
         if reason == RunReason.AWAITING_MESSAGE:
             if waiting_for.get("message"):  # a Python program waits for a message of one name
@@ -490,6 +498,7 @@ class RunSupervisor:
         async with registry.locks[key]:
             await asyncio.to_thread(self.remove_workspace, *key)
             await asyncio.to_thread(registry.storage.delete_tree, layout.run_prefix(*key))
+            await asyncio.to_thread(self.budget_forget, *key)
             await asyncio.to_thread(self._credits.forget_run, *key)
             registry.runs.pop(key, None)
             self._inboxes.forget(key)

@@ -15,6 +15,7 @@ from pathlib import Path
 from nodus_ray.control.access import AccessService
 from nodus_ray.control.agents import AgentService
 from nodus_ray.control.batches import BatchRecords
+from nodus_ray.control.budgets import BudgetService
 from nodus_ray.control.children import ChildService
 from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
@@ -56,6 +57,7 @@ class Services:
     group_link: GroupLink
     groups: GroupService
     credits: CreditService
+    budgets: BudgetService
     runs: RunService
     messages: MessageService
     resolution: ResolutionService
@@ -81,6 +83,7 @@ class Services:
         await self.groups.recover()
         await self.run_pool.refill()
         self.supervisor.recover()
+        await self.budgets.recover()  # before any run reserves (reservations wait for recovery)
         await self.children.recover()  # wake-ups a stop came between: a child's end, a message
         await self.messages.recover()
         self.supervisor.sweeper.sweep_soon()  # workspaces of runs that are gone (this node's disk)
@@ -112,6 +115,9 @@ def compose(
     link = GroupLink(registry, supervisor, group_actors, evaluations)
     groups = GroupService(registry, supervisor, group_actors, evaluations, link)
     credits = CreditService(registry, ledger, supervisor)
+    budgets = BudgetService(registry, supervisor.supervise)
+    supervisor.budget_affordable = budgets.affordable
+    supervisor.budget_forget = budgets.forget_run
     runs = RunService(registry, batches, supervisor, link, evaluations, credits)
     evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
     return Services(
@@ -125,6 +131,7 @@ def compose(
         group_link=link,
         groups=groups,
         credits=credits,
+        budgets=budgets,
         runs=runs,
         messages=MessageService(registry, inboxes, supervisor),
         resolution=ResolutionService(registry, supervisor),

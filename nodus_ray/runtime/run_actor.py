@@ -36,7 +36,7 @@ from nodus_ray.faults import crash_point
 from nodus_ray.models import ModelProvider, provider_for
 from nodus_ray.money.billing import RunBudget
 from nodus_ray.money.prices import PriceTable
-from nodus_ray.money.spend import CapExceeded, CreditsExhausted, RunSpend
+from nodus_ray.money.spend import BudgetExceeded, CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
 from nodus_ray.runtime.program.python_program import PythonProgram
@@ -214,6 +214,15 @@ class RunActor:
         ):
             raise CreditsExhausted(amount)
 
+    async def _reserve_budget(self, amount: Decimal) -> None:
+        """Hold the next step's largest price against the project's Budget, or wait without an
+        actor until the Budget is raised or a new period begins."""
+        config = self.config
+        if not await self._control_plane.reserve_budget(
+            config.project, config.name, str(amount), config.attempt
+        ):
+            raise BudgetExceeded(amount)
+
     async def _execute(self) -> RunOutcome:
         try:
             outcome = await self._program()
@@ -283,7 +292,13 @@ class RunActor:
         cap = Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None
         prior = Decimal(config.prior_cost_usd)  # the earlier generations': the cap is the run's
         budget = RunBudget(cap=cap, spent=prior if cap is None else min(prior, cap))
-        spend = RunSpend(prices=prices, access=access, budget=budget, reserve_credits=self._reserve_credits)
+        spend = RunSpend(
+            prices=prices,
+            access=access,
+            budget=budget,
+            reserve_credits=self._reserve_credits,
+            reserve_budget=self._reserve_budget,
+        )
         redact = Redactor({**secrets["redact"], **own_key})
         conversation: Conversation | PythonProgram
         if is_program(agent):  # the Agent is a Python program: it runs in the sandbox, served here
@@ -370,6 +385,14 @@ class RunActor:
                 f"{short}; it continues when credits are added",
                 conversation,
                 credits_needed=str(short.needed),
+            )
+        except BudgetExceeded as over:
+            return self._outcome(
+                RunPhase.WAITING,
+                RunReason.BUDGET_EXCEEDED,
+                f"{over}; it continues when the Budget is raised or its next period begins",
+                conversation,
+                budget_needed=str(over.needed),
             )
         except Parked as parked:
             return self._outcome(
@@ -462,6 +485,7 @@ class RunActor:
         step: str | None = None,
         read_seq: int | None = None,
         credits_needed: str | None = None,
+        budget_needed: str | None = None,
         wake_at: str | None = None,
         waiting_for: dict[str, Any] | None = None,
     ) -> RunOutcome:
@@ -478,6 +502,8 @@ class RunActor:
             fields["messages"] = {"read": read_seq}
         if credits_needed is not None:
             fields["creditsNeededUSD"] = credits_needed
+        if budget_needed is not None:
+            fields["budgetNeededUSD"] = budget_needed
         if wake_at is not None:
             fields["wakeAt"] = wake_at
         if waiting_for is not None:

@@ -35,6 +35,8 @@ test checks this list against it)::
     projects/{project}/secrets/{name}.json                                    secret
     projects/{project}/tokens/{name}.json                                     token
     projects/{project}/credits.json                                           credits
+    projects/{project}/budgets/{name}.json                                    budget
+    projects/{project}/budget-spend.json                                      budget_spend
     system/tokens/{name}.json                                                 operator_token
     system/anthropic-key.json                                                 server_model_key
 
@@ -103,6 +105,9 @@ __all__ = [
     "operator_tokens_folder",
     "operator_token",
     "credits",
+    "budgets_folder",
+    "budget",
+    "budget_spend",
     "server_model_key",
 ]
 
@@ -328,6 +333,20 @@ def credits(project: str) -> str:
     return f"{_PROJECTS}/{project}/credits.json"
 
 
+def budgets_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/budgets"
+
+
+def budget(project: str, name: str) -> str:
+    """A project's Budget (one per project): its spec, as applied."""
+    return f"{budgets_folder(project)}/{name}.json"
+
+
+def budget_spend(project: str) -> str:
+    """What a project's Budget cannot derive: deleted runs' spend, the period's baseline."""
+    return f"{_PROJECTS}/{project}/budget-spend.json"
+
+
 def server_model_key() -> str:
     """The server's own Anthropic key, sealed."""
     return f"{_SYSTEM}/anthropic-key.json"
@@ -498,6 +517,18 @@ LAYOUT: tuple[Key, ...] = (
         "credits granted, spend of deleted runs",
         "control plane (credits)",
         credits,
+    ),
+    Key(
+        "projects/{project}/budgets/{name}.json",
+        "the project's Budget (one per project), as applied",
+        "control plane (budgets)",
+        budget,
+    ),
+    Key(
+        "projects/{project}/budget-spend.json",
+        "the Budget's period baseline, spend of deleted runs and groups",
+        "control plane (budgets)",
+        budget_spend,
     ),
     Key(
         "system/tokens/{name}.json",

@@ -30,6 +30,7 @@ from .schema_agent import (
     NetworkSpec,
     SecretKeyRef,
 )
+from .schema_budget import Budget, BudgetSpec, BudgetStatus
 from .schema_common import (
     ANSWER_PREVIEW_BYTES,
     API_VERSION,
@@ -124,6 +125,9 @@ __all__ = [
     "Token",
     "Resource",
     "KINDS",
+    "Budget",
+    "BudgetSpec",
+    "BudgetStatus",
     "SHORT_NAMES",
     "parse_resource",
     "parse_duration",
@@ -139,6 +143,7 @@ KINDS: dict[str, type[StrictModel]] = {
     "AgentGroup": AgentGroup,
     "Secret": Secret,
     "Token": Token,
+    "Budget": Budget,
 }
 
 # kubectl-style names the CLI accepts, mapped to the kind and the REST collection.
@@ -155,6 +160,8 @@ SHORT_NAMES: dict[str, tuple[str, str]] = {
     "secrets": ("Secret", "secrets"),
     "token": ("Token", "tokens"),
     "tokens": ("Token", "tokens"),
+    "budget": ("Budget", "budgets"),
+    "budgets": ("Budget", "budgets"),
     # Read-only: the Environments installed on the server (`nodus get environments`).
     "environment": ("Environment", "environments"),
     "environments": ("Environment", "environments"),

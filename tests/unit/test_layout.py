@@ -96,6 +96,9 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
     "operator_tokens_folder": (lambda: layout.operator_tokens_folder(), "system/tokens"),
     "operator_token": (lambda: layout.operator_token("n"), "system/tokens/n.json"),
     "credits": (lambda: layout.credits("p"), "projects/p/credits.json"),
+    "budgets_folder": (lambda: layout.budgets_folder("p"), "projects/p/budgets"),
+    "budget": (lambda: layout.budget("p", "n"), "projects/p/budgets/n.json"),
+    "budget_spend": (lambda: layout.budget_spend("p"), "projects/p/budget-spend.json"),
     "server_model_key": (lambda: layout.server_model_key(), "system/anthropic-key.json"),
 }
 

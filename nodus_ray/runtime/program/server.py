@@ -28,7 +28,7 @@ from nodus.lifecycle import RunReason
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import NeedsResolution, NonDeterministic, StepFailed, Steps
 from nodus_ray.faults import crash_point
-from nodus_ray.money.spend import CapExceeded, CreditsExhausted
+from nodus_ray.money.spend import BudgetExceeded, CapExceeded, CreditsExhausted
 from nodus_ray.runtime.conversation import RunFailure
 
 __all__ = ["ContinuedAsNew", "Parked", "ProgramEnd", "ProgramOps", "ProgramServer", "error_info"]
@@ -36,7 +36,7 @@ __all__ = ["ContinuedAsNew", "Parked", "ProgramEnd", "ProgramOps", "ProgramServe
 logger = logging.getLogger(__name__)
 
 # What stops the program with ``park``: the run waits (the actor turns each into its outcome).
-_PARKING = (NeedsResolution, CapExceeded, CreditsExhausted)
+_PARKING = (NeedsResolution, CapExceeded, CreditsExhausted, BudgetExceeded)
 
 
 class Parked(Exception):  # noqa: N818 - a state the run waits in, not an error
