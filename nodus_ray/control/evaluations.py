@@ -170,7 +170,11 @@ class EvaluationService:
             # created only after a restart and the Agent has changed since.
             pinned = await asyncio.to_thread(
                 self._storage.read_json,
-                layout.agent_revision(project, group["spec"]["agent"], int(group["status"]["agentRevision"])),
+                layout.agent_revision(
+                    group["status"].get("agentProject") or project,  # a template's (`templates`)
+                    group["spec"]["agent"],
+                    int(group["status"]["agentRevision"]),
+                ),
             )
             try:
                 assert self._create_runs is not None, "EvaluationService.connect was not called"

@@ -29,6 +29,7 @@ from nodus_ray.control.group_actors import GroupSupervisors, limits_wire
 from nodus_ray.control.group_link import GroupLink
 from nodus_ray.control.registry import Key, Registry
 from nodus_ray.control.run_supervisor import RunSupervisor
+from nodus_ray.control.templates import resolve_agent
 from nodus_ray.core.patch import patched_document
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
@@ -150,7 +151,7 @@ class GroupService:
 
     async def _create_group(self, key: Key, parsed: AgentGroup, spec: dict[str, Any]) -> dict[str, Any]:
         project, name = key
-        agent = self._registry.agents.get((project, parsed.spec.agent))
+        agent = resolve_agent(self._registry, project, parsed.spec.agent)  # its own, or a template
         if agent is None:
             raise NotFound(
                 f"spec.agent: agent {parsed.spec.agent!r} not found in project {project!r}",
@@ -186,6 +187,8 @@ class GroupService:
             agentRevision=agent["status"]["revision"],
         ).model_dump(mode="json")
         status["evaluation"] = evaluation
+        if agent["metadata"].get("project", project) != project:
+            status["agentProject"] = agent["metadata"]["project"]  # a template (`templates`)
         resource = {
             "apiVersion": API_VERSION,
             "kind": "AgentGroup",

@@ -40,6 +40,7 @@ from nodus_ray.control.generations import run_journal
 from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
 from nodus_ray.control.registry import Key, Registry, check_project, merge_status, suspended
 from nodus_ray.control.run_supervisor import RunSupervisor
+from nodus_ray.control.templates import resolve_agent
 from nodus_ray.durable.journal import record_view, step_views
 from nodus_ray.faults import crash_point
 from nodus_ray.store import layout
@@ -230,8 +231,9 @@ class RunService:
         return [result for result in results if result is not None]
 
     def _check_new_run(self, project: str, run: AgentRun, index: int, where: str) -> dict[str, Any]:
-        """The refusals that need no group: the agent exists and takes runs; returns the agent."""
-        agent = self._registry.agents.get((project, run.spec.agent))
+        """The refusals that need no group: the agent exists and takes runs; returns the agent
+        (the project's own, or else the template of that name, `templates.resolve_agent`)."""
+        agent = resolve_agent(self._registry, project, run.spec.agent)
         if agent is None:
             raise NotFound(
                 f"{where}spec.agent: agent {run.spec.agent!r} not found in project {project!r}",
@@ -334,6 +336,8 @@ class RunService:
         status = AgentRunStatus(
             phase=RunPhase.PENDING.value, agentRevision=agent["status"]["revision"], createdAt=created
         ).model_dump(mode="json")
+        if agent["metadata"].get("project", project) != project:
+            status["agentProject"] = agent["metadata"]["project"]  # a template's revision (`templates`)
         if agent["spec"].get("entrypoint"):
             status["program"] = "Python"  # a durable Python program, not a Claude conversation
         # The cap is copied now: changing the agent later does not change a started run.

@@ -13,6 +13,8 @@ remembering to protect it:
 
 A project token that names another project gets the same ``404`` whether that project, or the
 resource, exists or not, so nothing of another project leaks: not its names, not its counts.
+The one exception is project ``nodus``'s ready-made template agents (`control.templates`):
+every token may read one, and another project's change to one is refused ``403``.
 Health checks and the console page are outside ``/v1`` and need no token (the console asks for
 one and sends it with its own API calls).
 """
@@ -26,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nodus.errors import Forbidden, NodusError, NotFound, Unauthorized
+from nodus_ray.control.templates import is_template
 from nodus_ray.control.tokens import OPERATOR, Principal, token_digest
 from nodus_ray.store.timestamps import parse_timestamp
 
@@ -47,6 +50,7 @@ class Access:
     project: str | None = None
     operator: bool = False
     what: str = ""  # said in a refusal: "creating agentruns", ...
+    template: str | None = None  # the template agent the request is about (`control.templates`)
 
 
 def required_access(method: str, path: str) -> Access:
@@ -55,6 +59,9 @@ def required_access(method: str, path: str) -> Access:
         return Access("read", what=f"{method} {path}")
     project, rest = parts[2], parts[3:]
     collection = rest[0] if rest else ""
+    if len(rest) == 2 and collection == "agents" and is_template(project, rest[1]):
+        role = "read" if method in _READ_METHODS else "write"
+        return Access(role, project, what=f"{method} on template agent {rest[1]!r}", template=rest[1])
     if collection == "tokens":
         return Access("admin", project, what="managing tokens")
     if collection == "credits" and method not in _READ_METHODS:
@@ -98,8 +105,19 @@ def _bearer(scope: Scope) -> str | None:
 
 
 def authorize(principal: Principal, access: Access) -> None:
-    """Refuse what ``principal`` may not do; another project is a plain 404."""
-    if principal.project != OPERATOR and access.project is not None and access.project != principal.project:
+    """Refuse what ``principal`` may not do; another project is a plain 404 (its templates aside)."""
+    other = (
+        principal.project != OPERATOR and access.project is not None and access.project != principal.project
+    )
+    if other and access.template is not None:
+        if access.role == "read":
+            return  # every token reads a template, whatever its role
+        raise Forbidden(
+            f"agent {access.template!r} of project {access.project!r} is a ready-made template: other "
+            f"projects run it (spec.agent: {access.template}) and cannot change or delete it",
+            details={"token": principal.name, "kind": "Agent", "name": access.template},
+        )
+    if other:
         raise NotFound(
             f"project {access.project!r} not found", details={"kind": "Project", "name": access.project}
         )
