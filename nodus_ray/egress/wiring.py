@@ -65,14 +65,16 @@ def bwrap_args(host_socket: Path) -> list[str]:
     ]
 
 
-def wrap_argv(argv: Sequence[str]) -> list[str]:
+def wrap_argv(argv: Sequence[str], *, python: str = _SANDBOX_PYTHON) -> list[str]:
     """``argv`` run under the forwarder, which exits with the command's own status.
+
+    ``python``: the sandbox's interpreter for it (an image's ``python3`` on an image's root).
 
     ``-I -S``: the command's environment (PYTHONPATH, PYTHONSTARTUP...) must not change the
     forwarder, and skipping ``site`` saves startup time on every command.
     """
     return [
-        _SANDBOX_PYTHON,
+        python,
         "-I",
         "-S",
         SANDBOX_FORWARDER,

@@ -17,6 +17,7 @@ from pathlib import Path
 from nodus_ray.sandbox.api import _SANDBOX_PATH, Sandbox, SandboxLimits
 from nodus_ray.sandbox.bubblewrap import BubblewrapSandbox, _bwrap_argv, _seccomp_fd
 from nodus_ray.sandbox.hidden import _default_hidden_paths
+from nodus_ray.sandbox.images import ImageError, ImageRoot
 from nodus_ray.sandbox.process import ProcessSandbox
 from nodus_ray.sandbox.workspace import _UID_BASE, _is_root
 
@@ -93,6 +94,7 @@ def create_sandbox(
     hidden_paths: Sequence[Path] = (),
     env: Mapping[str, str] | None = None,
     egress_socket: Path | None = None,
+    image: ImageRoot | None = None,
 ) -> Sandbox:
     """The best sandbox this host can offer for ``workspace`` (created if missing, made 0700).
 
@@ -103,9 +105,12 @@ def create_sandbox(
     that bubblewrap commands cannot see (the sandbox root, local storage); the process
     fallback cannot hide anything. ``env``: the Agent's variables for every command.
     ``egress_socket``: the run's egress proxy, the only way out of bubblewrap's empty network;
-    the process fallback has no network isolation to route through it.
+    the process fallback has no network isolation to route through it. ``image``: the run's
+    unpacked image, the commands' root; only bubblewrap can give one (`ImageError` otherwise).
     """
     reason = _probe_bwrap()
+    if reason is not None and image is not None:
+        raise ImageError(f"image {image.ref} needs bubblewrap, which this node cannot run ({reason})")
     if reason is None:
         return BubblewrapSandbox(
             workspace,
@@ -115,6 +120,7 @@ def create_sandbox(
             hidden_paths=hidden_paths,
             env=env,
             egress_socket=egress_socket,
+            image=image,
         )
     note = f"bubblewrap not available ({reason}); commands run as plain processes without filesystem"
     note += " or network isolation"

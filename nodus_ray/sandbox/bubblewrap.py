@@ -19,13 +19,15 @@ import contextlib
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nodus_ray.egress import wiring as egress
 from nodus_ray.sandbox import seccomp
 from nodus_ray.sandbox.api import _SANDBOX_PATH, SANDBOX_WORKSPACE, SandboxLimits
 from nodus_ray.sandbox.hidden import _NETWORK_FILES, _hide_args, _keep_tmp_args
+from nodus_ray.sandbox.image_mounts import host_tool, image_root_args
+from nodus_ray.sandbox.images import ImageError, ImageRoot
 from nodus_ray.sandbox.limits import _shell_argv
 from nodus_ray.sandbox.runner import _SandboxBase
 
@@ -49,6 +51,7 @@ def _bwrap_argv(
     egress_socket: Path | None = None,
     keep_dirs: Sequence[str] = (),
     ro_binds: Sequence[tuple[str, str]] = (),
+    image: ImageRoot | None = None,
 ) -> list[str]:
     """The bubblewrap command line; ``host_uid`` set means we are root and drop inside.
 
@@ -70,6 +73,11 @@ def _bwrap_argv(
     ``keep_dirs`` (a Python program's interpreter, its venv, the ``nodus`` package) stay
     readable at their own paths even inside hidden directories or ``/tmp``; ``ro_binds``
     (host, sandbox) are read-only binds into the private ``/tmp`` (the program's runtime dir).
+
+    ``image``: the run's unpacked image (`nodus_ray.sandbox.images`) is the read-only root
+    instead of the host's. Nothing of the host is there to hide (``hidden`` and ``keep_dirs``
+    do not apply); ``setpriv`` is bound in with its own libraries (`image_mounts.host_tool`),
+    and the egress forwarder runs on the image's ``python3``. The rest is the same.
     """
     tmpfs_bytes = str(max(_MIN_TMPFS_BYTES, limits.file_size_bytes))
     if host_uid is not None:
@@ -81,8 +89,9 @@ def _bwrap_argv(
         if not allow_network:
             namespaces.append("--unshare-net")
         caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        tool_args, setpriv_argv = host_tool(setpriv) if image is not None else ([], [setpriv])
         drop = [
-            setpriv,
+            *setpriv_argv,
             f"--reuid={host_uid}",
             f"--regid={host_uid}",
             "--clear-groups",
@@ -95,7 +104,24 @@ def _bwrap_argv(
         namespaces = ["--unshare-all", "--unshare-user", "--uid", str(_INNER_UID), "--gid", str(_INNER_UID)]
         if allow_network:
             namespaces.append("--share-net")
-        caps, drop = [], []
+        caps, drop, tool_args = [], [], []
+    if image is None:
+        root = ["--ro-bind", "/", "/"]
+        keep = _keep_tmp_args(keep_dirs, hidden)
+        hide = _hide_args(hidden, keep=_NETWORK_FILES if allow_network else (), keep_dirs=keep_dirs)
+        parents: list[str] = []
+    else:
+        root, keep, hide = image_root_args(image.rootfs), [], []
+        # bubblewrap would make a bind's missing parents 0700 and root's: the uid must pass.
+        parents = sorted({str(PurePosixPath(inside).parent) for _, inside in ro_binds} - {"/tmp", "/"})
+    if egress_socket is None:
+        command = command_argv
+    elif image is None:
+        command = egress.wrap_argv(command_argv)
+    elif image.python is None:
+        raise ImageError(f"image {image.ref} has no python3, which the egress forwarder needs")
+    else:
+        command = egress.wrap_argv(command_argv, python=image.python)
     return [
         bwrap,
         *namespaces,
@@ -103,9 +129,7 @@ def _bwrap_argv(
         "--new-session",
         "--hostname",
         "nodus-sandbox",
-        "--ro-bind",
-        "/",
-        "/",
+        *root,
         "--dev",
         "/dev",
         "--proc",
@@ -123,9 +147,11 @@ def _bwrap_argv(
         "--tmpfs",
         "/dev/shm",
         *(egress.bwrap_args(egress_socket) if egress_socket is not None else []),
-        *_keep_tmp_args(keep_dirs, hidden),
+        *tool_args,
+        *keep,
+        *[arg for parent in parents for arg in ("--perms", "0755", "--dir", parent)],
         *[arg for host, inside in ro_binds for arg in ("--ro-bind", host, inside)],
-        *_hide_args(hidden, keep=_NETWORK_FILES if allow_network else (), keep_dirs=keep_dirs),
+        *hide,
         "--bind",
         str(workspace),
         SANDBOX_WORKSPACE,
@@ -135,7 +161,7 @@ def _bwrap_argv(
         *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
         "--",
         *drop,
-        *(egress.wrap_argv(command_argv) if egress_socket is not None else command_argv),
+        *command,
     ]
 
 
@@ -162,6 +188,8 @@ class BubblewrapSandbox(_SandboxBase):
     ``uid`` (as root) is the host uid commands run as; the control plane allocates one per run.
     ``hidden_paths`` are covered with an empty read-only tmpfs in addition to the defaults
     (``/root``, the server user's home, Ray's temp directory outside ``/tmp``).
+    ``image``: an unpacked image (`nodus_ray.sandbox.images.image_root`) commands run on,
+    read-only, with its own shell (bash where it has one, else sh), instead of the host's root.
     """
 
     backend = "bubblewrap"
@@ -176,12 +204,14 @@ class BubblewrapSandbox(_SandboxBase):
         hidden_paths: Sequence[Path] = (),
         env: Mapping[str, str] | None = None,
         egress_socket: Path | None = None,
+        image: ImageRoot | None = None,
     ) -> None:
         no_filter = seccomp.unsupported_reason()
         note = f"{no_filter}: commands run without a system call filter" if no_filter else None
         super().__init__(workspace, limits, note=note, uid=uid, hidden_paths=hidden_paths, env=env)
         self.allow_network = allow_network
         self.egress_socket = egress_socket
+        self.image = image
         self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._setpriv = shutil.which("setpriv") if self.host_uid is not None else None
 
@@ -190,14 +220,20 @@ class BubblewrapSandbox(_SandboxBase):
             self._bwrap,
             self._setpriv,
             self.workspace,
-            _shell_argv(command, self.limits),
+            _shell_argv(command, self.limits, shell=self.shell),
             self.limits,
             allow_network=self.allow_network,
             host_uid=self.host_uid,
             hidden=self._hidden,
             seccomp_fd=seccomp_fd,
             egress_socket=self.egress_socket,
+            image=self.image,
         )
+
+    @property
+    def shell(self) -> str:
+        """The shell commands run with: the host's bash, or the image's (bash, else sh)."""
+        return self.image.shell if self.image is not None else "/bin/bash"
 
     def command_env(self) -> dict[str, str]:
         """Exactly the command's environment: bubblewrap passes its own on unchanged."""

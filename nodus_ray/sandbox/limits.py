@@ -22,8 +22,9 @@ def _capped(value: int, resource_id: int) -> int:
     return value if hard == resource.RLIM_INFINITY else min(value, hard)
 
 
-def _limits_prologue(limits: SandboxLimits) -> str:
-    """Bash that applies the limits, then execs the command in a fresh bash.
+def _limits_prologue(limits: SandboxLimits, shell: str = "/bin/bash") -> str:
+    """Shell that applies the limits, then execs the command in a fresh ``shell`` (bash, or an
+    image's sh: busybox's and dash's ``ulimit`` take the same flags).
 
     The CPU hard limit is a little above the soft one so the command gets SIGXCPU (which we can
     report as "cpu") instead of an anonymous SIGKILL.
@@ -34,11 +35,12 @@ def _limits_prologue(limits: SandboxLimits) -> str:
     file_kib = max(1, _capped(limits.file_size_bytes, resource.RLIMIT_FSIZE) // 1024)
     processes = max(1, _capped(limits.processes, resource.RLIMIT_NPROC))
     common = f"-v {memory_kib} -f {file_kib} -u {processes}"
-    return f'ulimit -t {cpu_hard} {common} && ulimit -S -t {cpu_soft} && exec /bin/bash -c "$1" bash'
+    name = shell.rsplit("/", 1)[-1]
+    return f'ulimit -t {cpu_hard} {common} && ulimit -S -t {cpu_soft} && exec {shell} -c "$1" {name}'
 
 
-def _shell_argv(command: str, limits: SandboxLimits) -> list[str]:
-    return ["/bin/bash", "-c", _limits_prologue(limits), "nodus-sandbox", command]
+def _shell_argv(command: str, limits: SandboxLimits, *, shell: str = "/bin/bash") -> list[str]:
+    return [shell, "-c", _limits_prologue(limits, shell), "nodus-sandbox", command]
 
 
 _FORK_HINTS = ("fork: retry", "fork: resource temporarily unavailable", "cannot fork", "fork failed")
