@@ -55,6 +55,8 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+# On a ready-made template of project nodus (`Agent.from_name`): its runs go to the caller's project.
+_TEMPLATE_LABEL = "nodus.dev/template"
 # Stands in for the program while a definition is checked before its entrypoint is known.
 _PLACEHOLDER_SOURCE = {"digest": "sha256:" + "0" * 64, "files": 1, "bytes": 0}
 
@@ -198,12 +200,24 @@ class Agent:
 
     @classmethod
     def from_name(cls, name: str, project: str | None = None, *, client: Client | None = None) -> Self:
-        """A deployed Agent, submitted to without redeploying it; raises `errors.NotFound`."""
-        client = client or Client(project=project)
+        """A deployed Agent, submitted to without redeploying it; raises `errors.NotFound`.
+
+        A ready-made template (``from_name("claude-assistant", project="nodus")``, an Agent
+        labelled ``nodus.dev/template``) is read from its project but runs in yours: `submit`,
+        `remote` and `map` create runs in the client's project (a project token's own project),
+        billed there and pinned to the template's revision; the server finds the template by
+        its name when your project has no Agent of that name (docs/sdk.md).
+        """
+        client = client or Client()
         resource = client.get("agents", name, project=project)
         agent = cls.__new__(cls)
+        runs_in = project
+        labels = (resource.get("metadata") or {}).get("labels") or {}
+        if labels.get(_TEMPLATE_LABEL) == "true":
+            who = client.whoami()
+            runs_in = client.project if who.get("project") in (None, "*") else str(who["project"])
         # The server's spec is taken as is: a newer server may hold fields this SDK does not know.
-        Agent._setup(agent, name, dict(resource.get("spec") or {}), project, client, validate=False)
+        Agent._setup(agent, name, dict(resource.get("spec") or {}), runs_in, client, validate=False)
         agent._deployed = True
         return agent
 

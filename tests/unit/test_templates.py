@@ -7,11 +7,15 @@ template, no other project changes it (decision 47).
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from nodus import ClaudeAgent, Client
+from nodus.config import Settings
 from nodus.errors import Forbidden, NodusError, NotFound
 from nodus_ray.control.templates import (
     CLAUDE_ASSISTANT,
@@ -140,3 +144,70 @@ def test_the_operator_and_project_nodus_keep_their_usual_rights() -> None:
     assert _check(Principal("owner", TEMPLATE_PROJECT, "write"), "PATCH", TEMPLATE_PATH) is None
     refusal: Any = _check(Principal("viewer", TEMPLATE_PROJECT, "read"), "DELETE", TEMPLATE_PATH)
     assert isinstance(refusal, Forbidden) and refusal.details["needs"] == "write"
+
+
+# -- the SDK's handle: from_name(..., project="nodus") submits to the caller's project ------------
+
+
+class _TemplateAPI:
+    """Project nodus's template, a whoami and run creation, over an httpx MockTransport."""
+
+    def __init__(self, token_project: str) -> None:
+        self.token_project = token_project
+        self.requests: list[tuple[str, str]] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append((request.method, request.url.path))
+        path = request.url.path
+        if path == "/v1/whoami":
+            return httpx.Response(200, json={"name": "ci", "project": self.token_project, "role": "write"})
+        if path == TEMPLATE_PATH:
+            labels = {TEMPLATE_LABEL: "true"}
+            return httpx.Response(
+                200, json={"metadata": {"name": CLAUDE_ASSISTANT, "labels": labels}, "spec": {"system": "x"}}
+            )
+        if request.method == "POST" and path.endswith("/agentruns"):
+            body = json.loads(request.content)
+            project = path.split("/")[3]
+            meta = {**body["metadata"], "project": project}
+            return httpx.Response(201, json={**body, "metadata": meta, "status": {"phase": "Pending"}})
+        return httpx.Response(404, json={"code": "NotFound", "message": path, "details": {}})
+
+    def client(self, project: str) -> Client:
+        settings = Settings(api_url="http://nodus.test", project=project)
+        return Client(settings=settings, transport=httpx.MockTransport(self.handle))
+
+
+@pytest.mark.parametrize(
+    ("token_project", "default_project", "runs_in"),
+    [("team", "default", "team"), (OPERATOR, "lab", "lab")],  # a project token's own; else the default
+)
+def test_the_sdk_handle_of_the_template_submits_to_the_callers_project(
+    token_project: str, default_project: str, runs_in: str
+) -> None:
+    api = _TemplateAPI(token_project)
+    agent = ClaudeAgent.from_name(
+        CLAUDE_ASSISTANT, project=TEMPLATE_PROJECT, client=api.client(default_project)
+    )
+    assert agent.project == runs_in
+    run = agent.submit("Summarize the logs")
+    assert run.name.startswith(CLAUDE_ASSISTANT)
+    posted = [path for method, path in api.requests if method == "POST"]
+    assert posted == [f"/v1/projects/{runs_in}/agentruns"]  # the template is read, never redeployed
+    assert ("GET", TEMPLATE_PATH) in api.requests
+
+
+def test_an_ordinary_agent_of_another_project_still_runs_where_it_is() -> None:
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        if request.method == "GET":
+            return httpx.Response(200, json={"metadata": {"name": "helper"}, "spec": {}})
+        body = json.loads(request.content)
+        return httpx.Response(201, json={**body, "status": {"phase": "Pending"}})
+
+    client = Client(settings=Settings(api_url="http://nodus.test"), transport=httpx.MockTransport(handle))
+    agent = ClaudeAgent.from_name("helper", project="lab", client=client)
+    agent.submit("hi")
+    assert seen == ["GET /v1/projects/lab/agents/helper", "POST /v1/projects/lab/agentruns"]  # no whoami
