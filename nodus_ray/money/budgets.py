@@ -131,9 +131,13 @@ class BudgetLedger:
             self._budgets.clear()
             self._spend.clear()
             for project in self._storage.list_dir(layout.projects_folder()):
-                for name in self._storage.list_dir(layout.budgets_folder(project)):
+                for file in self._storage.list_dir(layout.budgets_folder(project)):
+                    if not file.endswith(".json"):
+                        continue
                     try:
-                        self._budgets[project] = self._storage.read_json(layout.budget(project, name))
+                        self._budgets[project] = self._storage.read_json(
+                            layout.budget(project, file.removesuffix(".json"))
+                        )
                     except FileNotFoundError:
                         continue
 

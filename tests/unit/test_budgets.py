@@ -1,0 +1,368 @@
+"""The project Budget: the ledger (never exceeded under concurrent reservations, periods roll
+over with a stored baseline, deleted runs' spend stays spent) and the service over real local
+storage (refusals that change nothing, parked runs resumed when the Budget has room again)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodus.errors import Conflict, Invalid
+from nodus_ray.money.billing import RunBudget
+from nodus_ray.money.budgets import BudgetLedger, Spender, period_bounds
+from nodus_ray.money.prices import DEFAULT_PRICE_TABLE
+from nodus_ray.money.spend import BudgetExceeded, RunSpend
+from nodus_ray.store.storage import Storage
+from tests.unit.test_control_support import agent_doc, make_plane, run_doc, until
+
+
+def budget_doc(max_cost: str, period: str = "total", name: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "nodus.dev/v1",
+        "kind": "Budget",
+        "metadata": {"name": name},
+        "spec": {"maxCostUSD": max_cost, "period": period},
+    }
+
+
+class FakeProject:
+    """What the ledger reads of a project: its runs' billed totals and its groups' grading."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Spender] = {}
+        self.groups: dict[str, Decimal] = {}
+        self.lock = threading.Lock()
+
+    def runs_of(self, project: str) -> Mapping[str, Spender]:
+        with self.lock:
+            return dict(self.runs)
+
+    def groups_of(self, project: str) -> Mapping[str, Decimal]:
+        return dict(self.groups)
+
+    def bill(self, run: str, amount: Decimal) -> None:
+        with self.lock:
+            current = self.runs.get(run, Spender(Decimal(0), True))
+            self.runs[run] = Spender(current.billed + amount, current.active)
+
+
+class Clock:
+    def __init__(self, moment: datetime) -> None:
+        self.moment = moment
+
+    def __call__(self) -> datetime:
+        return self.moment
+
+
+def _ledger(tmp_path: Path, project: FakeProject, clock: Clock | None = None) -> BudgetLedger:
+    storage = Storage(str(tmp_path / "storage"))
+    if clock is None:
+        return BudgetLedger(storage, project.runs_of, project.groups_of)
+    return BudgetLedger(storage, project.runs_of, project.groups_of, clock)
+
+
+def _set(ledger: BudgetLedger, max_cost: str, period: str = "total") -> None:
+    document = budget_doc(max_cost, period)
+    document["metadata"]["project"] = "p"
+    ledger.store_budget("p", document, lambda spent: None)
+
+
+# -- the ledger -----------------------------------------------------------------------------------
+
+
+def test_no_budget_grants_everything(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path, FakeProject())
+    assert ledger.reserve("p", "r1", Decimal("1000000")) is True
+    assert ledger.view("p") is None and ledger.left("p") is None
+
+
+def test_concurrent_reservations_never_pass_the_budget(tmp_path: Path) -> None:
+    """Many runs reserve and spend at once (each spends at most what it reserved, then reserves
+    again): at every moment spent + held stays within maxCostUSD, and so does the final spend."""
+    project = FakeProject()
+    ledger = _ledger(tmp_path, project)
+    _set(ledger, "5.00")
+    limit = Decimal("5.00")
+    seen: list[Decimal] = []
+    refused = 0
+
+    def worker(run: str, seed: int) -> None:
+        nonlocal refused
+        rng = random.Random(seed)
+        project.runs[run] = Spender(Decimal(0), True)
+        for _ in range(200):
+            amount = Decimal(rng.randint(1, 40)) / 100
+            if not ledger.reserve("p", run, amount):
+                refused += 1
+                continue
+            project.bill(run, Decimal(rng.randint(0, int(amount * 100))) / 100)  # at most what it held
+            view = ledger.view("p")
+            assert view is not None
+            seen.append(Decimal(view["spentUSD"]) + Decimal(view["reservedUSD"]))
+
+    threads = [threading.Thread(target=worker, args=(f"r{i}", i)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    total = sum((run.billed for run in project.runs.values()), Decimal(0))
+    assert total <= limit
+    assert max(seen) <= limit
+    assert refused > 0  # the Budget did bind: runs were turned away at the limit
+    assert total > limit - Decimal("0.40")  # and it was used up to about its last step
+
+
+def test_a_run_without_an_actor_holds_nothing_and_billing_consumes_the_reservation(tmp_path: Path) -> None:
+    project = FakeProject()
+    ledger = _ledger(tmp_path, project)
+    _set(ledger, "1.00")
+    project.runs["r1"] = Spender(Decimal(0), True)
+    assert ledger.reserve("p", "r1", Decimal("0.80"))
+    assert ledger.reserve("p", "r2", Decimal("0.30")) is False  # 0.80 held of 1.00
+    project.bill("r1", Decimal("0.50"))  # what it billed consumes its reservation: 0.30 still held
+    assert ledger.view("p") == {
+        "spentUSD": "0.50",
+        "reservedUSD": "0.30",
+        "leftUSD": "0.20",
+        "periodStart": None,
+        "periodEnd": None,
+    }
+    project.runs["r1"] = Spender(Decimal("0.50"), False)  # parked or finished: it holds nothing
+    assert ledger.reserve("p", "r2", Decimal("0.50")) is True
+    assert ledger.reserve("p", "r2", Decimal("0.51")) is False  # a new reservation replaces the old
+
+
+def test_deleted_runs_and_groups_stay_spent_after_a_restart(tmp_path: Path) -> None:
+    project = FakeProject()
+    ledger = _ledger(tmp_path, project)
+    _set(ledger, "2.00")
+    project.runs["r1"] = Spender(Decimal("0.70"), False)
+    project.groups["g1"] = Decimal("0.10")
+    ledger.forget_run("p", "r1", Decimal("0.70"))
+    del project.runs["r1"]
+    ledger.forget_group("p", "g1", Decimal("0.10"))
+    del project.groups["g1"]
+    restarted = _ledger(tmp_path, project)
+    restarted.load()
+    view = restarted.view("p")
+    assert view is not None and (view["spentUSD"], view["leftUSD"]) == ("0.80", "1.20")
+
+
+def test_periods_are_utc_calendar_days_and_months() -> None:
+    moment = datetime(2026, 2, 14, 23, 59, tzinfo=UTC)
+    assert period_bounds("day", moment) == (
+        datetime(2026, 2, 14, tzinfo=UTC),
+        datetime(2026, 2, 15, tzinfo=UTC),
+    )
+    assert period_bounds("month", moment) == (
+        datetime(2026, 2, 1, tzinfo=UTC),
+        datetime(2026, 3, 1, tzinfo=UTC),
+    )
+    assert period_bounds("month", datetime(2026, 12, 31, tzinfo=UTC))[1] == datetime(2027, 1, 1, tzinfo=UTC)
+    assert period_bounds("total", moment) == (None, None)
+
+
+def test_a_new_period_starts_from_a_stored_baseline_and_late_charges_count_in_it(tmp_path: Path) -> None:
+    project = FakeProject()
+    clock = Clock(datetime(2026, 3, 10, 12, 0, tzinfo=UTC))
+    ledger = _ledger(tmp_path, project, clock)
+    project.runs["r1"] = Spender(Decimal("0.40"), True)
+    _set(ledger, "1.00", "day")  # a day Budget counts from when it was set: r1's 0.40 is before
+    assert ledger.view("p")["spentUSD"] == "0"  # type: ignore[index]
+    assert ledger.reserve("p", "r1", Decimal("0.60"))
+    project.bill("r1", Decimal("0.60"))  # 0.60 spent today (r1 billed 1.00 in all)
+    assert ledger.reserve("p", "r1", Decimal("0.41")) is False
+    assert ledger.view("p")["leftUSD"] == "0.40"  # type: ignore[index]
+    clock.moment = datetime(2026, 3, 11, 0, 0, 1, tzinfo=UTC)
+    assert ledger.roll_over("p") is True  # the baseline of the 11th is written before any grant
+    stored = Storage(str(tmp_path / "storage")).read_json("projects/p/budget-spend.json")
+    assert stored["period"] == {
+        "kind": "day",
+        "start": "2026-03-11T00:00:00Z",
+        "runs": {"r1": "1.00"},
+        "groups": {},
+        "deletedUSD": "0",
+    }
+    view = ledger.view("p")
+    assert view is not None
+    assert (view["spentUSD"], view["periodStart"], view["periodEnd"]) == (
+        "0",
+        "2026-03-11T00:00:00Z",
+        "2026-03-12T00:00:00Z",
+    )
+    assert ledger.reserve("p", "r1", Decimal("0.50"))
+    project.bill("r1", Decimal("0.25"))  # a charge reported now counts in the new period
+    project.runs["r2"] = Spender(Decimal("0.20"), False)  # a run started today counts whole
+    restarted = _ledger(tmp_path, project, clock)  # a restart keeps the period's baseline
+    restarted.load()
+    view = restarted.view("p")
+    assert view is not None and (view["spentUSD"], view["reservedUSD"]) == ("0.45", "0")
+    restarted.forget_run("p", "r1", Decimal("1.25"))  # deleted today: what it billed today stays
+    del project.runs["r1"]
+    assert restarted.view("p")["spentUSD"] == "0.45"  # type: ignore[index]
+
+
+def test_a_reservation_held_over_a_period_change_still_counts(tmp_path: Path) -> None:
+    project = FakeProject()
+    clock = Clock(datetime(2026, 3, 31, 23, 0, tzinfo=UTC))
+    ledger = _ledger(tmp_path, project, clock)
+    _set(ledger, "1.00", "month")
+    project.runs["r1"] = Spender(Decimal(0), True)
+    assert ledger.reserve("p", "r1", Decimal("0.90"))
+    clock.moment = datetime(2026, 4, 1, 0, 0, tzinfo=UTC)
+    assert ledger.reserve("p", "r2", Decimal("0.20")) is False  # r1's 0.90 is still held
+    assert ledger.reserve("p", "r2", Decimal("0.10")) is True
+
+
+# -- the run's side ---------------------------------------------------------------------------------
+
+
+def test_run_spend_reserves_nodus_calls_and_sandbox_work_but_not_byok_calls() -> None:
+    held: list[Decimal] = []
+
+    async def credits(amount: Decimal) -> None:
+        pass
+
+    async def budget(amount: Decimal) -> None:
+        held.append(amount)
+        if amount > Decimal("1"):
+            raise BudgetExceeded(amount)
+
+    async def scenario() -> None:
+        nodus = RunSpend(DEFAULT_PRICE_TABLE, "Nodus", RunBudget(None), credits, budget)
+        await nodus.before_call(Decimal("0.2"), Decimal("0.2"))
+        await nodus.before_sandbox(Decimal("0.05"))
+        with pytest.raises(BudgetExceeded) as over:
+            await nodus.before_sandbox(Decimal("2"))
+        assert over.value.needed == Decimal("2")
+        byok = RunSpend(DEFAULT_PRICE_TABLE, "BYOK", RunBudget(None), credits, budget)
+        await byok.before_call(Decimal("0.2"), Decimal("0.2"))  # billed nothing: nothing held
+        await byok.before_sandbox(Decimal("0.03"))  # sandbox compute is billed with BYOK too
+
+    asyncio.run(scenario())
+    assert held == [Decimal("0.2"), Decimal("0.05"), Decimal("2"), Decimal("0.03")]
+
+
+# -- the service ------------------------------------------------------------------------------------
+
+
+def test_bad_budgets_are_refused_naming_the_field_and_nothing_changes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("r1"))
+        await plane.services.runs.report("demo", "r1", {"cost": {"totalUSD": "0.30", "billedUSD": "0.45"}})
+        with pytest.raises(Invalid) as below:
+            await budgets.apply_budget("demo", budget_doc("0.40"))
+        assert below.value.details["field"] == "spec.maxCostUSD"
+        assert "spent $0.45" in below.value.message
+        assert await budgets.list_budgets("demo") == []
+        assert not plane.storage.exists("projects/demo/budgets/default.json")
+        for bad, field in (
+            (budget_doc("1", "week"), "spec.period"),
+            (budget_doc("-1"), "spec.maxCostUSD"),
+            (budget_doc("ten"), "spec.maxCostUSD"),
+            (budget_doc("1.0000001"), "spec.maxCostUSD"),
+            ({**budget_doc("1"), "spec": {"maxCostUSD": 1.5}}, "spec.maxCostUSD"),
+        ):
+            with pytest.raises(Invalid) as refused:
+                await budgets.apply_budget("demo", bad)
+            assert refused.value.details["field"] == field, bad
+        created = await budgets.apply_budget("demo", budget_doc("1.00"))
+        assert created["result"] == "created"
+        assert created["resource"]["status"]["spentUSD"] == "0.45"
+        assert created["resource"]["status"]["leftUSD"] == "0.55"
+        with pytest.raises(Invalid) as lowered:  # a patch below the spend is refused the same way
+            await budgets.patch_budget("demo", "default", {"spec": {"maxCostUSD": "0.10"}})
+        assert "spent $0.45" in lowered.value.message
+        with pytest.raises(Invalid):
+            await budgets.patch_budget("demo", "default", {"spec": {"period": "year"}})
+        assert (await budgets.get_budget("demo", "default"))["spec"] == {
+            "maxCostUSD": "1.00",
+            "period": "total",
+        }
+        with pytest.raises(Conflict):  # one Budget per project
+            await budgets.apply_budget("demo", budget_doc("5", name="other"))
+
+    asyncio.run(scenario())
+
+
+def test_deleted_runs_stay_spent_and_reservations_follow_the_budget(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        assert await budgets.reserve_budget("demo", "r1", "1000") is True  # no Budget: all fits
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("r1"))
+        (actor,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
+        await plane.services.runs.report("demo", "r1", {"cost": {"totalUSD": "0.20", "sandboxUSD": "0.05"}})
+        await budgets.apply_budget("demo", budget_doc("1"))
+        assert await budgets.reserve_budget("demo", "r1", "0.75") is True
+        assert await budgets.reserve_budget("demo", "r2", "0.01") is False
+        cost = {"totalUSD": "0.20", "sandboxUSD": "0.05"}
+        actor.end(
+            {"phase": "Succeeded", "reason": "Completed", "cost": cost, "finishedAt": "2026-12-01T00:00:01Z"}
+        )
+        await until(lambda: plane.stored_phase("r1") == "Succeeded", what="the run finished")
+        assert await budgets.reserve_budget("demo", "r2", "0.75") is True  # a finished run holds nothing
+        await plane.services.runs.delete_run("demo", "r1")
+        await until(lambda: ("demo", "r1") not in plane.services.registry.runs, what="the run deleted")
+        restarted = await plane.restart()
+        view = await restarted.services.budgets.get_budget("demo", "default")
+        assert (view["status"]["spentUSD"], view["status"]["leftUSD"]) == ("0.25", "0.75")
+
+    asyncio.run(scenario())
+
+
+def test_raising_the_budget_resumes_the_runs_parked_for_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        await budgets.apply_budget("demo", budget_doc("0.10"))
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("r1"))
+        (first,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
+        assert await budgets.reserve_budget("demo", "r1", "0.50") is False
+        first.end({"phase": "Waiting", "reason": "BudgetExceeded", "budgetNeededUSD": "0.50"})
+        await until(lambda: plane.stored_phase("r1") == "Waiting", what="the run parked for the Budget")
+        await until(lambda: first.killed, what="the parked run's actor given back")
+        run = await plane.services.runs.get_run("demo", "r1")
+        assert (run["status"]["reason"], run["status"]["actorName"]) == ("BudgetExceeded", None)
+        assert "budgetNeededUSD" not in run["status"]
+        await budgets.patch_budget("demo", "default", {"spec": {"maxCostUSD": "0.20"}})
+        await until(lambda: plane.run_actors.of("r1")[1:], what="a new actor for the resumed run")
+        stored = plane.storage.read_json("projects/demo/agentruns/r1/run.json")
+        assert (stored["status"]["phase"], stored["status"]["reason"]) == ("Running", None)
+
+    asyncio.run(scenario())
+
+
+def test_a_new_period_resumes_the_parked_runs(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        clock = Clock(datetime.now(UTC))
+        budgets.ledger._now = clock  # noqa: SLF001 - the test's clock
+        await budgets.apply_budget("demo", budget_doc("0.10", "day"))
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("r1"))
+        (first,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
+        await plane.services.runs.report("demo", "r1", {"cost": {"billedUSD": "0.10"}})
+        assert await budgets.reserve_budget("demo", "r1", "0.05") is False
+        first.end({"phase": "Waiting", "reason": "BudgetExceeded", "budgetNeededUSD": "0.05"})
+        await until(lambda: plane.stored_phase("r1") == "Waiting", what="the run parked for the Budget")
+        clock.moment += timedelta(days=1)
+        await budgets._new_period("demo")  # noqa: SLF001 - what the period's timer calls
+        await until(lambda: plane.run_actors.of("r1")[1:], what="a new actor in the new period")
+        assert await budgets.reserve_budget("demo", "r1", "0.05") is True
+
+    asyncio.run(scenario())
