@@ -7,6 +7,8 @@ link's fragment only, which a browser never sends to a server.
 
 from __future__ import annotations
 
+import getpass
+import sys
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
@@ -14,12 +16,17 @@ import typer
 
 from .. import credentials
 from ..client import Client
+from ..config import Settings
+from ..errors import Invalid, Unauthorized, Unavailable
 from . import root
 from .output import dump_json, dump_yaml
 from .root import OutputOption, ProjectOption
 
 __all__ = ["login", "logout", "whoami", "console", "credits_app"]
 
+
+# The operator token `nodus up` keeps for the local user (`nodus_ray.control.tokens.LOCAL_ADMIN`).
+_LOCAL_ADMIN = "local-admin"
 
 credits_app = typer.Typer(
     help="The project's credits: what runs on the server's key may spend.", invoke_without_command=True
@@ -28,12 +35,42 @@ credits_app = typer.Typer(
 
 def login(
     token: Annotated[
-        str, typer.Option("--token", help="An API token (nodus_...), e.g. from `nodus create token`.")
-    ],
+        str | None,
+        typer.Option(
+            "--token",
+            help="An API token (nodus_...), e.g. from `nodus create token`; asked for when left out.",
+        ),
+    ] = None,
 ) -> None:
-    """Check a token against the server and store it for that server (~/.nodus/credentials.json, 0600)."""
+    """Check a token against the server and store it for that server (~/.nodus/credentials.json, 0600).
+
+    Without ``--token`` it asks for one (hidden input on a terminal, one line from standard input
+    otherwise), except against a local service `nodus up` started: its operator token is stored
+    already, and this says who you are. A token the server refuses is stored nowhere.
+    """
     settings = root.settings()
-    who = Client(settings=settings, token=token).whoami()
+    if token is None:
+        local = _local_operator(settings)
+        if local is not None:
+            typer.echo(
+                f"already logged in to {settings.api_url} as token {local.get('name')} (every project, "
+                f"role {local.get('role')}): `nodus up` keeps it in {credentials.credentials_file()}; "
+                "`nodus login --token` stores another"
+            )
+            return
+        token = _ask_token()
+    token = token.strip()
+    if not token:
+        raise Invalid(
+            "no token given: paste an API token (nodus_...); nothing was stored", details={"field": "token"}
+        )
+    try:
+        who = Client(settings=settings, token=token).whoami()
+    except Unauthorized:
+        raise Unauthorized(
+            f"{settings.api_url} refused the token (unknown, revoked or expired); nothing was stored",
+            details={"field": "token"},
+        ) from None
     project = None if who.get("project") == "*" else who.get("project")
     file = credentials.remember(settings.api_url, token, project=project)
     scope = "every project" if project is None else f"project {project}"
@@ -41,6 +78,25 @@ def login(
         f"logged in to {settings.api_url} as token {who.get('name')} ({scope}, role {who.get('role')}); "
         f"stored in {file}"
     )
+
+
+def _local_operator(settings: Settings) -> dict[str, Any] | None:
+    """Who the token `nodus up` stored for this server is, if that is the one in use and still works."""
+    if not settings.token:
+        return None
+    try:
+        who = Client(settings=settings).whoami()
+    except (Unauthorized, Unavailable):
+        return None
+    return who if (who.get("project"), who.get("name")) == ("*", _LOCAL_ADMIN) else None
+
+
+def _ask_token() -> str:
+    """The token, typed: hidden on a terminal (getpass), else the first line of standard input."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        return getpass.getpass("API token (input hidden): ")
+    line = sys.stdin.readline() if sys.stdin is not None else ""
+    return line
 
 
 def logout() -> None:
