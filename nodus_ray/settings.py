@@ -89,6 +89,11 @@ class ServerSettings:
     # The CPU seconds a durable Python program may use per actor (NODUS_PROGRAM_CPU_SECONDS):
     # a program looping without steps is stopped by this, or by its run's deadline.
     program_cpu_seconds: int = 3600
+    # How long a finished run's recorded payloads (NODUS_PAYLOAD_RETENTION) and its workspace
+    # (NODUS_WORKSPACE_RETENTION) are kept after it ends: a duration ("30d", "24h", "2s"), then
+    # optional per-project overrides ("30d,audit=365d"); `control.retention` reads them.
+    payload_retention: str = "30d"
+    workspace_retention: str = "24h"
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -122,6 +127,12 @@ class ServerSettings:
         raw_cpu = os.environ.get("NODUS_PROGRAM_CPU_SECONDS", "3600") or "3600"
         if not raw_cpu.isdigit() or not 1 <= int(raw_cpu) <= 10**7:
             raise ValueError(f"NODUS_PROGRAM_CPU_SECONDS={raw_cpu!r} must be a whole number of seconds")
+        from nodus_ray.control.retention_policy import RetentionPolicy  # checked here, once
+
+        payload_retention = os.environ.get("NODUS_PAYLOAD_RETENTION", "").strip() or "30d"
+        workspace_retention = os.environ.get("NODUS_WORKSPACE_RETENTION", "").strip() or "24h"
+        RetentionPolicy.parse(payload_retention, "NODUS_PAYLOAD_RETENTION")
+        RetentionPolicy.parse(workspace_retention, "NODUS_WORKSPACE_RETENTION")
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -142,6 +153,8 @@ class ServerSettings:
             workspace_snapshots=raw_snapshots == "on",
             egress_private_networks=private_networks,
             program_cpu_seconds=int(raw_cpu),
+            payload_retention=payload_retention,
+            workspace_retention=workspace_retention,
         )
 
     def digest(self) -> str:

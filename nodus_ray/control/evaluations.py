@@ -35,6 +35,7 @@ from nodus.resources import API_VERSION, AgentRun, parse_resource
 from nodus_ray.control.evaluation_plan import Evaluation, grading_request, plan_evaluation
 from nodus_ray.control.group_actors import Graders, GroupSupervisors, limits_wire
 from nodus_ray.control.registry import Key, Registry
+from nodus_ray.control.retention_policy import check_payloads
 from nodus_ray.core.evaluation import (
     Case,
     case_labels,
@@ -452,6 +453,7 @@ class EvaluationService:
                 code="NotAnEvaluation",
                 details={"kind": "AgentGroup", "name": name},
             )
+        check_payloads(group, "per-case results", kind="AgentGroup")  # 410 after retention
         try:
             await asyncio.to_thread(self.load, (project, name))
         except EnvironmentNotFound as error:

@@ -17,6 +17,7 @@ from nodus.lifecycle import RUN_TERMINAL_PHASES, RunPhase, RunReason, run_transi
 from nodus.resources import MAX_INPUT_BYTES
 from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.registry import Registry, is_python
+from nodus_ray.control.retention_policy import check_payloads
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import utc_now
@@ -144,7 +145,7 @@ class MessageService:
     ) -> dict[str, Any] | None:
         """The first message after ``after_seq`` (of that name when given: what a Python
         program's ``wait_for_message(name)`` reads), or None."""
-        self._registry.run(project, name)
+        check_payloads(self._registry.run(project, name), "messages")
         inbox = await asyncio.to_thread(self._inboxes.get, (project, name))
         message = inbox.after(int(after_seq), message_name)
         if message is None:

@@ -24,6 +24,7 @@ import ray
 
 from nodus_ray.control.group_actors import RayGroupSupervisors
 from nodus_ray.control.recovery import RecoveryGate, after_recovery
+from nodus_ray.control.retention import RetentionSweeper
 from nodus_ray.control.run_files import RunFiles
 from nodus_ray.control.run_supervisor import RayRunActors
 from nodus_ray.control.services import compose
@@ -62,6 +63,8 @@ class ControlPlane:
         self.controls = services.controls
         self.generations = services.generations
         self.run_files = RunFiles(services.registry)
+        # Finished runs' payloads and workspaces, deleted when their retention is up (decision 46).
+        self.retention = RetentionSweeper(services.registry, settings, services.evaluations.forget)
         self._background: list[asyncio.Task[None]] = []
         # Started by the first call, not here: Ray may run a constructor on a loop other than the
         # one that serves calls, and a recovery there raced the one the calls waited for.
@@ -82,6 +85,7 @@ class ControlPlane:
     async def _recover(self) -> None:
         """Reload every resource and bring back what runs; then the background loops start."""
         await self._services.recover()
+        self.retention.start()  # after recovery: what came due while the service was down goes first
         # After the agents are loaded (an absent template is absent, not unread), before any call.
         await ensure_templates(self.agents, self.registry)
         loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ from nodus.lifecycle import RUN_TERMINAL_PHASES, RunPhase, RunReason, retry_tran
 from nodus.resources import parse_duration
 from nodus_ray.control.generations import run_journal
 from nodus_ray.control.registry import Key, Registry, suspended
+from nodus_ray.control.retention_policy import check_payloads
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.durable.fencing import JournalConflict
 from nodus_ray.store.timestamps import format_timestamp, utc_now
@@ -113,6 +114,18 @@ class RunControls:
                     f"agentrun {name!r} is {_phase_words(status)}; only a Failed run can be retried",
                     code="NotFailed",
                     details={"kind": "AgentRun", "name": name, "phase": status["phase"]},
+                )
+            # Retention (decision 46): a journal without its values, or without the workspace its
+            # commands changed, cannot be replayed faithfully; refused, nothing changed.
+            check_payloads(run, "journal values (a retry replays them)")
+            deleted = (status.get("sandbox") or {}).get("workspaceDeletedAt")
+            if deleted:
+                raise Conflict(
+                    f"agentrun {name!r} cannot be retried: its workspace was deleted at {deleted} "
+                    "(NODUS_WORKSPACE_RETENTION after it finished), and a retry would replay its "
+                    "commands' results on files that are gone; create a new run instead",
+                    code="WorkspaceDeleted",
+                    details={"kind": "AgentRun", "name": name, "field": "status.sandbox.workspaceDeletedAt"},
                 )
             try:
                 retried = await asyncio.to_thread(self._forget_failures, key)

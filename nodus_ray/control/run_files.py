@@ -11,6 +11,7 @@ from typing import Any
 
 from nodus.errors import Invalid, NotFound
 from nodus_ray.control.registry import Registry
+from nodus_ray.control.retention_policy import check_payloads
 from nodus_ray.store import layout
 
 __all__ = ["RunFiles"]
@@ -42,7 +43,7 @@ class RunFiles:
 
     async def run_outputs(self, project: str, name: str) -> list[dict[str, Any]]:
         """``[{"name", "bytes"}]`` of the outputs the run saved, by name."""
-        self._registry.run(project, name)
+        check_payloads(self._registry.run(project, name), "outputs")
         storage = self._registry.storage
 
         def listing() -> list[dict[str, Any]]:
@@ -58,7 +59,7 @@ class RunFiles:
 
     async def run_output(self, project: str, name: str, output: str) -> bytes:
         """One output, byte for byte; NotFound naming it (and the ones there are) when missing."""
-        self._registry.run(project, name)
+        check_payloads(self._registry.run(project, name), "outputs")
         _check_output_name(output)
         storage = self._registry.storage
         try:
@@ -73,7 +74,7 @@ class RunFiles:
 
     async def run_logs(self, project: str, name: str) -> str:
         """What the program printed, every attempt in order (a replay's output was not kept)."""
-        self._registry.run(project, name)
+        check_payloads(self._registry.run(project, name), "program log")
         storage = self._registry.storage
 
         def read() -> str:

@@ -39,6 +39,7 @@ from nodus_ray.control.evaluations import EvaluationService
 from nodus_ray.control.generations import run_journal
 from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
 from nodus_ray.control.registry import Key, Registry, check_project, merge_status, suspended
+from nodus_ray.control.retention_policy import check_payloads
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.control.templates import resolve_agent
 from nodus_ray.durable.journal import record_view, step_views
@@ -433,6 +434,7 @@ class RunService:
 
     async def run_answer(self, project: str, name: str) -> dict[str, Any]:
         run = await self.get_run(project, name)
+        check_payloads(run, "answer")  # 410 once retention deleted it (`control.retention`)
         phase = run["status"]["phase"]
         if run["status"].get("answer") is None:
             raise Conflict(

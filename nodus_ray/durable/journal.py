@@ -42,7 +42,18 @@ from nodus_ray.store import layout
 from nodus_ray.store.storage import AlreadyExists, Storage
 from nodus_ray.store.timestamps import format_timestamp
 
-__all__ = ["StepState", "JournalRecord", "Journal", "JOURNAL_SCHEMA", "record_view", "step_views"]
+__all__ = [
+    "StepState",
+    "JournalRecord",
+    "Journal",
+    "JOURNAL_SCHEMA",
+    "record_view",
+    "step_views",
+    "encode_segment",
+    "decode_segment",
+    "skeleton_span",
+    "journal_object_span",
+]
 
 StepState = Literal["Started", "Completed", "Failed", "NeedsResolution", "Resolved", "NoEffect"]
 
@@ -147,7 +158,7 @@ class Journal:
             try:
                 by_seq: dict[int, JournalRecord] = {}
                 for name in _covering(self._storage.list_dir(self._prefix)):
-                    span = _span(name)
+                    span = journal_object_span(name)
                     if span is None or span[1] < seq:
                         continue
                     for record in _decode_segment(self._storage.read_bytes(f"{self._prefix}/{name}")):
@@ -254,12 +265,29 @@ def _span(name: str) -> tuple[int, int] | None:
     return int(first), int(last or first)
 
 
+_SKELETON_SUFFIX = ".skeleton.arrow"
+
+
+def skeleton_span(name: str) -> tuple[int, int] | None:
+    """The seq range of a finished run's skeleton ``{first}-{last}.skeleton.arrow``
+    (`durable.skeleton`): its records without payloads, preferred over anything else."""
+    if not name.endswith(_SKELETON_SUFFIX):
+        return None
+    return _span(name[: -len(_SKELETON_SUFFIX)] + ".arrow")
+
+
+def journal_object_span(name: str) -> tuple[int, int] | None:
+    """The seq range of any journal object: a segment, a chunk or a skeleton."""
+    return _span(name) or skeleton_span(name)
+
+
 def _covering(names: list[str]) -> list[str]:
-    """The objects to read: the widest chunks first, then whatever they do not cover (after a
-    crash mid-compaction a chunk and the segments it replaced both exist)."""
+    """The objects to read: a skeleton first (retention, `durable.skeleton`), then the widest
+    chunks, then whatever they do not cover (after a crash mid-compaction or mid-rewrite an
+    object and the ones it replaced both exist)."""
     spans = sorted(
-        ((span, name) for name in names if (span := _span(name)) is not None),
-        key=lambda item: (item[0][0] - item[0][1], item[0][0]),
+        ((span, name) for name in names if (span := journal_object_span(name)) is not None),
+        key=lambda item: (skeleton_span(item[1]) is None, item[0][0] - item[0][1], item[0][0]),
     )
     chosen: list[str] = []
     covered: list[tuple[int, int]] = []
@@ -294,6 +322,10 @@ def _decode_segment(data: bytes) -> list[JournalRecord]:
         )
         for row in table.to_pylist()
     ]
+
+
+encode_segment = _encode_segment  # one Arrow IPC stream of records (what `durable.skeleton` writes)
+decode_segment = _decode_segment
 
 
 def _iso(moment: datetime | None) -> str | None:

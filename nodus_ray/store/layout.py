@@ -16,6 +16,7 @@ test checks this list against it)::
     projects/{project}/agentruns/{name}/agent.json                            run_agent
     projects/{project}/agentruns/{name}/journal/{seq:012d}.arrow              journal_segment
     projects/{project}/agentruns/{name}/journal/{first:012d}-{last:012d}.arrow  journal_chunk
+    projects/{project}/agentruns/{name}/journal/{first:012d}-{last:012d}.skeleton.arrow  journal_skeleton
     projects/{project}/agentruns/{name}/journal-g{generation:06d}/{seq:012d}.arrow  journal_generation_segment
     projects/{project}/agentruns/{name}/generations/{generation:06d}.json     run_generation
     projects/{project}/agentruns/{name}/answer.txt                            run_answer
@@ -70,6 +71,7 @@ __all__ = [
     "journal_folder",
     "journal_segment",
     "journal_chunk",
+    "journal_skeleton",
     "journal_generation_folder",
     "journal_generation_segment",
     "run_generation",
@@ -187,6 +189,12 @@ def journal_segment(prefix: str, seq: int) -> str:
 def journal_chunk(prefix: str, first: int, last: int) -> str:
     """The records ``first``..``last`` of a journal, merged by compaction."""
     return f"{prefix}/{first:0{_JOURNAL_DIGITS}d}-{last:0{_JOURNAL_DIGITS}d}.arrow"
+
+
+def journal_skeleton(prefix: str, first: int, last: int) -> str:
+    """A finished run's records ``first``..``last`` without their payloads (retention,
+    `durable.skeleton`): written once, preferred by readers over the objects it replaces."""
+    return f"{prefix}/{first:0{_JOURNAL_DIGITS}d}-{last:0{_JOURNAL_DIGITS}d}.skeleton.arrow"
 
 
 def journal_generation_folder(project: str, name: str, generation: int) -> str:
@@ -428,6 +436,12 @@ LAYOUT: tuple[Key, ...] = (
         "journal records first..last, merged by compaction",
         "run actor",
         journal_chunk,
+    ),
+    Key(
+        f"{_RUN}/journal/{{first:012d}}-{{last:012d}}.skeleton.arrow",
+        "a finished run's records without their payloads, after its payload retention",
+        "control plane (retention)",
+        journal_skeleton,
     ),
     Key(
         f"{_RUN}/journal-g{{generation:06d}}/{{seq:012d}}.arrow",

@@ -186,6 +186,9 @@ class AgentGroupStatus(OpenModel):
     agentRevision: int | None = None
     finishedAt: str | None = None
     evaluation: EvaluationStatus | None = None
+    # When an evaluation's per-case records lost their evidence (NODUS_PAYLOAD_RETENTION after
+    # the group ended): its results then answer PayloadExpired; the counts above remain.
+    payloadsExpiredAt: str | None = None
 
 
 class AgentGroup(StrictModel):

@@ -121,6 +121,8 @@ class SandboxStatus(OpenModel):
     origin: Literal["local", "restored"] | None = None
     uid: int | None = None
     note: str | None = None
+    # When the finished run's workspace was deleted (NODUS_WORKSPACE_RETENTION after it ended).
+    workspaceDeletedAt: str | None = None
 
 
 class AgentRunStatus(OpenModel):
@@ -135,6 +137,9 @@ class AgentRunStatus(OpenModel):
     sandbox: SandboxStatus = Field(default_factory=SandboxStatus)
     turns: list[Turn] = Field(default_factory=list)
     answer: AnswerStatus | None = None
+    # When the finished run's recorded payloads were deleted (NODUS_PAYLOAD_RETENTION after it
+    # ended): its input, messages, step values, answer, outputs; status, steps and totals remain.
+    payloadsExpiredAt: str | None = None
     cost: CostStatus = Field(default_factory=CostStatus)
 
 

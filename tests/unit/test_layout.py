@@ -43,6 +43,10 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
         lambda: layout.journal_chunk(f"{RUN}/journal", 0, 7),
         f"{RUN}/journal/000000000000-000000000007.arrow",
     ),
+    "journal_skeleton": (
+        lambda: layout.journal_skeleton(f"{RUN}/journal", 0, 7),
+        f"{RUN}/journal/000000000000-000000000007.skeleton.arrow",
+    ),
     "journal_generation_folder": (
         lambda: layout.journal_generation_folder("p", "n", 7),
         f"{RUN}/journal-g000007",
