@@ -381,6 +381,18 @@ def create_app(
 
     _resource_routes(app, "secrets", apply=cp.apply_secret, get=cp.get_secret, delete=cp.delete_secret)
 
+    # -- the project Budget: one per project, spent and left in its status -----------------
+
+    @app.get("/v1/projects/{project}/budgets")
+    async def list_budgets(project: str) -> dict[str, Any]:
+        return _listing("BudgetList", await cp.list_budgets(_project(project)))
+
+    _resource_routes(app, "budgets", apply=cp.apply_budget, get=cp.get_budget, delete=cp.delete_budget)
+
+    @app.patch("/v1/projects/{project}/budgets/{name}")
+    async def patch_budget(project: str, name: str, request: Request) -> JSONResponse:
+        return _applied(await cp.patch_budget(_project(project), name, await _body(request)))
+
     # -- credits --------------------------------------------------------------------------
 
     @app.get("/v1/projects/{project}/credits")

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
-from nodus.resources import Agent, AgentGroup, AgentRun, AgentRunList, Secret, Token
+from nodus.resources import Agent, AgentGroup, AgentRun, AgentRunList, Budget, Secret, Token
 
 __all__ = ["ErrorBody", "install"]
 
@@ -42,7 +42,16 @@ _ERRORS = {
     "429": "the API is at its limit of requests in flight; nothing was done, retry after Retry-After",
     "503": "the control plane is (re)starting; try again",
 }
-_MODELS: tuple[type[BaseModel], ...] = (Agent, AgentRun, AgentRunList, AgentGroup, Secret, Token, ErrorBody)
+_MODELS: tuple[type[BaseModel], ...] = (
+    Agent,
+    AgentRun,
+    AgentRunList,
+    AgentGroup,
+    Secret,
+    Token,
+    Budget,
+    ErrorBody,
+)
 _ANY_OBJECT = {"type": "object"}
 
 
@@ -67,6 +76,11 @@ _BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/projects/{project}/secrets"): _json_body(_ref("Secret")),
     ("put", "/v1/projects/{project}/secrets/{name}"): _json_body(_ref("Secret")),
     ("post", "/v1/projects/{project}/tokens"): _json_body(_ref("Token")),
+    ("post", "/v1/projects/{project}/budgets"): _json_body(_ref("Budget")),
+    ("put", "/v1/projects/{project}/budgets/{name}"): _json_body(_ref("Budget")),
+    ("patch", "/v1/projects/{project}/budgets/{name}"): _json_body(
+        _ANY_OBJECT, "application/merge-patch+json"
+    ),
     ("patch", "/v1/projects/{project}/agents/{name}"): _json_body(
         _ANY_OBJECT, "application/merge-patch+json"
     ),
