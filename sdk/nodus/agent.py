@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "View",
     "Agent",
+    "AgentGroup",
     "ClaudeAgent",
     "AgentRun",
     "RunContext",
@@ -504,3 +505,8 @@ class ClaudeAgent(Agent):
         outputs_dir: str | Path | None = None,
     ) -> Any:
         raise _unsupported("ClaudeAgent.local", self._NOT_A_PROGRAM, "local")
+
+
+# The reference (000) documents AgentGroup in ``nodus.agent``; it lives in `group`, which builds
+# on this module, so it is imported last (every name group.py takes from here exists by now).
+from .group import AgentGroup  # noqa: E402

@@ -109,6 +109,7 @@ class _ResourceHandle:
 
     _collection: ClassVar[str]
     _kind: ClassVar[str]
+    name: str  # the resource's metadata.name (000 lists it: ``AgentRun.name``, ``AgentGroup.name``)
 
     def __init__(
         self,
