@@ -12,6 +12,7 @@ import asyncio
 from nodus_ray.control.generations import generation_of, prior_cost, starting_generation
 from nodus_ray.control.registry import Key, Registry
 from nodus_ray.runtime.run_actor import RunConfig
+from nodus_ray.sandbox.images import images_cache
 from nodus_ray.settings import ServerSettings
 from nodus_ray.store import layout
 
@@ -59,4 +60,6 @@ async def run_config(
         journal_first_seq=int(started.get("firstSeq") or 0) if started is not None else 0,
         prior_cost_usd=str(prior_cost(run["status"])),
         messages_read={str(k): int(v) for k, v in ((started or {}).get("read") or {}).items()},
+        image=run["status"].get("sandbox", {}).get("image"),
+        images_cache=str(images_cache(settings.sandbox_root)),
     )

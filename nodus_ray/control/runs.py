@@ -40,6 +40,7 @@ from nodus_ray.control.generations import run_journal
 from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
 from nodus_ray.control.registry import Key, Registry, check_project, merge_status, suspended
 from nodus_ray.control.retention_policy import check_payloads
+from nodus_ray.control.run_images import ImagePins, agent_image, pin_images
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.control.templates import resolve_agent
 from nodus_ray.durable.journal import record_view, step_views
@@ -93,6 +94,7 @@ class RunService:
         self._last_sandbox_uid: int | None = None
         self._budget = AgentBudget(registry)  # the Agent's maxCostUSD over all its runs
         self._cancel_children: CancelChildren | None = None
+        self._image_pins: dict[Key, ImagePins] = {}  # runs being created: their images' digests
 
     def connect(self, cancel_children: CancelChildren) -> None:
         """The children service, built after this one: deleting a parent cancels its children."""
@@ -211,6 +213,14 @@ class RunService:
             return [result for result in results if result is not None]
         self._creating |= taken
         try:
+            # Images first, outside every lock: resolving one may take seconds (`run_images`).
+            pins = await pin_images(agent_image(agent) for _, _, agent in fresh)
+            self._image_pins.update({(project, run.metadata.name): pins for _, run, _ in fresh})
+            unpullable = {
+                (project, run.metadata.name): why
+                for _, run, agent in fresh
+                if (why := pins.failure_of(agent_image(agent))) is not None
+            }
             groups = sorted({run.spec.group for _, run, _ in fresh if run.spec.group})
             async with contextlib.AsyncExitStack() as stack:
                 for group in groups:
@@ -224,8 +234,13 @@ class RunService:
                     await self._groups.add_members(project, group, wires)
         finally:
             self._creating -= taken
+            for key in taken:
+                self._image_pins.pop(key, None)
         for key, resource in created:
-            if resource["spec"].get("group"):
+            if key in unpullable:  # stored, then failed at once: it never gets an actor
+                failed = {"phase": RunPhase.FAILED.value, "reason": RunReason.IMAGE_PULL_FAILED.value}
+                await self._supervisor.finish(key, {**failed, "message": unpullable[key]})
+            elif resource["spec"].get("group"):
                 self._supervisor.arm_deadline(key)  # a queued run's deadline runs while it waits to start
             else:
                 self._supervisor.supervise(key)
@@ -350,6 +365,10 @@ class RunService:
             limit = self._budget.limit(project, run.spec.agent, run.metadata.name, limit)
         status["cost"]["limitUSD"] = None if limit is None else str(limit)
         status["sandbox"]["uid"] = self._next_sandbox_uid()
+        pins = self._image_pins.get((project, run.metadata.name))
+        image = pins.status_of(agent_image(agent)) if pins is not None else None
+        if image is not None:
+            status["sandbox"]["image"] = image  # the digest every actor of the run unpacks
         if run.spec.deadline:
             deadline = parse_timestamp(created) + parse_duration(run.spec.deadline)
             status["deadlineAt"] = format_timestamp(deadline)

@@ -46,6 +46,7 @@ from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.runtime.run_config import RunConfig
 from nodus_ray.runtime.waiting import command_evidence, needs_resolution_message
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
+from nodus_ray.sandbox.images import ImageError, ImageRoot, run_image
 from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
 from nodus_ray.settings import NAMESPACE
 from nodus_ray.store import layout
@@ -96,6 +97,7 @@ class RunActor:
         self._program_logs: list[str] = []  # what the program printed, over its generations
         self._workspace_origin = "local"
         self._env: dict[str, str] = {}  # spec.env, secret values opened: memory only
+        self._image: ImageRoot | None = None  # the run's image on this node (None: the host's root)
         allowed = ((config.agent_spec.get("network") or {}).get("allowedHosts")) or []
         self._allowed_hosts: list[str] = list(allowed)
         # With storage, the proxy writes each command's connections as they happen: the
@@ -188,6 +190,7 @@ class RunActor:
             hidden_paths=[Path(path) for path in self.config.hidden_paths],
             env=self._env,
             egress_socket=self._egress.start() if self._egress is not None else None,
+            image=self._image,
         )
         return self._sandbox
 
@@ -288,6 +291,24 @@ class RunActor:
             self.phase = RunPhase.FAILED
             return RunOutcome(
                 phase=RunPhase.FAILED, reason=refused.code, message=refused.message, finishedAt=utc_now()
+            )
+        try:  # the pinned image, unpacked on this node once per digest (`sandbox.images`)
+            self._image = await asyncio.to_thread(
+                run_image,
+                config.image,
+                config.images_cache,
+                egress=self._egress is not None,
+                program=is_program(agent),
+            )
+            if self._image is not None and not bwrap_available():  # the fallback has no root of its own
+                raise ImageError(f"image {self._image.ref} needs bubblewrap, which this node cannot run")
+        except ImageError as unusable:
+            self.phase = RunPhase.FAILED
+            return RunOutcome(
+                phase=RunPhase.FAILED,
+                reason=RunReason.IMAGE_PULL_FAILED.value,
+                message=str(unusable),
+                finishedAt=utc_now(),
             )
         cap = Decimal(config.cap_usd) if access == "Nodus" and config.cap_usd else None
         prior = Decimal(config.prior_cost_usd)  # the earlier generations': the cap is the run's

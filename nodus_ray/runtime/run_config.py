@@ -44,6 +44,10 @@ class RunConfig:
     journal_first_seq: int = 0
     prior_cost_usd: str = "0"
     messages_read: dict[str, int] = field(default_factory=dict)
+    # The run's pinned image (``status.sandbox.image``: ref and digest), unpacked on the actor's
+    # node under ``images_cache`` (`nodus_ray.sandbox.images`); None: commands run on the host's root.
+    image: dict[str, str] | None = None
+    images_cache: str = ""
 
 
 def actor_resources(agent_spec: dict[str, Any]) -> dict[str, float]:

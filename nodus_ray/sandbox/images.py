@@ -46,6 +46,7 @@ __all__ = [
     "image_root",
     "images_cache",
     "inside_root",
+    "run_image",
 ]
 
 RESOLVE_TIMEOUT_SECONDS = 60.0  # one `skopeo inspect`: a registry may be slow, never forever
@@ -288,3 +289,18 @@ def _build(work: Path, parsed: ImageRef, ref: str, digest: str, timeout: float) 
     record = {key: value for key, value in asdict(meta).items() if key != "rootfs"}
     (bundle / _META).write_text(json.dumps(record))
     return meta
+
+
+def run_image(
+    pinned: dict[str, str] | None, cache: str, *, egress: bool = False, program: bool = False
+) -> ImageRoot | None:
+    """A run's pinned image (``status.sandbox.image``) ready on this node, or None without one
+    (blocking). `ImageError` also when the image lacks what the run needs: ``python3`` for a
+    Python program (``program``) or for the egress forwarder (``egress``, allowed hosts)."""
+    if not pinned:
+        return None
+    root = image_root(Path(cache), str(pinned["ref"]), str(pinned["digest"]))
+    if root.python is None and (program or egress):
+        needs = "a Python agent's program" if program else "the egress forwarder (spec.network.allowedHosts)"
+        raise ImageError(f"image {root.ref} has no python3, which {needs} runs with")
+    return root

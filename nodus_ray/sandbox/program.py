@@ -8,6 +8,10 @@ hidden directory or the private ``/tmp`` would cover them; the run's runtime dir
 actor's socket and the Agent's source) is bound read-only at ``SANDBOX_RUNTIME_DIR``; and the
 process is long-lived, so the caller owns it (`start_program` returns the ``Popen``) and stops
 it with `stop_program`.
+
+On an image (`BubblewrapSandbox.image`) the program runs the image's ``python3`` instead: the
+server's interpreter is not there, so the ``nodus`` package and the server's site-packages are
+bound in read-only and put on ``PYTHONPATH`` (`image_mounts.python_binds`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from nodus._runtime.protocol import SANDBOX_RUNTIME_DIR
 from nodus_ray.sandbox.api import _SANDBOX_PATH, Sandbox, SandboxLimits
 from nodus_ray.sandbox.bubblewrap import BubblewrapSandbox, _bwrap_argv, _seccomp_fd
+from nodus_ray.sandbox.image_mounts import python_binds
 from nodus_ray.sandbox.limits import _shell_argv
 
 __all__ = ["ProgramLaunch", "interpreter_dirs", "start_program", "stop_program"]
@@ -54,9 +59,23 @@ def _path_env() -> str:
 
 
 def start_program(sandbox: Sandbox, launch: ProgramLaunch) -> subprocess.Popen[bytes]:
-    """Start the program in ``sandbox`` (its own process group); stdout and stderr are one pipe."""
-    command = "exec " + shlex.join(list(launch.argv))
-    shell = _shell_argv(command, launch.limits)
+    """Start the program in ``sandbox`` (its own process group); stdout and stderr are one pipe.
+
+    ``launch.argv[0]`` is the server's interpreter; on an image it becomes the image's python3.
+    """
+    argv, keep_dirs = list(launch.argv), interpreter_dirs()
+    binds = [(str(launch.runtime_dir), SANDBOX_RUNTIME_DIR)]
+    extra_env = {"PATH": _path_env()}
+    image = sandbox.image if isinstance(sandbox, BubblewrapSandbox) else None
+    if image is not None:
+        if image.python is None:
+            raise ValueError(f"image {image.ref} has no python3 to run the program with")
+        package_binds, python_path = python_binds()
+        argv, keep_dirs = [image.python, *argv[1:]], []
+        binds += package_binds
+        extra_env = {"PATH": _SANDBOX_PATH, "PYTHONPATH": python_path}
+    command = "exec " + shlex.join(argv)
+    shell = _shell_argv(command, launch.limits, shell=image.shell if image is not None else "/bin/bash")
     if isinstance(sandbox, BubblewrapSandbox):
         sandbox._reseal()
         with _seccomp_fd() as fd:
@@ -71,10 +90,11 @@ def start_program(sandbox: Sandbox, launch: ProgramLaunch) -> subprocess.Popen[b
                 hidden=sandbox._hidden,
                 seccomp_fd=fd,
                 egress_socket=sandbox.egress_socket,
-                keep_dirs=interpreter_dirs(),
-                ro_binds=[(str(launch.runtime_dir), SANDBOX_RUNTIME_DIR)],
+                keep_dirs=keep_dirs,
+                ro_binds=binds,
+                image=image,
             )
-            env = {**sandbox.command_env(), **launch.env, "PATH": _path_env()}
+            env = {**sandbox.command_env(), **launch.env, **extra_env}
             return subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,

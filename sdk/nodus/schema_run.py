@@ -25,6 +25,7 @@ __all__ = [
     "AnswerStatus",
     "CostStatus",
     "SandboxStatus",
+    "PinnedImage",
     "AgentRunStatus",
     "AgentRun",
     "member_run_name",
@@ -109,6 +110,14 @@ class CostStatus(OpenModel):
     limitUSD: str | None = None
 
 
+class PinnedImage(OpenModel):
+    """The Agent's ``spec.image`` as the run was created: the reference and the digest it named
+    then, which every actor of the run unpacks (a tag moved later changes nothing)."""
+
+    ref: str
+    digest: str
+
+
 class SandboxStatus(OpenModel):
     """Which isolation the run got; ``process`` means bubblewrap could not run here."""
 
@@ -123,6 +132,7 @@ class SandboxStatus(OpenModel):
     note: str | None = None
     # When the finished run's workspace was deleted (NODUS_WORKSPACE_RETENTION after it ended).
     workspaceDeletedAt: str | None = None
+    image: PinnedImage | None = None  # commands run on this image's root (none: the host's)
 
 
 class AgentRunStatus(OpenModel):
