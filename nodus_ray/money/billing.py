@@ -4,7 +4,9 @@ The product's rules (docs "What a run costs"):
 
 * On Nodus's Claude (access ``Nodus``) every model call and every routing call is billed at its
   provider cost divided by :data:`NODUS_MARGIN` (0.875), rounded up to a millionth of a dollar.
-  On the user's own key (``BYOK``) Nodus charges nothing and no cap applies.
+  On the user's own key (``BYOK``) Nodus charges nothing and no cap applies, so the price
+  table does not decide which models a user's key may call: a BYOK call on a model the table
+  lacks is made, billed zero, and its list cost (:func:`list_cost`) is None ("no list price").
 * Before every call the run checks that the call *at its largest* still fits under
   ``perRunMaxCostUSD`` minus what the run has spent; when it does not, no call is made (the run
   waits with ``MaxCostReached``). "At its largest" is the whole conversation as input
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, localcontext
 from typing import Any
 
+from nodus_ray.models.base import Usage
 from nodus_ray.money.prices import MILLION, PriceTable, round_up
 
 __all__ = [
@@ -43,6 +46,9 @@ __all__ = [
     "CapExceeded",
     "RunBudget",
     "billed",
+    "billed_cost",
+    "billed_worst_case",
+    "list_cost",
     "max_input_tokens",
     "worst_case_cost",
 ]
@@ -241,3 +247,39 @@ class RunBudget:
             charged = min(charged, self.cap - self.spent)
         self.spent += charged
         return charged
+
+
+def _check_access(access: str) -> None:
+    if access not in (ACCESS_NODUS, ACCESS_BYOK):
+        raise ValueError(f"access must be {ACCESS_NODUS!r} or {ACCESS_BYOK!r}, got {access!r}")
+
+
+def billed_worst_case(
+    prices: PriceTable, access: str, model: str, input_tokens: int, max_output_tokens: int
+) -> Decimal:
+    """What a call could be billed at its largest: the billed :func:`worst_case_cost`.
+
+    ``BYOK``: zero without looking the model up, so a model the table lacks is no refusal on the
+    user's own key (the caps and the worst-case checks skip BYOK: nothing is billed). ``Nodus``
+    raises ``UnpricedModel`` for an unpriced model, so that call is refused before it is made.
+    """
+    _check_access(access)
+    if access == ACCESS_BYOK:
+        return Decimal(0)
+    return billed(worst_case_cost(prices, model, input_tokens, max_output_tokens), access)
+
+
+def billed_cost(prices: PriceTable, access: str, model: str, usage: Usage) -> Decimal:
+    """What a finished call is billed: its list cost over the margin (Nodus), zero (BYOK, whether
+    or not the table prices the model)."""
+    _check_access(access)
+    if access == ACCESS_BYOK:
+        return Decimal(0)
+    return billed(prices.cost(model, usage), access)
+
+
+def list_cost(prices: PriceTable, model: str, usage: Usage) -> Decimal | None:
+    """What the call costs at the table's list prices (the provider's price, no margin), or None
+    when the table has no price for ``model``: what a BYOK run shows for the calls its user's
+    Anthropic account pays, so the figure is never a made-up zero."""
+    return prices.cost(model, usage) if prices.has(model) else None
