@@ -37,13 +37,12 @@ _MAX_TIMER_SECONDS = 6 * 3600.0
 
 
 def billed_of(run: Mapping[str, Any]) -> Decimal:
-    """What the Budget counts for a run: ``status.cost.billedUSD`` (model + sandbox), or, for a
-    run reported before that field existed, ``totalUSD`` + ``sandboxUSD``."""
+    """What the Budget counts for a run: ``status.cost.billedUSD`` (model + sandbox), or
+    ``totalUSD`` + ``sandboxUSD`` when that is more (a report that changed one figure and not
+    the sum, a run stored before ``billedUSD`` existed): never less than what is known spent."""
     cost = (run.get("status") or {}).get("cost") or {}
-    billed = cost.get("billedUSD")
-    if billed is not None:
-        return Decimal(str(billed))
-    return Decimal(str(cost.get("totalUSD") or "0")) + Decimal(str(cost.get("sandboxUSD") or "0"))
+    parts = Decimal(str(cost.get("totalUSD") or "0")) + Decimal(str(cost.get("sandboxUSD") or "0"))
+    return max(Decimal(str(cost.get("billedUSD") or "0")), parts)
 
 
 def grading_of(group: Mapping[str, Any]) -> Decimal:

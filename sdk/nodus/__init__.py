@@ -9,6 +9,7 @@ from . import errors, resources
 from .agent import Agent, ClaudeAgent, Egress, SecretKey
 from .agent_map import AgentMap
 from .agent_run import AgentRun, RunContext
+from .budget import Budget
 from .client import Client
 from .group import AgentGroup
 from .view import View
@@ -21,6 +22,7 @@ __all__ = [
     "AgentRun",
     "AgentGroup",
     "AgentMap",
+    "Budget",
     "RunContext",
     "SecretKey",
     "Egress",

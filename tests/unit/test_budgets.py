@@ -366,3 +366,67 @@ def test_a_new_period_resumes_the_parked_runs(tmp_path: Path) -> None:
         assert await budgets.reserve_budget("demo", "r1", "0.05") is True
 
     asyncio.run(scenario())
+
+
+# -- the API ----------------------------------------------------------------------------------------
+
+_ADMIN, _WRITER = "nodus_test_admin", "nodus_test_writer"
+
+
+def test_the_api_creates_reads_patches_and_deletes_the_budget(tmp_path: Path) -> None:
+    import httpx
+
+    from nodus_ray.control.tokens import token_digest
+    from nodus_serve.app import create_app
+    from tests.fakes.control_plane import client_over
+
+    async def main() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        roles = {token_digest(_ADMIN): "admin", token_digest(_WRITER): "write"}
+
+        async def call(method: str, *args: Any) -> Any:
+            if method == "authenticate":
+                role = roles.get(args[0])
+                return (
+                    None
+                    if role is None
+                    else {"name": role, "project": "demo", "role": role, "expiresAt": None}
+                )
+            return await getattr(budgets, method)(*args)
+
+        transport = httpx.ASGITransport(app=create_app(client_over(call)))
+        base = "/v1/projects/demo/budgets"
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            admin = {"Authorization": f"Bearer {_ADMIN}"}
+            writer = {"Authorization": f"Bearer {_WRITER}"}
+            refused = await http.post(base, json=budget_doc("5"), headers=writer)
+            assert refused.status_code == 403, refused.text
+            created = await http.post(base, json=budget_doc("5", "month"), headers=admin)
+            assert created.status_code == 201, created.text
+            status = created.json()["status"]
+            assert (status["spentUSD"], status["leftUSD"]) == ("0", "5")
+            assert status["periodStart"].endswith("-01T00:00:00Z") and status["periodEnd"]
+            listed = (await http.get(base, headers=writer)).json()
+            assert listed["kind"] == "BudgetList" and [b["metadata"]["name"] for b in listed["items"]] == [
+                "default"
+            ]
+            bad = await http.patch(
+                f"{base}/default",
+                json={"spec": {"period": "week"}},
+                headers={**admin, "Content-Type": "application/merge-patch+json"},
+            )
+            assert bad.status_code == 422 and bad.json()["details"]["field"] == "spec.period", bad.text
+            patched = await http.patch(
+                f"{base}/default",
+                json={"spec": {"maxCostUSD": "7.50"}},
+                headers={**admin, "Content-Type": "application/merge-patch+json"},
+            )
+            assert patched.status_code == 200, patched.text
+            assert patched.json()["spec"] == {"maxCostUSD": "7.50", "period": "month"}
+            again = await http.put(f"{base}/default", json=budget_doc("7.50", "month"), headers=admin)
+            assert again.headers["X-Nodus-Result"] == "unchanged"
+            assert (await http.delete(f"{base}/default", headers=admin)).status_code == 200
+            assert (await http.get(f"{base}/default", headers=admin)).status_code == 404
+
+    asyncio.run(main())

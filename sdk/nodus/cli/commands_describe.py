@@ -19,7 +19,7 @@ from . import root
 from .output import dollars, print_table
 from .root import ProjectOption, UsageError, parse_targets
 
-__all__ = ["describe", "describe_group"]
+__all__ = ["describe", "describe_budget", "describe_group"]
 
 _COUNTS = ("active", "waiting", "queued", "succeeded", "failed", "cancelled")
 
@@ -73,6 +73,22 @@ def describe_group(group: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     return text + "\n" + _table(["NAME", "REASON", "STEP", "MESSAGE"], rows)
 
 
+def describe_budget(budget: dict[str, Any]) -> str:
+    """The text `describe` prints for a project's Budget: its cap, period, spent and left."""
+    spec, status = budget.get("spec") or {}, budget.get("status") or {}
+    period = spec.get("period") or "total"
+    lines = [
+        f"Name:      {(budget.get('metadata') or {}).get('name', '')}",
+        f"Max cost:  {dollars(spec.get('maxCostUSD'))}",
+        f"Period:    {period}"
+        + (f" ({status.get('periodStart')} to {status.get('periodEnd')}, UTC)" if period != "total" else ""),
+        f"Spent:     {dollars(status.get('spentUSD'))}",
+        f"Reserved:  {dollars(status.get('reservedUSD'))}",
+        f"Left:      {dollars(status.get('leftUSD'))}",
+    ]
+    return "\n".join(lines)
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     buffer = io.StringIO()
     print_table(headers, rows, file=buffer)
@@ -82,14 +98,27 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 def describe(
     target: Annotated[
         list[str],
-        typer.Argument(help="agentgroup NAME or agentgroup/NAME.", metavar="KIND/NAME", show_default=False),
+        typer.Argument(
+            help="agentgroup NAME, budget NAME (or KIND/NAME).", metavar="KIND/NAME", show_default=False
+        ),
     ],
     project: ProjectOption = None,
 ) -> None:
-    """Show a group in words: counts, why runs wait, and each waiting run's reason and step."""
+    """Show a group in words: counts, why runs wait, and each waiting run's reason and step; or
+    the project's Budget: its cap, period, spent and left."""
+    if [part.strip().lower() for part in target] in (["budget"], ["budgets"]):  # the one there is
+        budgets = root.client(project).list("budgets")
+        if not budgets:
+            raise UsageError("the project has no Budget; create one with `nodus apply -f budget.yaml`")
+        typer.echo(describe_budget(budgets[0]))
+        return
     targets = parse_targets(target, need_name=True)
+    if len(targets) == 1 and targets[0][0] == "Budget":
+        assert targets[0][2] is not None
+        typer.echo(describe_budget(root.client(project).get("budgets", targets[0][2])))
+        return
     if len(targets) != 1 or targets[0][0] != "AgentGroup":
-        raise UsageError("describe shows one agentgroup: `nodus describe ag NAME`")
+        raise UsageError("describe shows one agentgroup or budget: `nodus describe ag NAME`")
     name = targets[0][2]
     assert name is not None
     client = root.client(project)

@@ -151,7 +151,31 @@ def _secret_row(secret: dict[str, Any], wide: bool) -> list[str]:
     ]
 
 
+def _budget_row(budget: dict[str, Any], wide: bool) -> list[str]:
+    metadata, spec, status = (
+        budget.get("metadata") or {},
+        budget.get("spec") or {},
+        budget.get("status") or {},
+    )
+    row = [
+        metadata.get("name", ""),
+        dollars(spec.get("maxCostUSD")),
+        spec.get("period") or "total",
+        dollars(status.get("spentUSD")),
+        dollars(status.get("leftUSD")),
+        format_age(metadata.get("creationTimestamp")),
+    ]
+    if wide:
+        row += [dollars(status.get("reservedUSD")), status.get("periodEnd") or "-"]
+    return row
+
+
 _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], list[str]]]] = {
+    "Budget": (
+        ["NAME", "MAX-COST", "PERIOD", "SPENT", "LEFT", "AGE"],
+        ["RESERVED", "PERIOD-END"],
+        _budget_row,
+    ),
     "Secret": (["NAME", "TYPE", "KEYS", "AGE"], [], _secret_row),
     "Token": (["NAME", "ROLE", "PREFIX", "EXPIRES", "AGE"], ["CREATED-BY"], _token_row),
     "Agent": (
