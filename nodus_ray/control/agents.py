@@ -87,9 +87,12 @@ class AgentService:
             return {"resource": resource, "result": "created" if existing is None else "configured"}
 
     def _check_model(self, agent: Agent) -> None:
-        """Refuse what could only fail later: an unpriced model, BYOK without a secret."""
+        """Refuse what could only fail later: an unpriced model on Nodus access, BYOK without a
+        secret. A BYOK agent may name any model: the user's own key pays for it and Nodus bills
+        nothing, so the price table does not decide what it may call (an unpriced one shows no
+        list cost)."""
         model = agent.spec.model
-        if model.name is not None and not self._prices.has(model.name):
+        if model.access == "Nodus" and model.name is not None and not self._prices.has(model.name):
             raise Invalid(
                 f"spec.model.name: model {model.name!r} has no price in the price table "
                 f"(effective {self._prices.effective}); the operator adds prices with NODUS_PRICES",

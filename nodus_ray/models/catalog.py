@@ -7,9 +7,10 @@ models (``money.prices``), the providers call them (``models.anthropic_provider`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
-__all__ = ["FAMILIES", "CLAUDE_FAMILY_MODELS", "OFFLINE_MODELS"]
+__all__ = ["FAMILIES", "CLAUDE_FAMILY_MODELS", "OFFLINE_MODELS", "family_of_model"]
 
 FAMILIES: Final = ("haiku", "sonnet", "opus", "fable")
 
@@ -23,3 +24,17 @@ CLAUDE_FAMILY_MODELS: Final[dict[str, str]] = {
 
 # Model ids say they are offline, so nobody mistakes a recorded offline run for Claude.
 OFFLINE_MODELS: Final[dict[str, str]] = {family: f"offline-{family}" for family in FAMILIES}
+
+
+def family_of_model(model: str, family_models: Mapping[str, str]) -> str | None:
+    """The family a model id belongs to, for a run that pins a model: the family it serves
+    (``family_models``, the price table's), else the family its id names (``claude-sonnet-4-5``
+    is a sonnet: a BYOK agent may pin a model the table does not know), else None."""
+    for family, served in family_models.items():
+        if served == model:
+            return family
+    name = model.lower()
+    for family in FAMILIES:
+        if family in name:
+            return family
+    return None

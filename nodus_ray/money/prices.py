@@ -4,7 +4,9 @@ Every model and routing call a run makes is billed from this table, so three rul
 
 * **No price, no call.** A model id missing from the table raises :class:`UnpricedModel`; it is
   never billed as zero, because a silent zero is free Claude for the user and a loss for the
-  operator that nobody sees until the invoice.
+  operator that nobody sees until the invoice. That holds for Nodus access, which bills the
+  table; on the user's own key (BYOK) nothing is billed, so any model may be called there and
+  an unpriced one simply shows no list cost (`money.billing.list_cost`).
 * **Decimals, never floats.** Prices and costs are :class:`~decimal.Decimal`; a raw call cost is
   rounded *up* (``ROUND_CEILING``) to a millionth of a dollar, so a bill is never short by a
   float's rounding and two replicas computing the same cost get the same digits.

@@ -26,9 +26,11 @@ from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, NonDeterministic, StepFailed, Steps
 from nodus_ray.models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
+from nodus_ray.models.catalog import family_of_model
 from nodus_ray.money.billing import max_input_tokens
 from nodus_ray.money.prices import ROUTER_MODEL
 from nodus_ray.money.spend import RunSpend
+from nodus_ray.runtime.list_costs import add_list_cost
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from nodus_ray.sandbox import CommandResult, Sandbox
 from nodus_ray.store.timestamps import utc_now
@@ -240,8 +242,8 @@ class Conversation:
         async def choose() -> dict[str, Any]:
             usage, charged = Usage(), Decimal(0)
             if pinned:
-                by_model = {model: family for family, model in self.spend.prices.family_models.items()}
-                family, routing = by_model.get(self.spec.model_name or "", "sonnet"), "pinned"
+                known = family_of_model(self.spec.model_name or "", self.spend.prices.family_models)
+                family, routing = known or "sonnet", "pinned"  # any name: a BYOK agent's may be unpriced
             elif not calls_router:
                 family, routing = allowed[0], "jev"
             else:
@@ -301,6 +303,7 @@ class Conversation:
             turn.cacheCreationTokens += response.usage.cache_creation_input_tokens
             turn.cacheReadTokens += response.usage.cache_read_input_tokens
             turn.costUSD = str(Decimal(turn.costUSD) + charged)
+            add_list_cost(turn, self.spend.prices, self.spend.access, routed["model"], response.usage)
             turn.stopReason = response.stop_reason
             await self._add_message({"role": "assistant", "content": response.content})
             if response.stop_reason == "pause_turn":
@@ -382,7 +385,12 @@ class Conversation:
                 "model",
                 call,
                 effect=effect,
-                started={"model": model, "messages": len(request.messages), "boundUSD": str(bound)},
+                started={
+                    "model": model,
+                    "family": family,
+                    "messages": len(request.messages),
+                    "boundUSD": str(bound),
+                },
                 cost_of=lambda r: r["billedUSD"],
                 summary_of=lambda r: (
                     f"{r['model']}: {r['stop_reason']}, "

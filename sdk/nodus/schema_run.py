@@ -94,6 +94,10 @@ class Turn(OpenModel):
     cacheReadTokens: int = 0
     toolCalls: int = 0
     costUSD: str = "0"
+    # BYOK only (nothing is billed there): the turn's model calls at the price table's list
+    # prices; None with ``unpricedModels`` when a model it called has no list price.
+    listCostUSD: str | None = None
+    unpricedModels: list[str] | None = None
     stopReason: str | None = None
     startedAt: str | None = None
     finishedAt: str | None = None

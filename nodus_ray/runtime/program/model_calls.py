@@ -30,6 +30,7 @@ from nodus_ray.money.billing import max_input_tokens
 from nodus_ray.money.prices import ROUTER_MODEL
 from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.conversation import Router
+from nodus_ray.runtime.list_costs import add_list_cost
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from nodus_ray.store.timestamps import utc_now
 
@@ -219,23 +220,24 @@ class ModelCalls:
         self.spend.record(charged)
         usage = Usage.from_dict(recorded.get("usage") or {})
         routing = recorded.get("routing")
-        self.turns.append(
-            Turn(
-                index=len(self.turns) + 1,
-                prompt=str(recorded.get("prompt") or ""),
-                family=recorded.get("family"),
-                model=recorded.get("model"),
-                routing=routing if routing in ("jev", "fallback", "pinned") else None,
-                inputTokens=usage.input_tokens,
-                outputTokens=usage.output_tokens,
-                cacheCreationTokens=usage.cache_creation_input_tokens,
-                cacheReadTokens=usage.cache_read_input_tokens,
-                costUSD=str(charged),
-                stopReason=recorded.get("stop_reason"),
-                startedAt=recorded.get("at"),
-                finishedAt=recorded.get("at"),
-            )
+        turn = Turn(
+            index=len(self.turns) + 1,
+            prompt=str(recorded.get("prompt") or ""),
+            family=recorded.get("family"),
+            model=recorded.get("model"),
+            routing=routing if routing in ("jev", "fallback", "pinned") else None,
+            inputTokens=usage.input_tokens,
+            outputTokens=usage.output_tokens,
+            cacheCreationTokens=usage.cache_creation_input_tokens,
+            cacheReadTokens=usage.cache_read_input_tokens,
+            costUSD=str(charged),
+            stopReason=recorded.get("stop_reason"),
+            startedAt=recorded.get("at"),
+            finishedAt=recorded.get("at"),
         )
+        # BYOK: what the call cost at list price (the model as the reply names it); not billed.
+        add_list_cost(turn, self.spend.prices, self.spend.access, str(recorded.get("model") or ""), usage)
+        self.turns.append(turn)
 
 
 def _message(recorded: dict[str, Any]) -> dict[str, Any]:
