@@ -47,6 +47,8 @@ PORT = int(os.environ.get("NODUS_TEST_PORT") or HeadPorts(RAY_PORTS).api)  # Ser
 DASHBOARD_URL = f"http://127.0.0.1:{HeadPorts(RAY_PORTS).dashboard}"
 # The files of the fault-injection suite: a session that collects one of them arms crash points.
 FAULT_SUITES = ("test_faults.py", "test_faults_python.py")
+# The one project whose retention is seconds (`test_retention`); every other keeps the defaults.
+RETENTION_PROJECT = "retention-it"
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,10 @@ def server(
         "RAY_USAGE_STATS_ENABLED": "0",
         # The egress tests serve "the internet" on 127.0.0.2; only the operator can open a private address.
         "NODUS_EGRESS_PRIVATE_NETWORKS": "127.0.0.2/32",
+        # Retention as shipped for every project but RETENTION_PROJECT, whose runs lose their
+        # workspace and payloads seconds after they end (test_retention): no other test's run does.
+        "NODUS_PAYLOAD_RETENTION": f"30d,{RETENTION_PROJECT}=4s",
+        "NODUS_WORKSPACE_RETENTION": f"24h,{RETENTION_PROJECT}=2s",
         **storage_service,
     }
     if with_faults:
