@@ -33,6 +33,8 @@ _DOCKER = re.compile(
     rf"(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
 )
 _LOCAL_TAG = re.compile(_TAG)
+# skopeo's other transports: a node's daemon or store, which a run may not reach into.
+_OTHER_TRANSPORTS = ("docker-daemon", "docker-archive", "containers-storage", "dir", "ostree", "sif")
 _PATH_CHARS = re.compile(r"/[^\s:\x00]*")
 
 
@@ -91,6 +93,9 @@ def parse_image_ref(text: str) -> ImageRef:
             if _ and not _LOCAL_TAG.fullmatch(tag):
                 raise ValueError(f"{text[:80]!r}: the tag {tag[:40]!r} is not a valid image tag")
             return ImageRef(transport, path, tag or None)
+    transport = text.split(":", 1)[0]
+    if transport in _OTHER_TRANSPORTS:
+        raise ValueError(f"{text[:80]!r}: the {transport}: transport is not served; the forms are {forms}")
     if "://" not in text and _DOCKER.fullmatch(text):
         raise ValueError(f"{text[:80]!r} names no transport: write docker://{text} for a registry image")
     raise ValueError(f"{text[:80]!r} is not an image reference; the forms are {forms}")
