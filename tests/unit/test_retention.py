@@ -366,3 +366,81 @@ def test_the_timer_is_armed_for_the_earliest_due_time_not_a_poll(tmp_path: Path)
         sweeper.stop()
 
     asyncio.run(scenario())
+
+
+def test_outputs_logs_and_an_evaluations_case_records_answer_payload_expired(tmp_path: Path) -> None:
+    from nodus_ray.control.run_files import RunFiles
+
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        run = await _finished_run(plane, "r4")
+        files = RunFiles(plane.services.registry)
+        assert await files.run_output("demo", "r4", "report.txt") == SECRET.encode()
+        await _sweeper(plane).sweep(_later(run, timedelta(days=31)))
+        for read in (
+            files.run_outputs("demo", "r4"),
+            files.run_output("demo", "r4", "report.txt"),
+            files.run_logs("demo", "r4"),
+        ):
+            with pytest.raises(PayloadExpired):
+                await read
+
+        # An evaluation group that ended: its cases keep their scores, lose their evidence.
+        registry, storage = plane.services.registry, plane.storage
+        key = ("demo", "ev")
+        group = {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentGroup",
+            "metadata": {"name": "ev", "project": "demo"},
+            "spec": {"agent": "helper", "evaluation": {"environment": "arithmetic"}},
+            "status": {"phase": "Succeeded", "finishedAt": run["status"]["finishedAt"], "evaluation": {}},
+        }
+        registry.groups[key] = group
+        storage.write_json(layout.group_document(*key), group)
+        case = {"run": "ev-0", "state": "Scored", "verdict": "pass", "reward": 1.0, "evidence": SECRET}
+        storage.write_json(layout.evaluation_case("demo", "ev", "ev-0"), case)
+        sweeper = _sweeper(plane)
+        assert (await sweeper.sweep(_later(run, timedelta(days=29)))).groups == []
+        assert (await sweeper.sweep(_later(run, timedelta(days=31)))).groups == [key]
+        kept = storage.read_json(layout.evaluation_case("demo", "ev", "ev-0"))
+        assert kept == {**case, "evidence": ""}
+        assert storage.read_json(layout.group_document(*key))["status"]["payloadsExpiredAt"]
+        with pytest.raises(PayloadExpired) as expired:
+            await plane.services.evaluations.group_results("demo", "ev")
+        assert expired.value.details["kind"] == "AgentGroup"
+
+    asyncio.run(scenario())
+
+
+def test_a_finished_run_an_unfinished_group_or_parent_still_reads_waits_for_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("parent"))
+        member = await _finished_run(plane, "member")
+        child = await _finished_run(plane, "child")
+        registry = plane.services.registry
+        # As a group's member and a program's child are marked (the test sets the marks directly).
+        member["spec"]["group"] = "g"
+        registry.groups[("demo", "g")] = {
+            "metadata": {"name": "g"},
+            "spec": {"agent": "helper"},
+            "status": {"phase": "Running"},
+        }
+        child["status"]["parent"] = "parent"
+        sweeper = _sweeper(plane, payloads="1s", workspaces="1s")
+        later = datetime.now(UTC) + timedelta(days=1)
+        report = await sweeper.sweep(later)
+        assert report.payloads == [] and report.workspaces == []
+        due = sweeper.next_due(later)
+        assert due is not None and due > later  # looked at again soon, not at once in a loop
+        registry.groups[("demo", "g")]["status"]["phase"] = "Succeeded"
+        report = await sweeper.sweep(later)
+        assert report.payloads == [("demo", "member")]
+        (parent,) = plane.run_actors.of("parent")
+        parent.end({"phase": "Succeeded", "reason": "Completed"})
+        await until(lambda: registry.is_over(("demo", "parent")), what="the parent done")
+        assert ("demo", "child") in (await sweeper.sweep(later)).payloads
+
+    asyncio.run(scenario())
