@@ -18,6 +18,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -44,6 +45,7 @@ from nodus_ray.control.run_images import ImagePins, agent_image, pin_images
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.control.templates import resolve_agent
 from nodus_ray.durable.journal import record_view, step_views
+from nodus_ray.durable.step_activity import running_time
 from nodus_ray.faults import crash_point
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp, utc_now
@@ -436,11 +438,15 @@ class RunService:
         ]
 
     async def run_steps(self, project: str, name: str) -> list[dict[str, Any]]:
-        """The steps of the run's current journal generation (`control.generations`)."""
+        """The steps of the run's current journal generation (`control.generations`); a step in
+        progress says what it does and, while the run is Running, for how long (`step_activity`)."""
         run = await self.get_run(project, name)
         journal = run_journal(self._registry.storage, (project, name), run["status"])
         records = await asyncio.to_thread(journal.load)
-        return step_views(records)
+        views = step_views(records)
+        if run["status"].get("phase") == RunPhase.RUNNING:  # a parked run's Started step is not running
+            views = running_time(views, datetime.now(UTC))
+        return views
 
     async def run_events(self, project: str, name: str, after_seq: int) -> dict[str, Any]:
         """The run and its journal records from ``after_seq`` on: what the events stream sends."""

@@ -38,6 +38,7 @@ import pyarrow.ipc as ipc
 
 from nodus_ray import metrics
 from nodus_ray.durable.fencing import JournalConflict
+from nodus_ray.durable.step_activity import in_progress
 from nodus_ray.store import layout
 from nodus_ray.store.storage import AlreadyExists, Storage
 from nodus_ray.store.timestamps import format_timestamp
@@ -392,4 +393,4 @@ def step_views(records: list[JournalRecord]) -> list[dict[str, Any]]:
         if payload.get("summary"):
             view["summary"] = payload["summary"]
         view["detail"].update({k: v for k, v in payload.items() if k != "summary"})
-    return list(views.values())
+    return in_progress(list(views.values()), records)  # a Started step: what it does, since when

@@ -347,7 +347,7 @@ def test_the_cli_and_sdk_use_a_stored_or_given_token_and_refuse_other_projects_i
     assert listed.stdout.split() == [f"agentrun/{run['metadata']['name']}" for run in own]
     refused = cli("get", f"agentrun/{projects['run']}", "-p", projects["a"])
     assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
-        f"error: project {projects['a']!r} not found"
+        f"error: NotFound: project {projects['a']!r} not found"
     ], refused.stderr
     created = cli("create", "token", "ci", "--role", "read")
     assert created.returncode == 0 and created.stdout.startswith("nodus_")

@@ -52,5 +52,5 @@ def test_up_with_an_address_where_no_cluster_is_fails_at_once_in_one_line(server
     assert refused.returncode == 1
     # Refused at once, not after Ray's own long wait: this message comes only from the probe of
     # the port that `nodus up` makes before it hands the address to Ray.
-    assert refused.stderr.startswith("error: no Ray cluster answers at 127.0.0.1:1;")
+    assert refused.stderr.startswith("error: Unavailable: no Ray cluster answers at 127.0.0.1:1;")
     assert refused.stderr.count("\n") == 1

@@ -652,7 +652,8 @@ def test_wait_group_fails_fast_on_another_terminal_phase(api: GroupAPI) -> None:
     result = invoke("wait", "ag/parallel-agents", FOR_SUCCEEDED, "--timeout=2s")
     assert result.exit_code == 1
     assert one_error_line(result) == (
-        "error: agentgroup/parallel-agents ended Failed (RunsFailed): 1 run failed; it will not become Succeeded"
+        "error: RunsFailed: agentgroup/parallel-agents ended Failed (RunsFailed): 1 run failed; "
+        "it will not become Succeeded"
     )
     assert len(api.requests) == 1
 
@@ -664,7 +665,7 @@ def test_wait_group_cancelling_will_not_succeed_but_may_be_cancelled(
     result = invoke("wait", "ag/parallel-agents", FOR_SUCCEEDED, "--timeout=2s")
     assert result.exit_code == 1
     assert one_error_line(result) == (
-        "error: agentgroup/parallel-agents is Cancelling; it will not become Succeeded"
+        "error: Cancelling: agentgroup/parallel-agents is Cancelling; it will not become Succeeded"
     )
     monkeypatch.setattr(commands_runs.time, "sleep", lambda _: None)
     result = invoke(

@@ -778,7 +778,7 @@ def test_cli_refusal_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_root, "client", lambda project=None: client)
     result = invoke("get", "agent/x")
     assert result.exit_code == 1
-    assert one_error_line(result) == "error: not served yet (field: spec.image)"
+    assert one_error_line(result) == "error: Unsupported: not served yet (field: spec.image)"
 
 
 def test_cli_wait(cli_api: FakeAPI) -> None:
@@ -859,7 +859,7 @@ def test_unreachable_server_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stdout == ""
     assert done.stderr == (
-        f"error: cannot reach the nodus API at http://127.0.0.1:{port}: [Errno 111] Connection refused; "
+        f"error: Unavailable: cannot reach the nodus API at http://127.0.0.1:{port}: [Errno 111] Connection refused; "
         "is `nodus up` running?\n"
     )
     assert "tok-123" not in done.stderr

@@ -92,7 +92,8 @@ def batch_run(
     except KeyboardInterrupt:
         raise CliError(
             f"interrupted; the batch goes on in agentgroup/{name}: run the same command to "
-            "resume it and write the rest"
+            "resume it and write the rest",
+            reason="Interrupted",
         ) from None
     finally:
         if isinstance(show, _Bar):
@@ -105,5 +106,6 @@ def batch_run(
     if failed:
         raise CliError(
             f"{len(failed)} of {len(result.rows)} tasks did not succeed; see the phase and "
-            f"reason columns of {out}"
+            f"reason columns of {out}",
+            reason="RunsFailed",
         )

@@ -46,7 +46,7 @@ def agentrun_output(
     try:
         target.write_bytes(data)
     except OSError as exc:
-        raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
+        raise CliError(f"cannot write {target}: {exc.strerror or exc}", reason=type(exc).__name__) from None
     typer.echo(f"agentrun/{name} output {output}: {len(data)} bytes written to {target}", err=True)
 
 

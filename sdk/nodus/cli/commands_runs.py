@@ -18,7 +18,7 @@ from ..errors import NotFound, Unavailable
 from ..events import log_line
 from ..resources import GROUP_TERMINAL_PHASES, TERMINAL_PHASES, at_cost_cap
 from . import jsonpath, root
-from .output import dollars, dump_json, dump_yaml, print_table, shorten
+from .output import dollars, dump_json, dump_yaml, print_table, step_summary
 from .root import CliError, OutputOption, ProjectOption, TargetsArgument, UsageError, parse_targets, ref
 
 __all__ = ["wait", "cancel", "agentrun_app"]
@@ -123,20 +123,24 @@ def _wait_one(
                 message = f": {status['message']}" if status.get("message") else ""
                 verb = "ended" if phase in TERMINAL_PHASES else "is parked"
                 raise CliError(
-                    f"{ref(kind, name)} {verb} {phase}{reason}{message}; it will not become {expected}"
+                    f"{ref(kind, name)} {verb} {phase}{reason}{message}; it will not become {expected}",
+                    reason=str(status.get("reason") or phase),  # what a script tells apart
                 )
             if kind == "AgentGroup" and path == ("status", "phase") and _group_settled(phase, expected):
                 reason = f" ({status['reason']})" if status.get("reason") else ""
                 message = f": {status['message']}" if status.get("message") else ""
                 verb = "ended" if phase in GROUP_TERMINAL_PHASES else "is"
                 raise CliError(
-                    f"{ref(kind, name)} {verb} {phase}{reason}{message}; it will not become {expected}"
+                    f"{ref(kind, name)} {verb} {phase}{reason}{message}; it will not become {expected}",
+                    reason=str(status.get("reason") or phase),
                 )
         elif resource is not None:
             last = "it still exists"
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise CliError(f"timed out after {timeout_text} waiting for {ref(kind, name)}: {last}")
+            raise CliError(
+                f"timed out after {timeout_text} waiting for {ref(kind, name)}: {last}", reason="WaitTimeout"
+            )
         time.sleep(min(delay, remaining))
         delay = min(delay * 1.5, 1.0)
 
@@ -312,13 +316,12 @@ def agentrun_steps(
     headers = ["ID", "KIND", "STATE", "ATTEMPTS", "SUMMARY"] + (["COST"] if wide else [])
     rows = []
     for step in steps:
-        summary = str(step.get("summary") or "")
         row = [
             str(step.get("id", "")),
             str(step.get("kind", "")),
             str(step.get("state", "")),
             str(step.get("attempts", "")),
-            " ".join(summary.split()) if wide else shorten(summary, 80),
+            step_summary(step, None if wide else 80),  # a step in progress: what, for how long
         ]
         if wide:
             row.append(dollars(step.get("costUSD")))

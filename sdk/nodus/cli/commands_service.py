@@ -23,7 +23,8 @@ def _cluster() -> Any:
     except ImportError as exc:
         raise CliError(
             f"the nodus-ray server parts are not installed here ({exc}); "
-            "install nodus-ray with its Ray dependencies to run `nodus up`"
+            "install nodus-ray with its Ray dependencies to run `nodus up`",
+            reason="NotInstalled",
         ) from None
     return cluster
 

@@ -13,7 +13,16 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["dump_yaml", "dump_json", "print_table", "shorten", "dollars", "format_age"]
+__all__ = [
+    "dump_yaml",
+    "dump_json",
+    "print_table",
+    "shorten",
+    "dollars",
+    "format_age",
+    "format_running",
+    "step_summary",
+]
 
 
 class _Dumper(yaml.SafeDumper):  # type: ignore[misc,unused-ignore]  # PyYAML may have no stubs
@@ -86,3 +95,31 @@ def format_age(timestamp: str | None, now: datetime | None = None) -> str:
         if seconds >= 2 * size:  # kubectl keeps the smaller unit below two of the larger
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def format_running(seconds: Any) -> str:
+    """How long a step in progress has run: ``running 12s``, ``running 3m04s``, ``running 2h05m``."""
+    try:
+        total = max(0, int(seconds))
+    except (TypeError, ValueError):
+        return "running"
+    if total < 60:
+        return f"running {total}s"
+    if total < 3600:
+        return f"running {total // 60}m{total % 60:02d}s"
+    return f"running {total // 3600}h{total % 3600 // 60:02d}m"
+
+
+def step_summary(step: dict[str, Any], limit: int | None = None) -> str:
+    """A step's SUMMARY cell: what it did, or for a step in progress what it does and for how
+    long (``$ sleep 417 (running 12s)``; the server says how long only while the run is Running).
+    ``limit`` shortens what it does, never how long."""
+    summary = " ".join(str(step.get("summary") or "").split())
+    running = ""
+    if step.get("state") == "Started" and step.get("runningSeconds") is not None:
+        running = format_running(step["runningSeconds"])
+    if limit is not None:
+        summary = shorten(summary, max(10, limit - len(running) - 3) if running else limit)
+    if running:
+        return f"{summary} ({running})" if summary else running
+    return summary

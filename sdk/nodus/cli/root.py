@@ -1,10 +1,14 @@
 """The root of the ``nodus`` command line: the typer app, its one-line error promise, the shared
 options, and the settings and client every command uses.
 
-Every failure ends as exactly one ``error: ...`` line on stderr and a non-zero exit code (2 for
-usage mistakes, 1 for everything else), never a traceback: the CLI is used from scripts and CI
-logs where a stack trace hides the one sentence that matters. ``NODUS_DEBUG=1`` re-raises
-unexpected exceptions for developers.
+Every failure ends as exactly one ``error: <Code>: <message>`` line on stderr and a non-zero
+exit code (2 for usage mistakes, 1 for everything else), never a traceback: the CLI is used from
+scripts and CI logs where a stack trace hides the one sentence that matters. ``<Code>`` is what
+a script tells refusals apart by, kubectl-style: the API's reason name for a refusal
+(``AgentStopped``, ``AgentRunFinished``, ``NotFound``, ``Invalid``...: `nodus.errors.NodusError`'s
+``code``), a run's reason when ``wait`` can no longer be met, and for the CLI's own failures
+``UsageError``, ``Aborted``, the OS error's name (``FileNotFoundError``), ``Unavailable`` or
+``InternalError``. ``NODUS_DEBUG=1`` re-raises unexpected exceptions for developers.
 
 Commands call `client` and `settings` through this module (``root.client(project)``), so a
 test replaces the client of every command in one place. Nothing here imports Ray.
@@ -67,11 +71,13 @@ KIND_HELP = (
 
 
 class CliError(ClickException):
-    """A failure the CLI reports as one line, with its own exit code."""
+    """A failure the CLI reports as one line, with its own exit code and the ``reason`` code the
+    line names (``error: <reason>: <message>``)."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, exit_code: int = 1, *, reason: str = "Failed") -> None:
         super().__init__(message)
         self.exit_code = exit_code  # type: ignore[misc,unused-ignore]  # a ClassVar in click's stubs
+        self.reason = reason
 
 
 def _one_line(text: str) -> str:
@@ -79,15 +85,16 @@ def _one_line(text: str) -> str:
 
 
 def _describe(exc: NodusError) -> str:
-    message = exc.message or exc.code
+    """The message of ``error: <code>: <message>``, naming the field when the message does not."""
+    message = exc.message if exc.message and exc.message != exc.code else ""
     field = exc.details.get("field") if isinstance(exc.details, dict) else None
     if field and str(field) not in message:
-        message += f" (field: {field})"
+        message = f"{message} (field: {field})" if message else f"field: {field}"
     return message
 
 
 class _NodusGroup(TyperGroup):
-    """The root command: turns every exception into one ``error:`` line and an exit code."""
+    """The root command: turns every exception into one ``error: <Code>: ...`` line and an exit code."""
 
     def main(  # type: ignore[override,unused-ignore]
         self,
@@ -114,30 +121,39 @@ class _NodusGroup(TyperGroup):
             code = exc.exit_code
         except UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-            code = _report(exc.format_message() + hint, exc.exit_code)
+            code = _report("UsageError", exc.format_message() + hint, exc.exit_code)
         except ClickException as exc:
-            code = _report(exc.format_message(), exc.exit_code)
+            reason = exc.reason if isinstance(exc, CliError) else "UsageError"
+            code = _report(reason, exc.format_message(), exc.exit_code)
         except _ABORTS:
-            code = _report("aborted", 130)
+            code = _report("Aborted", "aborted", 130)
         except NodusError as exc:
-            code = _report(_describe(exc), 1)
+            code = _report(exc.code, _describe(exc), 1)
         except yaml.YAMLError as exc:
-            code = _report(f"malformed YAML: {exc}", 1)
+            code = _report("Invalid", f"malformed YAML: {exc}", 1)
         except OSError as exc:
-            code = _report(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), 1)
+            where = f": {exc.filename}" if exc.filename else ""
+            code = _report(type(exc).__name__, f"{exc.strerror or exc}{where}", 1)
         except httpx.HTTPError as exc:
-            code = _report(f"HTTP error: {exc}", 1)
+            code = _report("Unavailable", f"HTTP error: {exc}", 1)
         except Exception as exc:  # the promise is one line, whatever went wrong
             if os.environ.get("NODUS_DEBUG"):
                 raise
-            code = _report(f"unexpected {type(exc).__name__}: {exc} (set NODUS_DEBUG=1 for a traceback)", 1)
+            code = _report(
+                "InternalError",
+                f"unexpected {type(exc).__name__}: {exc} (set NODUS_DEBUG=1 for a traceback)",
+                1,
+            )
         if standalone_mode:
             sys.exit(code)
         return code
 
 
-def _report(message: str, code: int) -> int:
-    typer.echo(f"error: {_one_line(message)}", err=True)
+def _report(reason: str, message: str, code: int) -> int:
+    """Print ``error: <reason>: <message>`` (one line) and return the exit code."""
+    reason = _one_line(reason).replace(" ", "") or "Failed"
+    text = _one_line(message)
+    typer.echo(f"error: {reason}: {text}" if text else f"error: {reason}", err=True)
     return code
 
 
