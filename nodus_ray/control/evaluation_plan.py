@@ -15,6 +15,7 @@ from typing import Any
 
 from nodus.errors import Invalid, NotFound
 from nodus.resources import EvaluationStatus, parse_duration
+from nodus_ray.control.run_images import pin_images
 from nodus_ray.core.evaluation import Case, plan_cases
 from nodus_ray.environments import EnvironmentNotFound, Task, resolve
 from nodus_ray.store import layout
@@ -38,8 +39,15 @@ class Evaluation:
         return next((case for case in self.cases if case.run == run), None)
 
 
-async def plan_evaluation(name: str, spec: dict[str, Any], created: str) -> tuple[dict[str, Any], list[Task]]:
-    """Resolve the Environment and generate the batch; refused before anything is stored."""
+async def plan_evaluation(
+    name: str, spec: dict[str, Any], created: str, agent_image: str | None = None
+) -> tuple[dict[str, Any], list[Task]]:
+    """Resolve the Environment and generate the batch; refused before anything is stored.
+
+    The image the cases run on is resolved too, and its digest recorded (``imageDigest``): the
+    Environment's ``image`` when it names one (the member runs then run on it, whatever image
+    their Agent names), else the Agent's ``spec.image`` (``agent_image``), else none.
+    """
     evaluation = spec["evaluation"]
     ref = evaluation["environment"]
     field_name = "spec.evaluation.environment"
@@ -84,10 +92,12 @@ async def plan_evaluation(name: str, spec: dict[str, Any], created: str) -> tupl
             details={"field": "spec.limits.maxPending"},
         )
     deadline = parse_timestamp(created) + parse_duration(evaluation.get("timeout", "30m"))
+    image, image_from = (environment.image, "Environment") if environment.image else (agent_image, "Agent")
+    digest = await _image_digest(image, field_name if image_from == "Environment" else "spec.agent")
     status = EvaluationStatus(
         environment=ref,
         version=environment.version,
-        imageDigest=None,
+        imageDigest=digest,
         split=split,
         seed=int(evaluation.get("seed", 0)),
         tasks=count,
@@ -96,7 +106,21 @@ async def plan_evaluation(name: str, spec: dict[str, Any], created: str) -> tupl
         deadlineAt=format_timestamp(deadline),
         pending=len(cases),
     ).model_dump(mode="json")
+    if image:
+        status.update({"image": image, "imageFrom": image_from})
     return status, tasks
+
+
+async def _image_digest(image: str | None, field_name: str) -> str | None:
+    """The digest ``image`` names now; an image that cannot be resolved refuses the evaluation
+    (none of its cases could run), naming the field it came from."""
+    if not image:
+        return None
+    pins = await pin_images([image])
+    failure = pins.failure_of(image)
+    if failure is not None:
+        raise Invalid(f"{field_name}: {failure}", code="ImagePullFailed", details={"field": field_name})
+    return pins.pinned[image]
 
 
 _GRADER_UID_OFFSET = 1_000_000_000

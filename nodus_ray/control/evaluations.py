@@ -129,9 +129,11 @@ class EvaluationService:
 
     # -- creation ---------------------------------------------------------------------------
 
-    async def plan(self, name: str, spec: dict[str, Any], created: str) -> tuple[dict[str, Any], list[Task]]:
+    async def plan(
+        self, name: str, spec: dict[str, Any], created: str, agent_image: str | None = None
+    ) -> tuple[dict[str, Any], list[Task]]:
         """Resolve the Environment and generate the batch; refused before anything is stored."""
-        return await plan_evaluation(name, spec, created)
+        return await plan_evaluation(name, spec, created, agent_image)
 
     async def prepare(self, key: Key) -> None:
         """Create the members that do not exist yet, then seal the group. Safe to repeat."""
@@ -177,6 +179,9 @@ class EvaluationService:
                     int(group["status"]["agentRevision"]),
                 ),
             )
+            evaluation = group["status"].get("evaluation") or {}
+            if evaluation.get("imageFrom") == "Environment":  # its tasks run on its image
+                pinned = {**pinned, "spec": {**pinned["spec"], "image": evaluation["image"]}}
             try:
                 assert self._create_runs is not None, "EvaluationService.connect was not called"
                 await self._create_runs(

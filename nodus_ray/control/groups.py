@@ -179,7 +179,7 @@ class GroupService:
                     code="EvaluationGroup",
                     details={"field": "spec.sealed"},
                 )
-            evaluation, tasks = await self._evaluations.plan(name, spec, created)
+            evaluation, tasks = await self._evaluations.plan(name, spec, created, agent["spec"].get("image"))
         status = AgentGroupStatus(
             phase=GroupPhase.RUNNING.value,
             message="sealed with no runs" if spec.get("sealed") else None,

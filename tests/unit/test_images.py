@@ -5,6 +5,7 @@ The images are built here from busybox-static (`tests.support.images`), never pu
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -19,6 +20,9 @@ import nodus
 from nodus.errors import Invalid
 from nodus.image_ref import parse_image_ref
 from nodus.resources import parse_resource
+from nodus_ray.control import evaluation_plan
+from nodus_ray.control.evaluation_plan import plan_evaluation
+from nodus_ray.environments.arithmetic import ArithmeticV2
 from nodus_ray.sandbox import bwrap_available
 from nodus_ray.sandbox import images as images_module
 from nodus_ray.sandbox.bubblewrap import BubblewrapSandbox
@@ -262,3 +266,38 @@ def test_without_an_image_commands_run_on_the_hosts_root(tmp_path: Path) -> None
         assert seen.output.split() == ["bash", "host"], seen.output
     finally:
         sandbox.delete()
+
+
+# -- evaluations ------------------------------------------------------------------------------
+
+_EVALUATION = {"agent": "solver", "evaluation": {"environment": "nodus/arithmetic-v2@2.0.0", "tasks": 2}}
+_CREATED = "2026-01-01T00:00:00Z"
+
+
+def test_an_evaluation_records_the_digest_its_cases_run_on(images: TestImages) -> None:
+    ref = images.busybox()
+    status, _ = asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=ref))
+    assert status["imageDigest"] == resolve_digest(ref)
+    assert (status["image"], status["imageFrom"]) == (ref, "Agent")
+    plain, _ = asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED))
+    assert plain["imageDigest"] is None and "image" not in plain
+
+
+def test_an_environments_image_is_the_one_recorded(
+    images: TestImages, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Imaged(ArithmeticV2):
+        image = images.archive()
+
+    monkeypatch.setattr(evaluation_plan, "resolve", lambda ref: Imaged())
+    status, _ = asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=images.no_shell()))
+    assert status["imageDigest"] == resolve_digest(images.archive())
+    assert (status["image"], status["imageFrom"]) == (images.archive(), "Environment")
+
+
+def test_an_evaluation_on_an_unknown_image_is_refused(images: TestImages) -> None:
+    missing = images.busybox().rsplit(":", 1)[0] + ":absent"
+    with pytest.raises(Invalid) as refused:
+        asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=missing))
+    assert refused.value.code == "ImagePullFailed" and refused.value.details["field"] == "spec.agent"
+    assert missing in str(refused.value)
