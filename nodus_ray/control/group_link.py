@@ -13,6 +13,8 @@ run is resumed and a queued one waits for the rebuilt supervisor (`wake`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from nodus.errors import Conflict, Invalid, NotFound
@@ -64,6 +66,11 @@ class GroupLink:
         self._group_actors = group_actors
         self._evaluations = evaluations
         registry.on_run_changed(self.tell_group)
+        # What the project's Budget can still hold (None: no Budget), from `control.budgets`
+        # (wired by `compose`); each group's supervisor is told it, and admits only while it
+        # holds the next member's cap. The value last told each group, to tell only changes.
+        self.budget_left: Callable[[str], Decimal | None] = lambda project: None
+        self._told_budget: dict[Key, Decimal | None] = {}
 
     def _supervisor_of(self, key: Key) -> Any:
         return self._group_actors.handle(key)
@@ -201,7 +208,10 @@ class GroupLink:
                 )
             )
         spec = group["spec"]
+        left = self.budget_left(project)
+        self._told_budget[key] = left
         return {
+            "budgetLeftUSD": None if left is None else str(left),
             "limits": limits_wire(spec),
             "sealed": bool(spec.get("sealed")),
             "cancelled": spec.get("state") == "Cancelled",
@@ -306,3 +316,29 @@ class GroupLink:
             )
         except Exception:  # noqa: BLE001 - a restarted supervisor reads the same state from its snapshot
             logger.warning("could not tell group %s/%s about run %s", *key, run_key[1], exc_info=True)
+        await self.tell_budget(key)
+
+    async def tell_budget(self, key: Key) -> None:
+        """Tell the group's supervisor what the project's Budget can hold now, if that changed."""
+        left = self.budget_left(key[0])
+        if key not in self._told_budget and left is None:
+            return  # a project without a Budget: nothing to tell
+        if key in self._told_budget and self._told_budget[key] == left:
+            return
+        group = self._groups.get(key)
+        if group is None or group["status"]["phase"] in GROUP_TERMINAL_PHASES:
+            self._told_budget.pop(key, None)
+            return
+        self._told_budget[key] = left
+        try:
+            status = await self._supervisor_of(key).budget.remote(None if left is None else str(left))
+        except Exception:  # noqa: BLE001 - told again on the next change; a restarted one reads its snapshot
+            self._told_budget.pop(key, None)
+            logger.warning("could not tell group %s/%s about the Budget", *key, exc_info=True)
+            return
+        await self.take_status(key, status, {})
+
+    async def budget_changed(self, project: str) -> None:
+        """The project's Budget was raised, deleted or began a new period: its groups admit again."""
+        for key in [key for key in self._groups if key[0] == project]:
+            await self.tell_budget(key)

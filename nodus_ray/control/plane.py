@@ -23,6 +23,7 @@ from typing import Any
 import ray
 
 from nodus_ray.control.group_actors import RayGroupSupervisors
+from nodus_ray.control.node_workspaces import remove_on_node
 from nodus_ray.control.recovery import RecoveryGate, after_recovery
 from nodus_ray.control.retention import RetentionSweeper
 from nodus_ray.control.run_files import RunFiles
@@ -64,7 +65,9 @@ class ControlPlane:
         self.generations = services.generations
         self.run_files = RunFiles(services.registry)
         # Finished runs' payloads and workspaces, deleted when their retention is up (decision 46).
-        self.retention = RetentionSweeper(services.registry, settings, services.evaluations.forget)
+        self.retention = RetentionSweeper(
+            services.registry, settings, services.evaluations.forget, remove_on_node=remove_on_node
+        )
         self._background: list[asyncio.Task[None]] = []
         # Started by the first call, not here: Ray may run a constructor on a loop other than the
         # one that serves calls, and a recovery there raced the one the calls waited for.

@@ -10,7 +10,7 @@ states, times, attempts, costs) and its totals (``status.cost``, the turns' toke
 stay; ``status.payloadsExpiredAt`` says when. Reading what went answers 410 ``PayloadExpired``.
 
 ``NODUS_WORKSPACE_RETENTION`` (default 24 hours) after it ends, a run's workspace goes: its
-directory on the control plane's node and its snapshots (and seed) in storage;
+directory on the node it ran on (`node_workspaces`) and its snapshots (and seed) in storage;
 ``status.sandbox.workspaceDeletedAt`` says when, and a retry of the run is refused from then on
 (decision 46: replaying a journal whose commands' effects are gone would go on from the wrong
 files).
@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 _RESCAN = timedelta(hours=1)  # the longest the timer waits, whatever it was armed for
 _BLOCKED_RECHECK = timedelta(seconds=60)  # a due run something unfinished still reads
 Work = Literal["payloads", "workspace"]
+RemoveOnNode = Callable[[str, str], Awaitable[bool]]  # (node id, path): `node_workspaces.remove_on_node`
 # What a run keeps beside its journal that is payload (`layout`): deleted on expiry.
 _PAYLOAD_FOLDERS = ("messages", "outputs", "logs", "generations", "egress")
 
@@ -176,12 +178,14 @@ class RetentionSweeper:
         registry: Registry,
         settings: ServerSettings,
         forget_evaluation: Any = None,
+        remove_on_node: RemoveOnNode | None = None,
     ) -> None:
         self._registry = registry
         self._sandbox_root = settings.sandbox_root
         self.payloads = RetentionPolicy.parse(settings.payload_retention, "NODUS_PAYLOAD_RETENTION")
         self.workspaces = RetentionPolicy.parse(settings.workspace_retention, "NODUS_WORKSPACE_RETENTION")
         self._forget_evaluation = forget_evaluation  # `EvaluationService.forget`: its cases are reread
+        self._remove_on_node = remove_on_node  # the copy on the node the run ran on, when not this one
         self._timer: asyncio.TimerHandle | None = None
         self._armed_for: datetime | None = None
         self._sweeping: asyncio.Task[SweepReport] | None = None
@@ -387,6 +391,11 @@ class RetentionSweeper:
             status["retention"] = {**(status.get("retention") or {}), "workspace": "Deleting"}
             await registry.persist_run(key)
             await asyncio.to_thread(_remove_workspace, registry.storage, self._sandbox_root, run)
+            node = sandbox.get("nodeId")
+            if node and self._remove_on_node is not None:
+                metadata = run["metadata"]
+                path = workspace_path(self._sandbox_root, key[0], key[1], metadata.get("uid"))
+                await self._remove_on_node(str(node), str(path))
             status["retention"]["workspace"] = "Deleted"
             await registry.persist_run(key)
         return True

@@ -118,6 +118,8 @@ def compose(
     budgets = BudgetService(registry, supervisor.supervise)
     supervisor.budget_affordable = budgets.affordable
     supervisor.budget_forget = budgets.forget_run
+    link.budget_left = budgets.left
+    budgets.on_room.append(link.budget_changed)
     runs = RunService(registry, batches, supervisor, link, evaluations, credits)
     evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
     return Services(

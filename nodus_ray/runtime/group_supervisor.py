@@ -143,6 +143,8 @@ class GroupSupervisor:
             sealed=bool(snapshot["sealed"]),
             cancelled=bool(snapshot["cancelled"]),
         )
+        left = snapshot.get("budgetLeftUSD")
+        admission.budget_left = None if left is None else Decimal(str(left))
         self._admission = admission
         self._wake = asyncio.Event()
         self._executor = asyncio.get_running_loop().create_task(self._execute())
@@ -212,6 +214,15 @@ class GroupSupervisor:
             self._take(admission.seal())
         if cancelled and not admission.cancelled:
             self._take(admission.cancel())
+        return self._status_view()
+
+    async def budget(self, left: str | None) -> dict[str, Any]:
+        """What the project's Budget can still hold now (None: no Budget): admission starts
+        members only while it holds the next one's cap (blocked key ``BudgetExceeded``)."""
+        admission = await self._loaded()
+        value = None if left is None else Decimal(left)
+        if value != admission.budget_left:
+            self._take(admission.set_budget_left(value))
         return self._status_view()
 
     async def status(self) -> dict[str, Any]:

@@ -444,3 +444,25 @@ def test_a_finished_run_an_unfinished_group_or_parent_still_reads_waits_for_it(t
         assert ("demo", "child") in (await sweeper.sweep(later)).payloads
 
     asyncio.run(scenario())
+
+
+def test_a_workspace_on_another_node_is_removed_there(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        run = await _finished_run(plane, "r5")
+        run["status"]["sandbox"]["nodeId"] = "node-b"  # as its actor reported it
+        removed: list[tuple[str, str]] = []
+
+        async def remove_on_node(node: str, path: str) -> bool:
+            removed.append((node, path))
+            return True
+
+        from dataclasses import replace
+
+        settings = replace(plane.settings, payload_retention="30d", workspace_retention="24h")
+        sweeper = RetentionSweeper(plane.services.registry, settings, remove_on_node=remove_on_node)
+        await sweeper.sweep(_later(run, timedelta(hours=25)))
+        assert removed == [("node-b", plane.services.supervisor.workspace("demo", "r5"))]
+
+    asyncio.run(scenario())

@@ -30,7 +30,9 @@ from nodus_ray.core.admission.model import (
     Member,
 )
 
-__all__ = ["_Ledger", "_Plan"]
+__all__ = ["BUDGET_EXCEEDED", "_Ledger", "_Plan"]
+
+BUDGET_EXCEEDED = "BudgetExceeded"  # nodus.lifecycle.BlockedReason.BUDGET_EXCEEDED
 
 
 @dataclass
@@ -101,7 +103,14 @@ class _Ledger:
     def unfinished(self) -> int:
         return self.counts[QUEUED] + self.counts[ACTIVE] + self.counts[WAITING]
 
-    def plan(self, limits: GroupLimits, *, cancelled: bool, by_index: Sequence[Member]) -> _Plan:
+    def plan(
+        self,
+        limits: GroupLimits,
+        *,
+        cancelled: bool,
+        by_index: Sequence[Member],
+        budget_left: Decimal | None = None,
+    ) -> _Plan:
         """Which queued runs would start now, and how many of the others wait for each reason.
 
         Eligible runs (every dependency succeeded) are taken in creation order, first fit. The
@@ -109,13 +118,20 @@ class _Ledger:
         waits for it), or what is left of the cap is below the smallest need of any eligible
         run (every later run waits for room). So a pass looks at the runs it starts plus about
         one more, however many are queued.
+
+        ``budget_left`` is what the project's Budget can still hold (None: the project has no
+        Budget). Less what this group's started runs may still spend, it must hold the next
+        run's cap (and be above zero), or nothing more starts: every eligible run waits with
+        ``BudgetExceeded`` (the Budget is the project's, so the first refusal stops the pass).
         """
         busy = self.counts[ACTIVE] + self.counts[WAITING]
         room: Decimal | None = None
         if limits.max_cost is not None:
             room = limits.max_cost - self.spent - self.reserved
+        budget_room = None if budget_left is None else budget_left - self.reserved
         start: list[Member] = []
         cost_blocked = 0
+        budget_blocked = 0
         stuck: Member | None = None
         examined = 0
         smallest = min(self.needs) if self.needs else None
@@ -135,13 +151,21 @@ class _Ledger:
                     cost_blocked += 1
                     stuck = stuck or member
                     continue
+                if budget_room is not None and (budget_room <= 0 or need > budget_room):
+                    budget_blocked += len(self.eligible) - examined + 1  # this run and every later one
+                    examined = len(self.eligible)
+                    break
                 start.append(member)
                 busy += 1
                 if room is not None:
                     room -= need
+                if budget_room is not None:
+                    budget_room -= need
         blocked = {
             DEPENDENCY_WAIT: self.counts[QUEUED] - len(self.eligible),
             MAX_ACTIVE_REACHED: len(self.eligible) - examined if not cancelled else 0,
             MAX_COST_REACHED: cost_blocked,
         }
+        if budget_left is not None:  # the key is there only in a project with a Budget
+            blocked[BUDGET_EXCEEDED] = budget_blocked
         return _Plan(start=start, blocked=blocked, busy=busy, stuck=stuck)

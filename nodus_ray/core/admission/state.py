@@ -62,6 +62,9 @@ class Admission:
         self._unmet: dict[str, int] = {}  # queued run -> its dependencies not yet Succeeded
         self._recheck: list[int] = []  # heap: queued runs a failed or cancelled dependency may cancel
         self._ledger = _Ledger()  # counts, spend, reservations, the eligible queue
+        # What the project's Budget can still hold, as the control plane last said (None: the
+        # project has no Budget); see `set_budget_left`.
+        self.budget_left: Decimal | None = None
         self._reason_changes: dict[str, str] = {}  # queued run -> its new reason, since last taken
 
     # -- restart ---------------------------------------------------------------------------
@@ -276,6 +279,13 @@ class Admission:
         self._limits = replace(self._limits, **changes)  # GroupLimits checks the ranges
         return self._settle()
 
+    def set_budget_left(self, left: Decimal | None) -> Decision:
+        """What the project's Budget can still hold now (None: no Budget); may admit more, or
+        stop admitting (`_Ledger.plan`). Sent by the control plane when the Budget or the
+        project's spend changes."""
+        self.budget_left = left
+        return self._settle()
+
     def seal(self) -> Decision:
         """No more runs are coming; the group can finish. Idempotent and cannot be undone."""
         self._sealed = True
@@ -417,7 +427,9 @@ class Admission:
 
     def _plan(self) -> _Plan:
         """Which queued runs would start now (see `_Ledger.plan`); changes nothing."""
-        return self._ledger.plan(self._limits, cancelled=self._cancelled, by_index=self._by_index)
+        return self._ledger.plan(
+            self._limits, cancelled=self._cancelled, by_index=self._by_index, budget_left=self.budget_left
+        )
 
     def _status(self, plan: _Plan) -> GroupStatus:
         """The group's status after ``plan`` (see :mod:`.status`)."""
