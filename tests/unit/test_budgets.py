@@ -430,3 +430,28 @@ def test_the_api_creates_reads_patches_and_deletes_the_budget(tmp_path: Path) ->
             assert (await http.get(f"{base}/default", headers=admin)).status_code == 404
 
     asyncio.run(main())
+
+
+# -- groups ----------------------------------------------------------------------------------------
+
+
+def test_a_group_admits_only_while_the_budget_holds_the_next_members_cap() -> None:
+    from nodus_ray.core.admission import Admission, GroupLimits, Member
+
+    def member(key: str) -> Member:
+        return Member(key=key, run=f"g-{key}", cap=Decimal("1.00"), depends_on=())
+
+    admission = Admission(GroupLimits(max_active=10))
+    admission.budget_left = Decimal("2.50")
+    decision = admission.add([member(k) for k in "abcde"])
+    assert decision.start == ["g-a", "g-b"]  # 2.50 holds two caps of 1.00, not a third
+    assert decision.status.blocked_reasons["BudgetExceeded"] == 3
+    assert decision.status.blocked_reasons["MaxActiveReached"] == 0
+    # The Budget is raised (the control plane tells the group what it holds now): one more starts.
+    decision = admission.set_budget_left(Decimal("3.00"))
+    assert decision.start == ["g-c"] and decision.status.blocked_reasons["BudgetExceeded"] == 2
+    # At the limit nothing starts, not even a run that would cost Nodus nothing.
+    assert admission.set_budget_left(Decimal("0")).start == []
+    # The project's Budget deleted: the group admits as before, and the key is gone.
+    decision = admission.set_budget_left(None)
+    assert decision.start == ["g-d", "g-e"] and "BudgetExceeded" not in decision.status.blocked_reasons
