@@ -7,7 +7,8 @@ it again on an empty journal, so its history stays bounded. Generation 0 is the 
 starts with what `layout.run_generation` holds (its input, its journal's first seq, which
 continues the previous generation's seqs, and the last message seq of each name the program
 took, so a message is read once over the whole run). ``status.generation`` names the current one, and
-``status.cost.priorUSD`` is what the earlier ones cost (the run's cap covers the whole run).
+``status.cost.priorUSD`` is what the earlier ones cost (the run's cap covers the whole run);
+``status.cost.priorSandboxUSD`` their sandbox charges (`money.sandbox_billing`).
 
 The switch, under the run's lock, in an order a crash cannot break:
 
@@ -35,6 +36,7 @@ from nodus.errors import Conflict, NotFound
 from nodus.lifecycle import RUN_TERMINAL_PHASES
 from nodus_ray.control.registry import Key, Registry
 from nodus_ray.durable.journal import Journal
+from nodus_ray.money.sandbox_billing import cost_fields, journaled_sandbox_cost
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
@@ -42,8 +44,10 @@ __all__ = [
     "GenerationService",
     "generation_of",
     "prior_cost",
+    "prior_sandbox_cost",
     "run_journal",
     "journaled_cost",
+    "journaled_costs",
     "read_generation",
     "starting_generation",
     "delete_older_generations",
@@ -62,6 +66,11 @@ def prior_cost(status: dict[str, Any]) -> Decimal:
     return Decimal(str((status.get("cost") or {}).get("priorUSD") or "0"))
 
 
+def prior_sandbox_cost(status: dict[str, Any]) -> Decimal:
+    """What the run's earlier generations' sandbox charges came to."""
+    return Decimal(str((status.get("cost") or {}).get("priorSandboxUSD") or "0"))
+
+
 def run_journal(storage: Storage, key: Key, status: dict[str, Any]) -> Journal:
     """A reader of the run's current generation's journal (``steps``, events, resolve, retry)."""
     return Journal(storage, layout.journal_generation_folder(*key, generation_of(status)))
@@ -74,6 +83,15 @@ def _generation_cost(records: list[Any]) -> Decimal:
 def journaled_cost(storage: Storage, key: Key, status: dict[str, Any]) -> Decimal:
     """What the run cost by its journals: the earlier generations' and its current one's."""
     return prior_cost(status) + _generation_cost(run_journal(storage, key, status).load())
+
+
+def journaled_costs(storage: Storage, key: Key, status: dict[str, Any]) -> dict[str, str]:
+    """The run's ``status.cost`` figures by its journals (`sandbox_billing.cost_fields`): the
+    model spend as `journaled_cost` sums it, and the sandbox charges its steps recorded."""
+    records = run_journal(storage, key, status).load()
+    model = prior_cost(status) + _generation_cost(records)
+    sandbox = prior_sandbox_cost(status) + journaled_sandbox_cost(records)
+    return cost_fields(model, sandbox)
 
 
 def read_generation(storage: Storage, project: str, name: str, generation: int) -> dict[str, Any] | None:
@@ -164,6 +182,7 @@ class GenerationService:
             records = await asyncio.to_thread(run_journal(storage, key, status).load)
             first_seq = records[-1].seq + 1 if records else 0
             prior = prior_cost(status) + _generation_cost(records)
+            prior_sandbox = prior_sandbox_cost(status) + journaled_sandbox_cost(records)
             record = {
                 "input": input_text,
                 "firstSeq": first_seq,
@@ -177,8 +196,14 @@ class GenerationService:
             status["generation"] = current + 1
             cost = status.setdefault("cost", {})
             cost["priorUSD"] = str(prior)
+            cost["priorSandboxUSD"] = str(prior_sandbox)
             if Decimal(str(cost.get("totalUSD") or "0")) < prior:
                 cost["totalUSD"] = str(prior)
+            if Decimal(str(cost.get("sandboxUSD") or "0")) < prior_sandbox:
+                cost["sandboxUSD"] = str(prior_sandbox)
+            model = Decimal(str(cost.get("totalUSD") or "0"))
+            cost["modelUSD"] = str(model)
+            cost["billedUSD"] = str(model + Decimal(str(cost.get("sandboxUSD") or "0")))
             await self._registry.persist_run(key)
             answer = _answer(current + 1, record, status)
         try:  # the switch is durable: the old journal can go (the next actor retries if not)
@@ -194,4 +219,5 @@ def _answer(generation: int, record: dict[str, Any], status: dict[str, Any]) -> 
         "generation": generation,
         "firstSeq": int(record.get("firstSeq") or 0),
         "priorUSD": str(prior_cost(status)),
+        "priorSandboxUSD": str(prior_sandbox_cost(status)),
     }

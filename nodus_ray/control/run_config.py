@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from nodus_ray.control.generations import generation_of, prior_cost, starting_generation
+from nodus_ray.control.generations import generation_of, prior_cost, prior_sandbox_cost, starting_generation
 from nodus_ray.control.registry import Key, Registry
 from nodus_ray.runtime.run_actor import RunConfig
 from nodus_ray.sandbox.images import images_cache
@@ -59,6 +59,7 @@ async def run_config(
         generation_input=str(started["input"]) if started is not None else None,
         journal_first_seq=int(started.get("firstSeq") or 0) if started is not None else 0,
         prior_cost_usd=str(prior_cost(run["status"])),
+        prior_sandbox_usd=str(prior_sandbox_cost(run["status"])),
         messages_read={str(k): int(v) for k, v in ((started or {}).get("read") or {}).items()},
         image=run["status"].get("sandbox", {}).get("image"),
         images_cache=str(images_cache(settings.sandbox_root)),

@@ -34,7 +34,7 @@ from nodus.lifecycle import (
     run_transition,
 )
 from nodus_ray.control.agent_workers import AgentWorkers, queued_for_worker, recovery_order
-from nodus_ray.control.generations import journaled_cost
+from nodus_ray.control.generations import journaled_cost, journaled_costs
 from nodus_ray.control.inbox import Inboxes
 from nodus_ray.control.registry import (
     Key,
@@ -340,7 +340,7 @@ class RunSupervisor:
         model call recorded, its report lost with the actor): the cost is the journal's.
         """
         outcome: dict[str, Any] = {"phase": RunPhase.FAILED.value, "reason": reason.value, "message": message}
-        outcome["cost"] = {"totalUSD": str(await asyncio.to_thread(self._journaled_cost, key))}
+        outcome["cost"] = await asyncio.to_thread(self._journaled_costs, key)
         return await self.finish(key, outcome)
 
     def _journaled_cost(self, key: Key) -> Decimal:
@@ -348,6 +348,12 @@ class RunSupervisor:
         its earlier generations', `control.generations`)."""
         run = self._registry.runs.get(key)
         return journaled_cost(self._registry.storage, key, run["status"] if run is not None else {})
+
+    def _journaled_costs(self, key: Key) -> dict[str, str]:
+        """Every ``status.cost`` figure by the journal: the model spend and the sandbox charges
+        its steps recorded (`generations.journaled_costs`), so a crash loses no recorded charge."""
+        run = self._registry.runs.get(key)
+        return journaled_costs(self._registry.storage, key, run["status"] if run is not None else {})
 
     async def finish(self, key: Key, outcome: dict[str, Any], *, actor_outcome: bool = False) -> bool:
         """Record how the actor's program ended; True when the run must go on at once instead.
@@ -462,12 +468,16 @@ class RunSupervisor:
         """A run stopped by the control plane (cancelled, suspended): once its actor is stopped,
         its cost is the journal's, which a step finished meanwhile may have raised past the last
         report."""
-        total = await asyncio.to_thread(self._journaled_cost, key)
+        costs = await asyncio.to_thread(self._journaled_costs, key)
+        total = Decimal(costs["totalUSD"])
         async with self._registry.locks[key]:
             run = self._registry.runs.get(key)
-            if run is None or Decimal(run["status"]["cost"].get("totalUSD") or "0") == total:
+            cost = run["status"]["cost"] if run is not None else {}
+            if run is None or all(
+                Decimal(str(cost.get(field) or "0")) == Decimal(value) for field, value in costs.items()
+            ):
                 return
-            run["status"]["cost"]["totalUSD"] = str(total)
+            cost.update(costs)
             self._credits.record_run_spend(*key, total)
             await self._registry.persist_run(key)
         await self._registry.run_changed(key)

@@ -44,6 +44,10 @@ from nodus_ray.faults import crash_point
 __all__ = ["Effect", "StepFailed", "NeedsResolution", "NonDeterministic", "Begun", "Steps"]
 
 Effect = Literal["pure", "idempotent", "external"]
+# Records outside the sequence of steps the program asks for: conversation messages, and
+# charges (a Python program process's sandbox compute, `record_charge`), which the actor
+# writes when a process ends, not where the program's code asked for anything.
+_OUTSIDE_ORDER = frozenset({"message", "charge"})
 
 
 class StepFailed(Exception):
@@ -124,7 +128,7 @@ class Steps:
             self._index(record)
 
     def _index(self, record: JournalRecord) -> None:
-        if record.step_id not in self._last and record.kind != "message":
+        if record.step_id not in self._last and record.kind not in _OUTSIDE_ORDER:
             self._order.append((record.step_id, record.kind))
         self._last[record.step_id] = record
         if record.state == "Started":
@@ -193,6 +197,14 @@ class Steps:
         step_id = f"message-{index}"
         if step_id not in self._last:
             await self._append(step_id, "message", "Completed", message, attempt=1)
+
+    async def record_charge(self, step_id: str, result: dict[str, Any], summary: str) -> bool:
+        """Journal a charge once (kind ``charge``, ``Completed``), outside the program's step
+        order; False when ``step_id`` was recorded already (nothing is written again)."""
+        if step_id in self._last:
+            return False
+        await self._append(step_id, "charge", "Completed", {"result": result, "summary": summary}, attempt=1)
+        return True
 
     async def run(
         self,

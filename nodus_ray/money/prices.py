@@ -43,6 +43,14 @@ A model already in the table may give only the fields that change; a new model g
 ``null`` removes a model (its calls are then refused). ``effective`` is optional and keeps the
 default date when absent, so set it whenever a price changes. Write prices as strings ("0.30"):
 numbers are read from their literal text, but strings say "exact" to the next reader.
+
+Sandbox compute (:class:`SandboxPrice`, billed by :mod:`nodus_ray.money.sandbox_billing`, whatever
+the model access) has its own section, merged field by field the same way::
+
+    {"sandbox": {"cpuSecondUSD": "0.00005", "workspaceGiBHourUSD": "0.0002"}}
+
+The defaults are list prices in the range of hosted sandboxes: a CPU-second at $0.00005
+($0.18 a CPU-hour) and a GiB of kept workspace for an hour at $0.0002 (about $0.15 a GiB-month).
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ __all__ = [
     "ROUTER_MODEL",
     "ModelPrice",
     "PriceTable",
+    "SandboxPrice",
     "UnpricedModel",
     "round_up",
 ]
@@ -139,6 +148,27 @@ class ModelPrice:
         return {key: _decimal_text(getattr(self, name)) for key, name in _FIELDS.items()}
 
 
+_SANDBOX_FIELDS = {"cpuSecondUSD": "cpu_second", "workspaceGiBHourUSD": "workspace_gib_hour"}
+
+
+@dataclass(frozen=True)
+class SandboxPrice:
+    """Sandbox compute list prices, USD: one CPU-second of a command, one GiB of kept workspace
+    for one hour. Billed on every run, the user's own model key or not (Nodus runs the sandbox)."""
+
+    cpu_second: Decimal = Decimal("0.00005")
+    workspace_gib_hour: Decimal = Decimal("0.0002")
+
+    def __post_init__(self) -> None:
+        for name in _SANDBOX_FIELDS.values():
+            value = getattr(self, name)
+            if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
+                raise ValueError(f"{name} must be a finite Decimal >= 0, got {value!r}")
+
+    def to_dict(self) -> dict[str, str]:
+        return {key: _decimal_text(getattr(self, name)) for key, name in _SANDBOX_FIELDS.items()}
+
+
 @dataclass(frozen=True)
 class PriceTable:
     """The prices in effect since ``effective``, and which Claude model serves each family.
@@ -150,6 +180,7 @@ class PriceTable:
     effective: date
     prices: Mapping[str, ModelPrice]
     family_models: Mapping[str, str] = field(default_factory=dict)
+    sandbox: SandboxPrice = field(default_factory=SandboxPrice)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prices", dict(self.prices))
@@ -199,6 +230,7 @@ class PriceTable:
             "unit": "per million tokens",
             "prices": {model: price.to_dict() for model, price in sorted(self.prices.items())},
             "familyModels": dict(self.family_models),
+            "sandbox": self.sandbox.to_dict(),
         }
 
     @classmethod
@@ -268,9 +300,9 @@ def _merge(base: PriceTable, data: Any) -> PriceTable:
         raise ValueError(
             f"expected a mapping with effective, prices and familyModels, got {type(data).__name__}"
         )
-    unknown = sorted(set(data) - {"effective", "prices", "familyModels", "currency", "unit"})
+    unknown = sorted(set(data) - {"effective", "prices", "familyModels", "sandbox", "currency", "unit"})
     if unknown:
-        raise ValueError(f"{unknown[0]}: unknown field (expected effective, prices, familyModels)")
+        raise ValueError(f"{unknown[0]}: unknown field (expected effective, prices, familyModels, sandbox)")
     if data.get("currency", "USD") != "USD":
         raise ValueError(f"currency: only USD is supported, got {data['currency']!r}")
     if data.get("unit", "per million tokens") != "per million tokens":
@@ -329,7 +361,24 @@ def _merge(base: PriceTable, data: Any) -> PriceTable:
     for family, model in family_models.items():
         if model not in prices:
             raise ValueError(f"familyModels.{family}: model {model!r} has no price")
-    return PriceTable(effective=effective, prices=prices, family_models=family_models)
+    sandbox = _merge_sandbox(base.sandbox, data.get("sandbox"))
+    return PriceTable(effective=effective, prices=prices, family_models=family_models, sandbox=sandbox)
+
+
+def _merge_sandbox(base: SandboxPrice, given: Any) -> SandboxPrice:
+    """The file's ``sandbox`` section over ``base``: only the fields it gives change."""
+    if given is None:
+        return base
+    if not isinstance(given, dict):
+        raise ValueError("sandbox: expected a mapping with cpuSecondUSD and workspaceGiBHourUSD")
+    extra = sorted(set(given) - set(_SANDBOX_FIELDS))
+    if extra:
+        raise ValueError(f"sandbox.{extra[0]}: unknown field (expected {', '.join(_SANDBOX_FIELDS)})")
+    values = {
+        name: _decimal_field(given[key], f"sandbox.{key}") if key in given else getattr(base, name)
+        for key, name in _SANDBOX_FIELDS.items()
+    }
+    return SandboxPrice(**values)
 
 
 def _decimal_text(value: Decimal) -> str:

@@ -29,9 +29,11 @@ from nodus_ray.models.base import ModelError, ModelProvider, ModelRequest, Model
 from nodus_ray.models.catalog import family_of_model
 from nodus_ray.money.billing import max_input_tokens
 from nodus_ray.money.prices import ROUTER_MODEL
+from nodus_ray.money.sandbox_billing import SandboxMeter
 from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.list_costs import add_list_cost
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
+from nodus_ray.runtime.sandbox_charges import command_charge, hold, limits_of, open_meter
 from nodus_ray.sandbox import CommandResult, Sandbox
 from nodus_ray.store.timestamps import utc_now
 
@@ -119,10 +121,19 @@ class Conversation:
     # Called (in a thread) with the Started seq of a command found interrupted: what its
     # NeedsResolution record keeps as evidence (``{"egress": {...}}``, its connections).
     egress_evidence: Callable[[int], dict[str, Any]] | None = None
+    # The sandbox's account (`money.sandbox_billing`): opened with the sandbox step, fed by every
+    # command's recorded charge (live or replayed).
+    meter: SandboxMeter | None = None
 
     @property
     def cost_usd(self) -> Decimal:
+        """The model spend (routing and model calls): what ``totalUSD`` and the caps count."""
         return self.spend.budget.spent
+
+    @property
+    def sandbox_usd(self) -> Decimal:
+        """The sandbox compute charged so far (commands' CPU and the workspace's storage)."""
+        return self.meter.spent if self.meter is not None else Decimal(0)
 
     async def run(self) -> str:
         """Open the sandbox, run the first turn and return its answer.
@@ -191,6 +202,7 @@ class Conversation:
         )
         if self.sandbox is None:  # replayed: the workspace exists; reattach to it
             self.sandbox = await asyncio.to_thread(self.open_sandbox)
+        self.meter = open_meter(self.spend, self.steps)
 
     async def _add_message(self, message: dict[str, Any]) -> None:
         # Replay rebuilds the conversation in the same order; a message already journaled at
@@ -413,6 +425,11 @@ class Conversation:
             return _tool_error(use, "only the bash tool exists, and it needs a non-empty 'command' string")
         sandbox = self.sandbox
         assert sandbox is not None
+        meter = self.meter or open_meter(self.spend, self.steps)
+        self.meter = meter
+        reserved = Decimal(0)
+        if not self.steps.is_done(step_id):  # held before it can accrue (the project's Budget)
+            reserved = await hold(self.spend, meter, limits_of(sandbox))
 
         async def execute() -> dict[str, Any]:
             started = self.steps.recorded(step_id)
@@ -423,6 +440,7 @@ class Conversation:
             if self.after_command is not None and started is not None:
                 await asyncio.to_thread(self.after_command, started.seq)
             done = {**result.to_dict(), "output": self.redact(result.output)}
+            done.update(command_charge(meter, result, reserved))
             if self.take_egress is not None and (connections := await asyncio.to_thread(self.take_egress)):
                 done["egress"] = connections
             return done
@@ -439,6 +457,8 @@ class Conversation:
             started={"command": shown},
             summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
         )
+        if (last := self.steps.recorded(step_id)) is not None and last.state == "Completed":
+            meter.record(recorded)  # a value a person resolved it with carries no charge
         result = CommandResult.from_dict(recorded)
         return {
             "type": "tool_result",

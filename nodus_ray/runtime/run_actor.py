@@ -36,6 +36,7 @@ from nodus_ray.faults import crash_point
 from nodus_ray.models import ModelProvider, provider_for
 from nodus_ray.money.billing import RunBudget
 from nodus_ray.money.prices import PriceTable
+from nodus_ray.money.sandbox_billing import cost_fields
 from nodus_ray.money.spend import BudgetExceeded, CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
@@ -263,6 +264,7 @@ class RunActor:
                     generation_input=switched.input_text,
                     journal_first_seq=switched.first_seq,
                     prior_cost_usd=switched.prior_usd,
+                    prior_sandbox_usd=switched.prior_sandbox_usd,
                     messages_read=switched.read,
                 )
 
@@ -485,7 +487,7 @@ class RunActor:
         await self._report(
             RunReport(
                 turns=[turn.model_dump() for turn in turns],
-                cost={"totalUSD": str(conversation.cost_usd)},
+                cost=self._cost(conversation),
                 sandbox={
                     "backend": conversation.sandbox_info.get("backend"),
                     "note": conversation.sandbox_info.get("note"),
@@ -494,6 +496,11 @@ class RunActor:
                 },
             )
         )
+
+    def _cost(self, conversation: Conversation | PythonProgram) -> dict[str, str]:
+        """``status.cost``: the model spend, and the sandbox's (earlier generations' included)."""
+        sandbox = Decimal(self.config.prior_sandbox_usd) + conversation.sandbox_usd
+        return cost_fields(conversation.cost_usd, sandbox)
 
     def _outcome(
         self,
@@ -513,7 +520,7 @@ class RunActor:
         self.phase = phase
         fields: dict[str, Any] = {
             "turns": [turn.model_dump() for turn in conversation.turns],
-            "cost": {"totalUSD": str(conversation.cost_usd)},
+            "cost": self._cost(conversation),
         }
         if phase != RunPhase.WAITING:
             fields["finishedAt"] = utc_now()

@@ -43,6 +43,7 @@ class RunConfig:
     generation_input: str | None = None
     journal_first_seq: int = 0
     prior_cost_usd: str = "0"
+    prior_sandbox_usd: str = "0"  # the earlier generations' sandbox charges (``priorSandboxUSD``)
     messages_read: dict[str, int] = field(default_factory=dict)
     # The run's pinned image (``status.sandbox.image``: ref and digest), unpacked on the actor's
     # node under ``images_cache`` (`nodus_ray.sandbox.images`); None: commands run on the host's root.

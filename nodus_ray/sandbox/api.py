@@ -53,6 +53,11 @@ class CommandResult:
     cancelled: bool
     duration_seconds: float
     limit: str | None  # "timeout", "cpu", "memory", "file-size", "processes", "output", "disk"
+    # User + system CPU of the command's process tree (`sandbox.metered`): what its compute is
+    # billed on. 0.0 in journals written before it was measured.
+    cpu_seconds: float = 0.0
+    # The most the workspace held (bytes) before or after the command: its storage is billed on it.
+    workspace_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,8 +31,9 @@ from nodus_ray.sandbox.api import _SANDBOX_PATH, Sandbox, SandboxLimits
 from nodus_ray.sandbox.bubblewrap import BubblewrapSandbox, _bwrap_argv, _seccomp_fd
 from nodus_ray.sandbox.image_mounts import python_binds
 from nodus_ray.sandbox.limits import _shell_argv
+from nodus_ray.sandbox.metered import MeteredPopen, open_cpu_group
 
-__all__ = ["ProgramLaunch", "interpreter_dirs", "start_program", "stop_program"]
+__all__ = ["ProgramLaunch", "interpreter_dirs", "release_program", "start_program", "stop_program"]
 
 
 def interpreter_dirs() -> list[str]:
@@ -95,8 +96,10 @@ def start_program(sandbox: Sandbox, launch: ProgramLaunch) -> subprocess.Popen[b
                 image=image,
             )
             env = {**sandbox.command_env(), **launch.env, **extra_env}
-            return subprocess.Popen(
-                argv,
+            # In a cgroup of its own where the host gives one, so its CPU is counted (`metered`).
+            group = open_cpu_group()
+            proc = MeteredPopen(
+                group.wrap(argv) if group is not None else argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -106,14 +109,26 @@ def start_program(sandbox: Sandbox, launch: ProgramLaunch) -> subprocess.Popen[b
                 cwd="/",
                 pass_fds=() if fd is None else (fd,),
             )
+            proc.cpu_group = group
+            return proc
     # A program is untrusted code: never without bubblewrap (`PythonProgram` refuses earlier).
     raise TypeError(f"a program runs only in bubblewrap, not in a {type(sandbox).__name__}")
 
 
 def stop_program(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-    """SIGKILL the program's process group (bubblewrap's: its namespace ends with it) and reap it."""
+    """SIGKILL the program's process group (bubblewrap's: its namespace ends with it) and reap it.
+
+    Its cgroup (`metered`) is left for the caller to read and close (`release_program`)."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=timeout)
+
+
+def release_program(proc: subprocess.Popen[bytes]) -> None:
+    """Remove the stopped program's cgroup, once its CPU figure has been read."""
+    group = getattr(proc, "cpu_group", None)
+    if group is not None:
+        group.close()
+        proc.cpu_group = None  # type: ignore[attr-defined]

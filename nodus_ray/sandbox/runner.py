@@ -22,6 +22,7 @@ from nodus_ray.sandbox.api import CommandResult, SandboxLimits
 from nodus_ray.sandbox.disk_usage import DiskWatch, format_bytes
 from nodus_ray.sandbox.hidden import _check_hidden_paths, _default_hidden_paths
 from nodus_ray.sandbox.limits import _infer_limit
+from nodus_ray.sandbox.metered import CpuGroup, MeteredPopen, cpu_seconds_of, open_cpu_group
 from nodus_ray.sandbox.workspace import (
     _is_root,
     _prepare_workspace,
@@ -190,14 +191,26 @@ class _SandboxBase:
             _seal_workspace(self.workspace, self.host_uid)
 
     def _run_active(self, active: _Active, command: str, wall: float) -> CommandResult:
+        # A cgroup of its own counts the command's whole process tree (`metered`); where the host
+        # has none, ``wait4`` counts what the started process reaped.
+        group = open_cpu_group() if self.backend == "bubblewrap" else None
+        try:
+            return self._run_measured(active, command, wall, group)
+        finally:
+            if group is not None:
+                group.close()
+
+    def _run_measured(
+        self, active: _Active, command: str, wall: float, group: CpuGroup | None
+    ) -> CommandResult:
         self._reseal()
         disk = DiskWatch(self.workspace, self.limits.disk_bytes)
         disk.measure_baseline()  # before the command starts: only its own growth counts
         started = time.monotonic()
         deadline = started + wall
         with self._spawn_args(command) as (argv, extra):
-            proc = subprocess.Popen(
-                argv,
+            proc = MeteredPopen(
+                argv if group is None else group.wrap(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -296,6 +309,8 @@ class _SandboxBase:
             cancelled=cancelled,
             duration_seconds=round(duration, 3),
             limit=limit,
+            cpu_seconds=round(max(group.seconds() if group else 0.0, cpu_seconds_of(proc)), 3),
+            workspace_bytes=max(disk.baseline, disk.usage),
         )
 
 

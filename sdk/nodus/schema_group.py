@@ -122,9 +122,15 @@ class GroupCounts(OpenModel):
 
 
 class GroupCost(OpenModel):
+    """``totalUSD``: the members' model spend (what ``maxCostUSD`` caps); ``gradingUSD``: the
+    grader's sandbox compute, billed to the group; ``sandboxUSD``: the members' sandbox compute
+    and the grading (decision 44)."""
+
     totalUSD: str = "0"
     limitUSD: str | None = None
     reservedUSD: str = "0"
+    gradingUSD: str = "0"
+    sandboxUSD: str = "0"
 
 
 # A case's evaluation state. Pending: its run has not finished; Grading: the grader has its

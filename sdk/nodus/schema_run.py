@@ -5,9 +5,10 @@ answer, cost, sandbox), and the batch form (AgentRunList).
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, StrictBool
+from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from .durations import parse_duration
 from .schema_common import API_VERSION, MAX_INPUT_BYTES, DnsLabel, ObjectMeta, OpenModel, StrictModel
@@ -110,8 +111,31 @@ class AnswerStatus(OpenModel):
 
 
 class CostStatus(OpenModel):
+    """What the run cost, billed USD (decision 44).
+
+    ``totalUSD`` is the model spend (model and routing calls), what ``perRunMaxCostUSD`` and a
+    group's ``maxCostUSD`` count; ``modelUSD`` the same figure, named plainly. ``sandboxUSD`` is
+    the sandbox compute (commands' CPU-seconds, the kept workspace's GiB-hours), billed whatever
+    the model access and counted by no cap; ``billedUSD`` both, what a project Budget counts.
+    A status written before the sandbox was billed reads as model spend alone.
+    """
+
     totalUSD: str = "0"
+    modelUSD: str = "0"
+    sandboxUSD: str = "0"
+    billedUSD: str = "0"
     limitUSD: str | None = None
+
+    @model_validator(mode="after")
+    def _derived(self) -> CostStatus:
+        if "modelUSD" not in self.model_fields_set:
+            self.modelUSD = self.totalUSD
+        if "billedUSD" not in self.model_fields_set:
+            try:
+                self.billedUSD = str(Decimal(self.modelUSD) + Decimal(self.sandboxUSD))
+            except ArithmeticError:
+                self.billedUSD = self.totalUSD
+        return self
 
 
 class PinnedImage(OpenModel):

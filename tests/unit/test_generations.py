@@ -160,7 +160,12 @@ def test_a_crash_at_each_point_of_the_switch_loses_no_input_and_replays_no_old_s
         again = await plane.services.generations.continue_as_new(
             "demo", "r1", second.config.attempt, 0, '{"n":2}'
         )
-        assert again == {"generation": 1, "firstSeq": 4, "priorUSD": switched.value.prior_usd}
+        assert again == {
+            "generation": 1,
+            "firstSeq": 4,
+            "priorUSD": switched.value.prior_usd,
+            "priorSandboxUSD": switched.value.prior_sandbox_usd,
+        }
         with pytest.raises(Conflict) as zombie:  # the first actor, come back
             await plane.services.generations.continue_as_new("demo", "r1", first.config.attempt, 1, "x")
         assert zombie.value.code == "StaleAttempt"

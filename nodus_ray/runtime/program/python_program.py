@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import secrets
@@ -43,15 +44,21 @@ from nodus.lifecycle import RunReason
 from nodus.resources import Turn
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Steps
+from nodus_ray.money.sandbox_billing import SandboxMeter
 from nodus_ray.runtime.conversation import RunFailure
 from nodus_ray.runtime.program.model_calls import ModelCalls
 from nodus_ray.runtime.program.server import ProgramEnd, ProgramServer
 from nodus_ray.runtime.program.waits import ProgramWaits, decoded_input
+from nodus_ray.runtime.sandbox_charges import charge_fields, command_charge, hold, journal_meter, limits_of
 from nodus_ray.sandbox import Sandbox, SandboxLimits
-from nodus_ray.sandbox.program import ProgramLaunch, start_program, stop_program
+from nodus_ray.sandbox.disk_usage import disk_usage
+from nodus_ray.sandbox.metered import cpu_seconds_of
+from nodus_ray.sandbox.program import ProgramLaunch, release_program, start_program, stop_program
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_LOST_IN_A_ROW", "ProgramSpec", "PythonProgram", "parse_memory", "answer_text"]
 
@@ -141,6 +148,10 @@ class PythonProgram:
     logs: list[str] = field(default_factory=list)
     _log_bytes: int = 0
     _proc: subprocess.Popen[bytes] | None = None
+    # The sandbox's account (`money.sandbox_billing`), rebuilt from the journal's charges with the
+    # sandbox step; each process this actor starts is a charge step (``charge/process-A-N``).
+    meter: SandboxMeter | None = None
+    _processes: int = 0
 
     @property
     def turns(self) -> list[Turn]:
@@ -149,6 +160,11 @@ class PythonProgram:
     @property
     def cost_usd(self) -> Decimal:
         return self.models.spend.budget.spent
+
+    @property
+    def sandbox_usd(self) -> Decimal:
+        """The sandbox compute charged so far: setup, and each program process's CPU and storage."""
+        return self.meter.spent if self.meter is not None else Decimal(0)
 
     async def run(self) -> str:
         runtime = Path(tempfile.mkdtemp(prefix="nodus-rt-"))
@@ -198,18 +214,60 @@ class PythonProgram:
         socket_path.unlink(missing_ok=True)  # a lost process's server listened here before
         await server.start(socket_path)
         output = _Output()
+        launch = self._launch(runtime)
+        meter = self._meter()
+        # The process's largest price is held first (the project's Budget): its CPU limit, and
+        # the workspace for `PROGRAM_HOLD_SECONDS` past the last charge.
+        reserved = await hold(
+            self.models.spend, meter, launch.limits, cpu_limit_seconds=float(self.spec.cpu_seconds)
+        )
         try:
-            self._proc = proc = await asyncio.to_thread(start_program, self._sandbox(), self._launch(runtime))
+            self._proc = proc = await asyncio.to_thread(start_program, self._sandbox(), launch)
             reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
             reader.start()
             end = await self._await_end(server, proc, output)
+        except Exception:
+            await self._snapshot()
+            await self._charge_process(reserved)
+            raise
         except BaseException:
             await self._snapshot()
             raise
         finally:
             await server.close()
         await self._snapshot()
+        await self._charge_process(reserved)
         return end
+
+    def _meter(self) -> SandboxMeter:
+        if self.meter is None:
+            self.meter = journal_meter(self.models.spend, self.steps)
+        return self.meter
+
+    async def _charge_process(self, reserved: Decimal) -> None:
+        """Journal the ended process's CPU and the workspace's storage since the last charge, as a
+        step of its own (``charge``), at most ``reserved``. Best effort once the process is gone:
+        a charge that cannot be written is logged, never the run's end."""
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            await asyncio.to_thread(stop_program, proc)  # reaped (it is, by now, as a rule)
+            cpu = cpu_seconds_of(proc)
+            await asyncio.to_thread(release_program, proc)
+            workspace = Path(self._sandbox().workspace)
+            size = await asyncio.to_thread(disk_usage, workspace)
+            meter = self._meter()
+            fields = charge_fields(meter, cpu_seconds=cpu, workspace_bytes=size, reserved=reserved)
+            self._processes += 1
+            step_id = f"charge/process-{self.spec.attempt}-{self._processes}"
+            summary = f"program process: {cpu:.3f} CPU-s, ${fields['sandboxUSD']}"
+            if await self.steps.record_charge(step_id, fields, summary):
+                meter.record(fields)
+        except Exception:  # noqa: BLE001 - the charge is lost, not the run (the reservation bounded it)
+            logger.warning(
+                "run %s: could not record its program's sandbox charge", self.spec.run, exc_info=True
+            )
 
     def _completed(self) -> int:
         """How many steps the journal holds an end of (progress, for `MAX_LOST_IN_A_ROW`)."""
@@ -343,15 +401,27 @@ class PythonProgram:
         if not command:
             return
         sandbox = self._sandbox()
+        meter = self._meter()
+        reserved = Decimal(0)
+        if not self.steps.is_done("setup"):  # held before it can accrue (the project's Budget)
+            reserved = await hold(
+                self.models.spend, meter, limits_of(sandbox), timeout_seconds=_SETUP_TIMEOUT_SECONDS
+            )
+        ran: list[dict[str, Any]] = []
 
         async def install() -> dict[str, Any]:
             result = await asyncio.to_thread(sandbox.run, command, timeout=_SETUP_TIMEOUT_SECONDS)
             await asyncio.to_thread(self._snapshot_now)
-            return {**result.to_dict(), "output": self.redact(result.output)}
+            done = {**result.to_dict(), "output": self.redact(result.output)}
+            done.update(command_charge(meter, result, reserved))
+            ran.append(done)
+            return done
 
         done = await self.steps.run(
             "setup", "setup", install, summary_of=lambda r: f"setup -> exit {r.get('exit_code')}"
         )
+        if ran:  # a recorded setup's charge is counted already (`journal_meter`)
+            meter.record(done)
         if done.get("exit_code") != 0:
             tail = "\n".join(str(done.get("output", "")).splitlines()[-_TAIL_LINES:])
             how = (
@@ -446,15 +516,10 @@ class _ProgramLost(Exception):  # noqa: N818 - not an error of the program: it s
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> float:
-    """Wait for the process and return the CPU seconds it and its descendants used (``wait4``:
-    the sandbox's processes each wait for theirs, so the program's time adds up to here)."""
-    try:
-        _pid, status, usage = os.wait4(proc.pid, 0)
-    except ChildProcessError:  # reaped already (`stop_program`)
-        proc.wait()
-        return 0.0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return float(usage.ru_utime + usage.ru_stime)
+    """Wait for the process and return the CPU seconds it and its descendants used (its cgroup's
+    figure, else ``wait4``'s: `sandbox.metered`)."""
+    proc.wait()
+    return cpu_seconds_of(proc)
 
 
 def _failure_text(error: wire.ErrorInfo) -> str:

@@ -75,12 +75,14 @@ class ContinuedAsNew(Exception):  # noqa: N818 - how the program ended, not an e
         first_seq: int,
         prior_usd: str,
         read: dict[str, int] | None = None,
+        prior_sandbox_usd: str = "0",
     ) -> None:
         super().__init__(f"continued as new: generation {generation}")
         self.generation = generation
         self.input_text = input_text
         self.first_seq = first_seq
         self.prior_usd = prior_usd
+        self.prior_sandbox_usd = prior_sandbox_usd  # the earlier generations' sandbox charges
         self.read = dict(read or {})
 
 

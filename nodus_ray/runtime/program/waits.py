@@ -395,6 +395,7 @@ class ProgramWaits:
             input_text=input_text,
             first_seq=int(switched.get("firstSeq") or 0),
             prior_usd=str(switched.get("priorUSD") or "0"),
+            prior_sandbox_usd=str(switched.get("priorSandboxUSD") or "0"),
             read=read,
         )
 

@@ -1,0 +1,89 @@
+"""Billing a run's sandbox work as it happens: hold before, charge after, record in the step.
+
+The glue between the programs that run commands (`conversation.Conversation`, a Python
+program's setup and process in `program.python_program`) and `money.sandbox_billing`: the
+run's `SandboxMeter` starts at its ``sandbox`` step (the workspace's creation), each command
+holds its largest price against the project's Budget first (`RunSpend.before_sandbox`), and
+its charge goes into the step's recorded value, where replay and the control plane read it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from nodus_ray.durable.steps import Steps
+from nodus_ray.money.sandbox_billing import CHARGE_KINDS, SandboxMeter
+from nodus_ray.money.spend import RunSpend
+from nodus_ray.sandbox import CommandResult, Sandbox, SandboxLimits
+
+__all__ = ["charge_fields", "command_charge", "hold", "journal_meter", "limits_of", "open_meter"]
+
+
+def open_meter(spend: RunSpend, steps: Steps) -> SandboxMeter:
+    """The run's meter: storage is paid from its ``sandbox`` step's time (now, if none yet)."""
+    record = steps.recorded("sandbox")
+    since = record.at if record is not None else datetime.now(UTC)
+    return SandboxMeter(spend.prices.sandbox, since=since)
+
+
+def journal_meter(spend: RunSpend, steps: Steps) -> SandboxMeter:
+    """`open_meter` with every charge the journal holds already counted (a Python program's:
+    its earlier processes' charges are not steps its replay asks for again)."""
+    meter = open_meter(spend, steps)
+    for record in steps.journal.records:
+        if record.kind in CHARGE_KINDS and record.state == "Completed" and isinstance(record.payload, dict):
+            result = record.payload.get("result")
+            if isinstance(result, dict):
+                meter.record(result)
+    return meter
+
+
+def limits_of(sandbox: Sandbox | None) -> SandboxLimits:
+    """The sandbox's per-command limits (its CPU limit and disk quota bound the reservation)."""
+    limits = getattr(sandbox, "limits", None)
+    return limits if isinstance(limits, SandboxLimits) else SandboxLimits()
+
+
+async def hold(
+    spend: RunSpend,
+    meter: SandboxMeter,
+    limits: SandboxLimits,
+    *,
+    timeout_seconds: float | None = None,
+    cpu_limit_seconds: float | None = None,
+) -> Decimal:
+    """Reserve the next command's largest price against the project's Budget; returns it.
+
+    Raises `spend.BudgetExceeded` (from `RunSpend.before_sandbox`) when it does not fit: the
+    command's step is not journaled then, so the resumed run comes back to it and holds again.
+    """
+    reserved = meter.reserve(
+        cpu_limit_seconds=limits.cpu_seconds if cpu_limit_seconds is None else cpu_limit_seconds,
+        quota_bytes=limits.disk_bytes,
+        timeout_seconds=limits.timeout_seconds if timeout_seconds is None else timeout_seconds,
+        now=datetime.now(UTC),
+    )
+    before_sandbox = getattr(spend, "before_sandbox", None)
+    if before_sandbox is not None:
+        await before_sandbox(reserved)
+    return reserved
+
+
+def charge_fields(
+    meter: SandboxMeter, *, cpu_seconds: float, workspace_bytes: int, reserved: Decimal
+) -> dict[str, Any]:
+    """A charge for work that ended now: its CPU, the storage since the last charge, at most
+    ``reserved`` (`SandboxCharge.fields`, for the step's recorded value)."""
+    charge = meter.charge(
+        cpu_seconds=cpu_seconds, workspace_bytes=workspace_bytes, until=datetime.now(UTC), reserved=reserved
+    )
+    return charge.fields()
+
+
+def command_charge(meter: SandboxMeter, result: CommandResult, reserved: Decimal) -> dict[str, Any]:
+    """What a finished command adds to its recorded value (`charge_fields` of what it measured)."""
+    return charge_fields(
+        meter, cpu_seconds=result.cpu_seconds, workspace_bytes=result.workspace_bytes, reserved=reserved
+    )
