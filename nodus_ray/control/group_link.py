@@ -23,7 +23,9 @@ from nodus.lifecycle import (
     RUN_TERMINAL_PHASES,
     GroupPhase,
     RunPhase,
+    RunReason,
     check_group_transition,
+    run_transition,
 )
 from nodus.resources import AgentRun
 from nodus_ray.control.evaluations import EvaluationService
@@ -224,15 +226,26 @@ class GroupLink:
         The supervisor retries a start that a dying control plane did not answer onto the
         restarted one, which must have loaded its runs first: an unknown run would read as gone,
         and its admitted place would be held forever.
+
+        A keep-alive member a message came to (Waiting / GroupWait) is resumed the same way: it
+        goes Running and gets an actor, which reads the message.
         """
         key = (project, name)
+        resumed = False
         async with self._locks[key]:
             run = self._runs.get(key)
             if run is None or run["status"]["phase"] in RUN_TERMINAL_PHASES:
                 return False
-            if not run["status"].get("admittedAt"):
-                run["status"].update({"admittedAt": utc_now(), "reason": None, "message": None})
+            status = run["status"]
+            if (status["phase"], status.get("reason")) == (RunPhase.WAITING, RunReason.GROUP_WAIT):
+                status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
                 await self._registry.persist_run(key)
+                resumed = True
+            elif not status.get("admittedAt"):
+                status.update({"admittedAt": utc_now(), "reason": None, "message": None})
+                await self._registry.persist_run(key)
+        if resumed:
+            await self._registry.run_changed(key)
         self._supervisor.supervise(key)
         return True
 

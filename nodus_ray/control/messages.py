@@ -4,7 +4,9 @@ A message is written to the run's storage (``messages/<seq>.json``) before it is
 so it survives any restart; the run reads messages in sequence order as journaled steps
 (`conversation.Conversation`, or a Python program's ``wait_for_message(name)``, which reads
 the next message of that name), so a replayed run reads the same messages at the same steps.
-A run parked waiting for a message holds no actor: storing one it waits for starts one.
+A run parked waiting for a message holds no actor: storing one it waits for starts one. A
+group member holds no maxActive slot either while it waits: the message moves it to Waiting /
+``GroupWait`` and its group's supervisor resumes it when a slot is free (`group_link.start_member`).
 """
 
 from __future__ import annotations
@@ -109,11 +111,12 @@ class MessageService:
                 and (status.get("waitingFor") or {}).get("message") in (None, message_name)
             )
             if waiting:
-                status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
+                _wake(status, run["spec"].get("group"))
             await self._registry.persist_run(key)
         if waiting:
-            await self._registry.run_changed(key)  # its phase changed (a group counts it active again)
-            self._supervisor.supervise(key)
+            await self._registry.run_changed(key)  # its phase changed (its group counts it again)
+            if not run["spec"].get("group"):
+                self._supervisor.supervise(key)
         return {**_receipt(name, message), "duplicate": False}
 
     async def recover(self) -> None:
@@ -135,10 +138,11 @@ class MessageService:
             async with self._registry.locks[key]:
                 if (status["phase"], status.get("reason")) != (RunPhase.WAITING, RunReason.AWAITING_MESSAGE):
                     continue
-                status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
+                _wake(status, run["spec"].get("group"))
                 await self._registry.persist_run(key)
             await self._registry.run_changed(key)
-            self._supervisor.supervise(key)
+            if not run["spec"].get("group"):
+                self._supervisor.supervise(key)
 
     async def next_message(
         self, project: str, name: str, after_seq: int, message_name: str | None = None
@@ -151,6 +155,21 @@ class MessageService:
         if message is None:
             return None
         return {key: message[key] for key in ("seq", "name", "payload", "messageKey")}
+
+
+def _wake(status: dict[str, Any], group: str | None) -> None:
+    """A message came to a run waiting for one: it goes on (Running) now, or, in a group, waits
+    for a free maxActive slot (Waiting / GroupWait) that its supervisor gives it (decision 48)."""
+    if group:
+        status.update(
+            {
+                "reason": RunReason.GROUP_WAIT.value,
+                "message": f"a message arrived; the run reads it when group {group!r} has a free "
+                "place (spec.limits.maxActive)",
+            }
+        )
+        return
+    status.update(run_transition(status, RunPhase.RUNNING, None, "a message arrived"))
 
 
 def _receipt(name: str, message: dict[str, Any]) -> dict[str, Any]:

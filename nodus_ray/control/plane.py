@@ -54,6 +54,7 @@ class ControlPlane:
         self.group_link = services.group_link
         self.evaluations = services.evaluations
         self.messages = services.messages
+        self.sessions = services.sessions
         self.resolution = services.resolution
         self.secrets = services.secrets
         self.credits = services.credits
@@ -155,7 +156,8 @@ class ControlPlane:
     async def create_run(
         self, project: str, document: dict[str, Any], mode: str = "create"
     ) -> dict[str, Any]:
-        return await self.runs.create_run(project, document, mode)
+        # A run naming spec.sessionKey goes to its session: created, or delivered as a message.
+        return await self.sessions.create_run(project, document, mode)
 
     @after_recovery
     async def create_runs(

@@ -33,6 +33,7 @@ from nodus_ray.control.run_supervisor import RunActorLauncher, RunSupervisor
 from nodus_ray.control.runs import RunService
 from nodus_ray.control.secret_service import SecretService
 from nodus_ray.control.secrets import SecretStore
+from nodus_ray.control.sessions import SessionService
 from nodus_ray.control.tokens import TokenStore
 from nodus_ray.money.credits import CreditLedger
 from nodus_ray.money.prices import PriceTable
@@ -60,6 +61,7 @@ class Services:
     budgets: BudgetService
     runs: RunService
     messages: MessageService
+    sessions: SessionService
     resolution: ResolutionService
     secrets: SecretService
     access: AccessService
@@ -86,6 +88,7 @@ class Services:
         await self.budgets.recover()  # before any run reserves (reservations wait for recovery)
         await self.children.recover()  # wake-ups a stop came between: a child's end, a message
         await self.messages.recover()
+        self.sessions.recover()  # the session keys' index, from the runs' spec.sessionKey
         self.supervisor.sweeper.sweep_soon()  # workspaces of runs that are gone (this node's disk)
 
 
@@ -122,6 +125,7 @@ def compose(
     budgets.on_room.append(link.budget_changed)
     runs = RunService(registry, batches, supervisor, link, evaluations, credits)
     evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
+    messages = MessageService(registry, inboxes, supervisor)
     return Services(
         registry=registry,
         secret_store=secret_store,
@@ -135,7 +139,8 @@ def compose(
         credits=credits,
         budgets=budgets,
         runs=runs,
-        messages=MessageService(registry, inboxes, supervisor),
+        messages=messages,
+        sessions=SessionService(registry, runs, messages),
         resolution=ResolutionService(registry, supervisor),
         secrets=SecretService(registry, secret_store, run_pool, settings.anthropic_base_url),
         access=AccessService(token_store),

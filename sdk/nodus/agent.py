@@ -35,6 +35,7 @@ from .handles import _encode_input, _format_deadline, _run_name, _unsupported
 from .resources import (
     API_VERSION,
     parse_resource,
+    validate_dns_label,
 )
 from .schema_agent import source_ref
 from .view import View
@@ -88,6 +89,17 @@ def _worker_settings(min_workers: Any, max_workers: Any, scaledown_window: Any) 
             )
         spec["scaledownWindow"] = scaledown_window
     return spec
+
+
+def _check_session_key(session_key: Any) -> None:
+    """A session key is a DNS label (what the server's ``spec.sessionKey`` takes), refused here
+    naming ``session_key`` before anything is sent."""
+    try:
+        if not isinstance(session_key, str):
+            raise ValueError("must be a string")
+        validate_dns_label(session_key)
+    except ValueError as exc:
+        raise Invalid(f"session_key: {exc}", details={"field": "session_key"}) from None
 
 
 class Agent:
@@ -315,12 +327,19 @@ class Agent:
         A ``name`` (or an ``idempotency_key``, from which the name is derived) makes redelivery
         idempotent: when that run exists already with the same agent and input, its handle is
         returned instead of an error.
+
+        ``session_key`` (a DNS label, e.g. a conversation's id) sends ``input`` as a message to
+        the live run of this agent that holds the key, or, when none does (the first submit, or
+        the last run holding it finished), starts a keep-alive run that holds it: one live run
+        per project, agent and key. The handle is that run's either way (``run.name``). With an
+        ``idempotency_key`` too, the same submit again is delivered once. ``deadline`` applies
+        to a run it starts; a message delivered to a live run leaves that run's deadline as is.
         """
         guard_client_call("submit")
         if group is not None:
             raise _unsupported("submit(group=...)", "submit group runs with AgentGroup.submit_many", "group")
         if session_key is not None:
-            raise _unsupported("submit(session_key=...)", "the API does not serve sessions", "session_key")
+            _check_session_key(session_key)
         if hold_worker not in (None, "auto"):
             raise _unsupported(
                 "submit(hold_worker=...) other than 'auto'", "the API does not hold workers", "hold_worker"
@@ -334,12 +353,22 @@ class Agent:
         spec: dict[str, Any] = {"agent": self.name, "input": text}
         if deadline is not None:
             spec["deadline"] = _format_deadline(deadline)
-        if keep_alive:
-            spec["keepAlive"] = True
+        if keep_alive or session_key is not None:
+            spec["keepAlive"] = True  # a session's run waits for the session's next message
+        if session_key is not None:
+            spec["sessionKey"] = session_key
         manifest = {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
         parse_resource(manifest)  # an oversized input or a bad deadline is refused before sending
 
         self._ensure_deployed()
+        if session_key is not None:  # the server answers the run holding the key, new or live
+            answer = self.client.create_result("agentruns", manifest, project=self._project)
+            handle = AgentRun(answer.resource, project=self._project, client=self.client)
+            if answer.result != "created":
+                # The input went to the live run as a message: wait() and answer() wait for it.
+                messages = (answer.resource.get("status") or {}).get("messages") or {}
+                handle._sent_seq = int(messages.get("received") or 0)
+            return handle
         try:
             created = self.client.create("agentruns", manifest, project=self._project)
         except Conflict as exc:
@@ -363,12 +392,12 @@ class Agent:
     def remote(self, input: Any = None, **kwargs: Any) -> str:
         """Submit, wait and return the run's answer text; raises `errors.AgentRunFailed`."""
         guard_client_call("remote")
-        if kwargs.get("keep_alive"):
+        if kwargs.get("keep_alive") or kwargs.get("session_key") is not None:
             # A keep-alive run waits for messages instead of finishing, so this would never return.
             raise Invalid(
                 "remote() waits for the run to finish and a keep-alive run does not; "
-                "use submit(keep_alive=True)",
-                details={"field": "keep_alive"},
+                "use submit(keep_alive=True) or submit(session_key=...)",
+                details={"field": "session_key" if kwargs.get("session_key") is not None else "keep_alive"},
             )
         return self.submit(input, **kwargs).result()
 

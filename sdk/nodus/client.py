@@ -299,6 +299,17 @@ class Client:
         """POST; raises `Conflict` with code ``AlreadyExists`` when the name is taken."""
         return self._object(self._request("POST", self._path(collection, project), json=dict(resource)))
 
+    def create_result(
+        self, collection: str, resource: Mapping[str, Any], *, project: str | None = None
+    ) -> Applied:
+        """POST, and what the server did (X-Nodus-Result): ``created``, or for a run naming a
+        session key, ``delivered`` (sent to the live run holding it, whose resource this is)
+        or ``unchanged``."""
+        response = self._request("POST", self._path(collection, project), json=dict(resource))
+        return Applied(
+            self._json(response), response.status_code == 201, response.headers.get("X-Nodus-Result")
+        )
+
     def apply(self, collection: str, resource: Mapping[str, Any], *, project: str | None = None) -> Applied:
         """PUT to ``metadata.name``: create or update; ``created`` tells which (201 or 200)."""
         name = self._resource_name(resource)

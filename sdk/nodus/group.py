@@ -39,7 +39,7 @@ __all__ = ["AgentGroup"]
 # -- AgentGroup -------------------------------------------------------------------------------
 
 # The fields of one `AgentGroup.submit_many` task; anything else is refused rather than dropped.
-_TASK_FIELDS = ("key", "input", "depends_on")
+_TASK_FIELDS = ("key", "input", "depends_on", "keep_alive")
 
 
 def _whole_number(value: Any, arg: str) -> None:
@@ -86,10 +86,14 @@ def _group_manifest(
     return manifest
 
 
-def _member_manifest(group: str, agent: str, key: str, text: str, depends_on: list[str]) -> dict[str, Any]:
+def _member_manifest(
+    group: str, agent: str, key: str, text: str, depends_on: list[str], *, keep_alive: bool = False
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"agent": agent, "input": text, "group": group, "taskKey": key}
     if depends_on:
         spec["dependsOn"] = list(depends_on)
+    if keep_alive:
+        spec["keepAlive"] = True
     # No metadata: a member is named <group>-<taskKey> by the server (`member_run_name`).
     return {"apiVersion": API_VERSION, "kind": "AgentRun", "spec": spec}
 
@@ -109,7 +113,7 @@ def _check_tasks(tasks: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[st
         unknown = [field for field in task if field not in _TASK_FIELDS]
         if unknown:
             raise Invalid(
-                f"{where}: unknown field {unknown[0]!r}; a task has key, input and depends_on",
+                f"{where}: unknown field {unknown[0]!r}; a task has key, input, depends_on and keep_alive",
                 details={"field": f"{where}.{unknown[0]}"},
             )
         if "key" not in task:
@@ -149,6 +153,20 @@ def _check_tasks(tasks: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[st
         texts.append(text)
         depends.append(deps)
     return keys, texts, depends
+
+
+def _keep_alive_flags(tasks: list[Mapping[str, Any]]) -> list[bool]:
+    """Each task's ``keep_alive`` (default False), or `Invalid` naming the first that is no bool."""
+    flags: list[bool] = []
+    for index, task in enumerate(tasks):
+        flag = task.get("keep_alive", False)
+        if not isinstance(flag, bool):
+            raise Invalid(
+                f"tasks[{index}].keep_alive must be True or False",
+                details={"field": f"tasks[{index}].keep_alive"},
+            )
+        flags.append(flag)
+    return flags
 
 
 def _dependency_order(keys: list[str], depends: list[list[str]]) -> list[int]:
@@ -259,7 +277,12 @@ class AgentGroup(_ResourceHandle):
         return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 
     def submit_many(self, tasks: Iterable[Mapping[str, Any]]) -> list[AgentRun]:
-        """Create one run per task ``{key, input, depends_on?}`` and return them in the caller's order.
+        """Create one run per task ``{key, input, depends_on?, keep_alive?}`` and return them in the
+        caller's order.
+
+        A ``keep_alive`` task's run waits for messages after each answer (``run.send``) instead
+        of finishing; while it waits it holds its cost reservation but no ``max_active`` place,
+        and the group stays Running until it ends (a cancel, its deadline; docs/groups.md).
 
         A task starts after the tasks in ``depends_on``, which name tasks of this call or of an
         earlier one. Runs are sent with every task after the tasks of this call it depends on,
@@ -268,14 +291,24 @@ class AgentGroup(_ResourceHandle):
         repeated key, a key that is not a DNS label, an unknown task field or a cycle raises
         `errors.Invalid` before anything is sent.
         """
+        if isinstance(tasks, Iterable) and not isinstance(tasks, (str, bytes, Mapping)):
+            tasks = list(tasks)  # read twice: the checks, then each task's keep_alive
         keys, texts, depends = _check_tasks(tasks)
+        alive = _keep_alive_flags(list(tasks))
         if not keys:
             return []
         order = _dependency_order(keys, depends)
         agent, uid = self._identity()
         manifests: dict[str, dict[str, Any]] = {}
         for position in order:
-            manifest = _member_manifest(self.name, agent, keys[position], texts[position], depends[position])
+            manifest = _member_manifest(
+                self.name,
+                agent,
+                keys[position],
+                texts[position],
+                depends[position],
+                keep_alive=alive[position],
+            )
             try:  # an oversized input or a too-long run name is refused before the first batch goes
                 parse_resource(manifest)
             except Invalid as exc:

@@ -75,7 +75,8 @@ class GroupPhase(StrEnum):
 class RunReason(StrEnum):
     """``status.reason`` values of an AgentRun that nodus writes, grouped by the phase they go with."""
 
-    # Pending: queued in a group
+    # Pending: queued in a group (GroupWait also: Waiting, a keep-alive member a message came to,
+    # until its group has a free maxActive slot)
     DEPENDENCY_WAIT = "DependencyWait"
     GROUP_WAIT = "GroupWait"
     # Pending: its Agent's spec.maxWorkers runs hold an actor; it starts when one parks or ends
@@ -161,6 +162,9 @@ PARKED_REASONS: frozenset[RunReason] = frozenset(
         RunReason.SLEEPING,
         RunReason.AWAITING_CHILDREN,
         RunReason.SUSPENDED,
+        # a keep-alive group member a message came to, waiting for a free maxActive slot of its
+        # group to read it (Waiting / GroupWait; queued runs are Pending / GroupWait)
+        RunReason.GROUP_WAIT,
     }
 )
 

@@ -280,8 +280,8 @@ def _check_membership(spec: AgentRunSpec) -> None:
         return
     if spec.taskKey is None:
         refuse("taskKey", "a run in a group needs a taskKey (a DNS label unique in the group)")
-    if spec.keepAlive:
-        refuse("keepAlive", "a run in a group cannot be keepAlive: a group finishes when its runs do")
+    if spec.sessionKey is not None:
+        refuse("sessionKey", "a run in a group holds no session; send its messages by name")
 
 
 def parse_run_list(document: Any) -> list[AgentRun]:
@@ -313,5 +313,11 @@ def parse_run_list(document: Any) -> list[AgentRun]:
                 details={**exc.details, "field": field, "index": index},
             ) from None
         assert isinstance(parsed, AgentRun)
+        if parsed.spec.sessionKey is not None:
+            raise Invalid(
+                f"items[{index}]: AgentRun spec.sessionKey: a session's run is submitted on its own "
+                "(one create per submit), not in a batch",
+                details={"field": f"items[{index}].spec.sessionKey", "kind": "AgentRun", "index": index},
+            )
         runs.append(parsed)
     return runs

@@ -74,6 +74,9 @@ class AgentRunSpec(StrictModel):
     input: Annotated[str, AfterValidator(_validate_input)] = ""
     deadline: Duration | None = None
     keepAlive: StrictBool = False
+    # The session this run holds (one live run per project, agent and key): a create naming a
+    # key that a live run holds delivers the input to that run as a message instead (decision 48).
+    sessionKey: DnsLabel | None = None
     # Group membership: the run is task ``taskKey`` of AgentGroup ``group`` and is named
     # ``<group>-<taskKey>``; it starts only once every task in ``dependsOn`` has succeeded.
     group: DnsLabel | None = None

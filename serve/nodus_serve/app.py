@@ -96,10 +96,13 @@ def _listing(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _applied(outcome: dict[str, Any]) -> JSONResponse:
-    status = 201 if outcome["result"] == "created" else 200
-    return JSONResponse(
-        status_code=status, content=outcome["resource"], headers={"X-Nodus-Result": outcome["result"]}
-    )
+    # 202 "delivered": a run naming a session key went to the live run holding it, as a message
+    # (the resource is that run's; X-Nodus-Message-Seq the message's number). Decision 48.
+    status = {"created": 201, "delivered": 202}.get(outcome["result"], 200)
+    headers = {"X-Nodus-Result": outcome["result"]}
+    if outcome.get("message"):
+        headers["X-Nodus-Message-Seq"] = str(outcome["message"]["seq"])
+    return JSONResponse(status_code=status, content=outcome["resource"], headers=headers)
 
 
 _MAX_IDEMPOTENCY_KEY = 255

@@ -470,7 +470,8 @@ def test_create_agentrun_in_a_group(api: GroupAPI) -> None:
         ("g-a", ["--group", "g"], "spec.taskKey"),
         ("g-a", ["--task-key", "a"], "spec.taskKey"),
         ("g-a", ["--depends-on", "b"], "spec.dependsOn"),
-        ("g-a", ["--group", "g", "--task-key", "a", "--keep-alive"], "spec.keepAlive"),
+        # a group member may be keep-alive (decision 48: tests/unit/test_sessions.py); not hold a session
+        ("g-a", ["--group", "g", "--task-key", "a", "--session-key", "s"], "spec.sessionKey"),
     ],
 )
 def test_create_agentrun_membership_refused_locally(

@@ -79,7 +79,9 @@ def test_every_parked_reason_holds_no_actor_including_credits() -> None:
         "Sleeping",
         "AwaitingChildren",
         "Suspended",
+        "GroupWait",  # a keep-alive group member a message came to, waiting for a free slot
     }
+    assert is_parked("Waiting", "GroupWait") and not is_parked("Pending", "GroupWait")
     assert is_parked("Waiting", "InsufficientCredits") and is_parked("Waiting", "BudgetExceeded")
     assert is_parked("Waiting", "Sleeping") and is_parked("Waiting", "Suspended")
     assert not is_parked("Running", "AwaitingMessage")

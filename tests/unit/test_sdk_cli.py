@@ -209,7 +209,7 @@ def test_agent_unsupported_arguments_raise_at_construction(api: FakeAPI, argumen
     "kwargs, field",
     [
         ({"group": "g"}, "group"),
-        ({"session_key": "s"}, "session_key"),
+        # session_key is served (decision 48); a bad one is refused locally: tests/unit/test_sessions.py
         ({"hold_worker": "always"}, "hold_worker"),
     ],
 )

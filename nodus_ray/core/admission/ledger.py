@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from nodus_ray.core.admission.model import (
+    _IDLE_REASONS,
     ACTIVE,
     CANCELLED,
     DEPENDENCY_FAILED,
@@ -103,6 +104,15 @@ class _Ledger:
     def unfinished(self) -> int:
         return self.counts[QUEUED] + self.counts[ACTIVE] + self.counts[WAITING]
 
+    def idle(self) -> int:
+        """Started runs that hold no maxActive slot: keep-alive runs waiting for a message, or
+        for a free slot to read the one that came (see ``model._IDLE_REASONS``)."""
+        return sum(self.waiting[reason] for reason in _IDLE_REASONS)
+
+    def busy(self) -> int:
+        """Started, unfinished runs that hold a maxActive slot."""
+        return self.counts[ACTIVE] + self.counts[WAITING] - self.idle()
+
     def plan(
         self,
         limits: GroupLimits,
@@ -124,7 +134,7 @@ class _Ledger:
         run's cap (and be above zero), or nothing more starts: every eligible run waits with
         ``BudgetExceeded`` (the Budget is the project's, so the first refusal stops the pass).
         """
-        busy = self.counts[ACTIVE] + self.counts[WAITING]
+        busy = self.busy()
         room: Decimal | None = None
         if limits.max_cost is not None:
             room = limits.max_cost - self.spent - self.reserved

@@ -29,6 +29,12 @@ MAX_COST_REACHED = "MaxCostReached"
 # A started run waiting for a person to decide an interrupted step (counted in blockedReasons
 # beside the reasons queued runs wait for: it holds the group back until someone resolves it).
 NEEDS_RESOLUTION = "NeedsResolution"
+# A keep-alive run that answered and waits for its next message: it holds no maxActive slot
+# (it does no work), only its cost reservation. When a message comes it waits Waiting /
+# ``GroupWait`` for a free slot, and is resumed before any queued run starts (decision 48).
+AWAITING_MESSAGE = "AwaitingMessage"
+# Waiting runs with these reasons hold no maxActive slot (each still holds its reservation).
+_IDLE_REASONS = frozenset({AWAITING_MESSAGE, GROUP_WAIT})
 DEPENDENCY_FAILED = "DependencyFailed"
 DEPENDENCY_CANCELLED = "DependencyCancelled"
 GROUP_CANCELLED = "GroupCancelled"

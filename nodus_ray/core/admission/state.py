@@ -30,6 +30,7 @@ from nodus_ray.core.admission.model import (
     GROUP_WAIT,
     QUEUED,
     SUCCEEDED,
+    WAITING,
     Decision,
     GroupLimits,
     GroupStatus,
@@ -66,6 +67,9 @@ class Admission:
         # project has no Budget); see `set_budget_left`.
         self.budget_left: Decimal | None = None
         self._reason_changes: dict[str, str] = {}  # queued run -> its new reason, since last taken
+        # Keep-alive runs a message came to, waiting (Waiting / GroupWait) for a free maxActive
+        # slot to read it, in the order they asked (an ordered set): resumed before queued runs.
+        self._resumes: dict[str, None] = {}
 
     # -- restart ---------------------------------------------------------------------------
 
@@ -333,6 +337,8 @@ class Admission:
         for dependency in member.depends_on:
             self._dependents[dependency].append(member.run)
         self._ledger.enter(member)
+        if member.state == WAITING and member.reason == GROUP_WAIT:
+            self._resumes[member.run] = None  # rebuilt: a message came and it waits for a slot
         if member.state != QUEUED:
             return
         states = [self._by_key[dependency].state for dependency in member.depends_on]
@@ -360,6 +366,10 @@ class Admission:
         self._ledger.leave(member)
         member.state, member.spent, member.reason = state, spent, reason
         self._ledger.enter(member)
+        if state == WAITING and reason == GROUP_WAIT:
+            self._resumes[member.run] = None
+        else:
+            self._resumes.pop(member.run, None)
         if state == was:
             return
         if state == SUCCEEDED:
@@ -416,14 +426,36 @@ class Admission:
     def _settle(self) -> Decision:
         """Cascade, admit, and hand out what the supervisor has not been told yet."""
         self._cascade()
+        resumed = self._resume()
         plan = self._plan()
         for member in plan.start:
             self._transition(member, ACTIVE, spent=member.spent, reason=None)
             self._unconfirmed[member.run] = None
         cancel, self._outbox = self._outbox, []
         return Decision(
-            start=[member.run for member in plan.start], cancel=cancel, status=self._status(self._plan())
+            start=resumed + [member.run for member in plan.start],
+            cancel=cancel,
+            status=self._status(self._plan()),
         )
+
+    def _resume(self) -> list[str]:
+        """Give free maxActive slots to keep-alive runs a message came to, oldest request first.
+
+        Such a run kept its reservation while it waited, so it needs no room under the cost cap:
+        only a slot. It goes before every queued run: a conversation that started goes on
+        before new work begins. It is handed out in ``Decision.start`` like an admitted run.
+        """
+        resumed: list[str] = []
+        if self._cancelled:
+            return resumed  # a cancelled group's started runs are told to cancel instead
+        for run in list(self._resumes):
+            if self._ledger.busy() >= self._limits.max_active:
+                break
+            member = self._members[run]
+            self._transition(member, ACTIVE, spent=member.spent, reason=None)
+            self._unconfirmed[run] = None
+            resumed.append(run)
+        return resumed
 
     def _plan(self) -> _Plan:
         """Which queued runs would start now (see `_Ledger.plan`); changes nothing."""

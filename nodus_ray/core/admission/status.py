@@ -13,6 +13,7 @@ from nodus_ray.core.admission.errors import _usd
 from nodus_ray.core.admission.ledger import _Ledger, _Plan
 from nodus_ray.core.admission.model import (
     ACTIVE,
+    AWAITING_MESSAGE,
     CANCELLED,
     FAILED,
     NEEDS_RESOLUTION,
@@ -66,9 +67,19 @@ def _group_status(
             message = f"{counts['succeeded']} of {total} runs succeeded" if total else "sealed with no runs"
     else:
         phase = "Running"
-        message = _running_message(
-            plan, ledger.spent, limits, sealed=sealed, total=total, unfinished=unfinished
-        ) or _person_message(ledger.waiting[NEEDS_RESOLUTION])
+        message = (
+            _running_message(
+                plan,
+                ledger.spent,
+                limits,
+                sealed=sealed,
+                total=total,
+                unfinished=unfinished,
+                reserved=ledger.reserved,
+            )
+            or _person_message(ledger.waiting[NEEDS_RESOLUTION])
+            or _idle_message(ledger.waiting[AWAITING_MESSAGE], unfinished)
+        )
     return GroupStatus(
         phase=phase,
         reason=reason,
@@ -84,7 +95,14 @@ def _group_status(
 
 
 def _running_message(
-    plan: _Plan, spent: Decimal, limits: GroupLimits, *, sealed: bool, total: int, unfinished: int
+    plan: _Plan,
+    spent: Decimal,
+    limits: GroupLimits,
+    *,
+    sealed: bool,
+    total: int,
+    unfinished: int,
+    reserved: Decimal = Decimal(0),
 ) -> str | None:
     """What a Running group's status says: why it is stuck on its cap, or that it awaits a seal."""
     limit = limits.max_cost
@@ -95,6 +113,12 @@ def _running_message(
             return (
                 f"maxCostUSD ${_usd(limit)} is below a run's cap ${_usd(stuck.cap)}: "
                 "raise the cap or lower perRunMaxCostUSD"
+            )
+        if reserved:  # keep-alive runs waiting for a message hold what they may still spend
+            return (
+                f"the group has spent ${_usd(spent)} of its maxCostUSD ${_usd(limit)} and its waiting "
+                f"keep-alive runs hold ${_usd(reserved)}; the ${_usd(limit - spent - reserved)} left is "
+                f"below a run's cap ${_usd(stuck.cap)}: raise the cap, or cancel runs that wait"
             )
         return (
             f"the group has spent ${_usd(spent)} of its maxCostUSD ${_usd(limit)}; the "
@@ -114,6 +138,18 @@ def _person_message(waiting: int) -> str | None:
         f"{waiting} run{_s(waiting)} {'waits' if waiting == 1 else 'wait'} for a person: an interrupted "
         "command may have reached outside its sandbox; resolve the step its status names "
         "(`nodus agentrun resolve`)"
+    )
+
+
+def _idle_message(idle: int, unfinished: int) -> str | None:
+    """What a Running group says when all that is left are keep-alive runs waiting for a
+    message: they hold no maxActive slot but keep the group Running (and their reservations)
+    until they end (a cancel, their deadline)."""
+    if not idle or idle != unfinished:
+        return None
+    return (
+        f"{idle} keep-alive run{_s(idle)} {'waits' if idle == 1 else 'wait'} for a message; the group "
+        "finishes once they end: send them messages, cancel them, or let their deadline pass"
     )
 
 

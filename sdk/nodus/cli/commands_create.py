@@ -6,11 +6,13 @@ before anything is sent, so a flag's refusal reads like the same field's refusal
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated, Any
 
 import typer
 
 from ..agent_spec import SecretKey, agent_param, claude_agent_spec
+from ..handles import _run_name
 from ..resources import API_VERSION, parse_resource
 from . import root
 from .root import ProjectOption, UsageError, ref
@@ -30,7 +32,10 @@ def _create(kind: str, collection: str, name: str, spec: dict[str, Any], project
 
 @create_app.command("agentrun")
 def create_agentrun(
-    name: Annotated[str, typer.Argument(help="Name of the run.")],
+    name: Annotated[
+        str | None, typer.Argument(help="Name of the run (with --session-key: made up when left out).")
+    ] = None,
+    *,
     agent: Annotated[str, typer.Option("--agent", help="The Agent to run.")],
     prompt: Annotated[str, typer.Option("--prompt", help="The run's input text.")],
     deadline: Annotated[str | None, typer.Option(help="Lifetime bound, e.g. 30m or 2h.")] = None,
@@ -49,9 +54,25 @@ def create_agentrun(
         list[str] | None,
         typer.Option("--depends-on", help="Task key of the group this run waits for (repeatable)."),
     ] = None,
+    session_key: Annotated[
+        str | None,
+        typer.Option(
+            "--session-key",
+            help="Send the prompt to the live run of the agent holding this key (a DNS label), or "
+            "start a keep-alive run that holds it.",
+        ),
+    ] = None,
     project: ProjectOption = None,
 ) -> None:
-    """Start a run of an agent, alone or as a task of an AgentGroup."""
+    """Start a run of an agent, alone or as a task of an AgentGroup.
+
+    With --session-key the prompt goes to the session's live run as a message when there is
+    one (it prints which run got it), and starts a keep-alive run holding the key otherwise.
+    """
+    if name is None:
+        if session_key is None:
+            raise UsageError("NAME is required (only a --session-key run gets a made-up name)")
+        name = _run_name(agent, secrets.token_hex(4))
     spec: dict[str, Any] = {"agent": agent, "input": prompt}
     if deadline is not None:
         spec["deadline"] = deadline
@@ -63,7 +84,26 @@ def create_agentrun(
         spec["taskKey"] = task_key
     if depends_on:
         spec["dependsOn"] = list(depends_on)
+    if session_key is not None:
+        spec.update({"sessionKey": session_key, "keepAlive": True})
+        _submit_to_session(name, spec, project)
+        return
     _create("AgentRun", "agentruns", name, spec, project)
+
+
+def _submit_to_session(name: str, spec: dict[str, Any], project: str | None) -> None:
+    """Create the session's run, or deliver the prompt to the live run holding the key."""
+    manifest = {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
+    parse_resource(manifest)  # a bad --session-key is refused naming spec.sessionKey, nothing sent
+    answer = root.client(project).create_result("agentruns", manifest)
+    held = str((answer.resource.get("metadata") or {}).get("name") or name)
+    key = spec["sessionKey"]
+    if answer.result == "delivered":
+        typer.echo(f"{ref('AgentRun', held)}: message delivered (session {key})")
+    elif answer.result == "unchanged":
+        typer.echo(f"{ref('AgentRun', held)} unchanged (session {key})")
+    else:
+        typer.echo(f"{ref('AgentRun', held)} created (session {key})")
 
 
 @create_app.command("agentgroup")
