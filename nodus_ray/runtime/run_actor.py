@@ -40,6 +40,7 @@ from nodus_ray.money.sandbox_billing import cost_fields
 from nodus_ray.money.spend import BudgetExceeded, CapExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
+from nodus_ray.runtime.list_costs import list_cost_fields
 from nodus_ray.runtime.program.python_program import PythonProgram
 from nodus_ray.runtime.program.server import ContinuedAsNew, Parked
 from nodus_ray.runtime.program.wiring import build_program, ensure_program_workspace, is_program
@@ -497,10 +498,12 @@ class RunActor:
             )
         )
 
-    def _cost(self, conversation: Conversation | PythonProgram) -> dict[str, str]:
-        """``status.cost``: the model spend, and the sandbox's (earlier generations' included)."""
+    def _cost(self, conversation: Conversation | PythonProgram) -> dict[str, str | None]:
+        """``status.cost``: the model spend, and the sandbox's (earlier generations' included);
+        a BYOK run's list cost too (`list_costs`: shown, never billed)."""
         sandbox = Decimal(self.config.prior_sandbox_usd) + conversation.sandbox_usd
-        return cost_fields(conversation.cost_usd, sandbox)
+        access = str((self.config.agent_spec.get("model") or {}).get("access") or "Nodus")
+        return {**cost_fields(conversation.cost_usd, sandbox), **list_cost_fields(conversation.turns, access)}
 
     def _outcome(
         self,

@@ -121,6 +121,11 @@ class CostStatus(OpenModel):
     the sandbox compute (commands' CPU-seconds, the kept workspace's GiB-hours), billed whatever
     the model access and counted by no cap; ``billedUSD`` both, what a project Budget counts.
     A status written before the sandbox was billed reads as model spend alone.
+
+    A BYOK run (nothing billed for its model calls) also carries ``listUSD``, its model calls at
+    the price table's list prices, and ``listNote``; ``listUSD`` is null, with ``listNote``
+    saying why, when a model it called has no list price (decision 49). They are left undeclared
+    on purpose: a Nodus run has neither, and a declared null would read as "unpriced".
     """
 
     totalUSD: str = "0"

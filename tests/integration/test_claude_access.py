@@ -385,7 +385,8 @@ def test_bad_model_settings_are_refused(server: Server) -> None:
                 "apiVersion": "nodus.dev/v1",
                 "kind": "Agent",
                 "metadata": {"name": "unpriced"},
-                "spec": {"model": {"access": "BYOK", "name": "claude-unknown-9", "apiKeySecret": "k"}},
+                # On Nodus access only: a BYOK agent may name any model (decision 49, test_polish.py)
+                "spec": {"model": {"access": "Nodus", "name": "claude-unknown-9"}},
             },
         )
         assert unpriced.status_code == 422

@@ -146,6 +146,23 @@ def test_a_nodus_run_refuses_an_unpriced_pinned_model_before_calling(rig: Rig) -
     assert provider.requests == []
 
 
+def test_a_byok_runs_status_cost_carries_its_list_cost_a_nodus_runs_does_not(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from nodus.lifecycle import RunPhase
+    from tests.unit.test_run_outcome import _actor
+
+    turns = [Turn(index=1, listCostUSD="0.000200"), Turn(index=2, listCostUSD="0.000100")]
+    conversation = SimpleNamespace(turns=turns, cost_usd=Decimal(0), sandbox_usd=Decimal(0))
+    actor = _actor(tmp_path)
+    nodus = actor._outcome(RunPhase.SUCCEEDED, "Completed", None, conversation, answer="4")  # type: ignore[arg-type]
+    assert nodus.cost is not None and "listUSD" not in nodus.cost
+    actor.config.agent_spec["model"] = {"access": "BYOK", "apiKeySecret": "k"}
+    byok = actor._outcome(RunPhase.SUCCEEDED, "Completed", None, conversation, answer="4")  # type: ignore[arg-type]
+    assert byok.cost is not None
+    assert (byok.cost["totalUSD"], byok.cost["listUSD"], byok.cost["listNote"]) == ("0", "0.000300", None)
+
+
 # -- a step in progress -----------------------------------------------------------------------
 
 
