@@ -15,6 +15,8 @@ Modules
 * :mod:`~nodus_ray.sandbox.limits`: the ``ulimit`` prologue and which limit a command hit;
 * :mod:`~nodus_ray.sandbox.workspace`: the sandbox uid and the workspace's ownership and mode;
 * :mod:`~nodus_ray.sandbox.hidden`: the host paths a command cannot see;
+* :mod:`~nodus_ray.sandbox.images`, :mod:`~nodus_ray.sandbox.image_mounts`: an Agent's
+  ``spec.image`` resolved to a digest, unpacked once per node, and mounted as the root;
 * :mod:`~nodus_ray.sandbox.seccomp`, :mod:`~nodus_ray.sandbox.disk_usage`,
   :mod:`~nodus_ray.sandbox.snapshots`: the system call filter, the disk cap, workspace snapshots.
 
@@ -24,7 +26,8 @@ The preferred backend is bubblewrap. Each command gets fresh mount, PID, IPC, UT
 the run may use the network, network) namespaces:
 
 * the host root is bind-mounted read-only, so the command can read the system's programs and
-  libraries but write nowhere on the host except its workspace;
+  libraries but write nowhere on the host except its workspace (when the Agent names an image,
+  that image's unpacked root is mounted read-only instead, and nothing of the host's is there);
 * ``/tmp`` is a private, size-capped tmpfs with the workspace bind-mounted at
   ``/tmp/workspace`` (``--ro-bind / /`` leaves no writable place to create a new mount point,
   and a private ``/tmp`` also hides the Ray session directory ``/tmp/ray``); ``/dev`` is a
