@@ -245,6 +245,8 @@ def image_root(cache: Path, ref: str, digest: str, *, timeout: float = UNPACK_TI
     with _locked(cache / f"{hex_digest}.lock"):
         if (final / _META).exists():
             return _read_root(final)  # another run on this node built it meanwhile
+        if os.path.lexists(final):  # not one this code renamed into place (edited by hand): rebuilt
+            shutil.rmtree(final, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{hex_digest[:12]}.", dir=cache))
         try:
             root = _build(work, parsed, ref, digest, timeout)
