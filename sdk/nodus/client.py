@@ -25,7 +25,17 @@ __all__ = ["COLLECTIONS", "Applied", "Client"]
 
 # The REST collections this server serves; the CLI maps kinds onto these.
 COLLECTIONS: frozenset[str] = frozenset(
-    {"agents", "agentruns", "agentgroups", "secrets", "credits", "environments", "tokens", "agentsources"}
+    {
+        "agents",
+        "agentruns",
+        "agentgroups",
+        "secrets",
+        "credits",
+        "environments",
+        "tokens",
+        "agentsources",
+        "budgets",
+    }
 )
 
 # Only connection failures of idempotent GETs are retried: the request never reached the server,
