@@ -125,6 +125,11 @@ _BODIES: dict[tuple[str, str], dict[str, Any]] = {
 }
 # Successful answers other than 200 (FastAPI documents 200 only).
 _CREATED = {"description": "created", "content": {"application/json": {"schema": _ANY_OBJECT}}}
+_DELIVERED = {
+    "description": "delivered: the input went to the live run holding spec.sessionKey as a message "
+    "(X-Nodus-Result: delivered, X-Nodus-Message-Seq); the body is that run",
+    "content": {"application/json": {"schema": _ANY_OBJECT}},
+}
 _EXTRA_SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     **{(method, path): {"201": _CREATED} for method, path in _BODIES if method in ("post", "put")},
     ("post", "/v1/projects/{project}/agentruns/{name}/messages"): {
@@ -135,6 +140,14 @@ _EXTRA_SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("post", "/v1/projects/{project}/credits"): {},
     ("post", "/v1/projects/{project}/agentruns/{name}/resolve"): {},
+    # A run naming spec.sessionKey that a live run holds: delivered to it as a message (decision 48).
+    **{
+        (method, path): {"201": _CREATED, "202": _DELIVERED}
+        for method, path in (
+            ("post", "/v1/projects/{project}/agentruns"),
+            ("put", "/v1/projects/{project}/agentruns/{name}"),
+        )
+    },
 }
 
 
