@@ -4,7 +4,9 @@ import nodus
 
 
 def main() -> None:
-    # Model caps exclude Sandbox compute; set a project Budget before running this example.
+    # Model caps exclude Sandbox compute; set a project Budget before running this example, e.g.
+    #   nodus.Budget.create("5.00", period="month")   (or `nodus apply -f budget.yaml`, docs/budgets.md)
+    # which caps everything the project spends: model calls, sandbox compute and grading.
     evaluation = nodus.AgentGroup.create(
         "parallel-agents-eval",
         agent="parallel-agents-worker",
