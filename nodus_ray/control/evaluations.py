@@ -26,6 +26,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +49,8 @@ from nodus_ray.core.evaluation import (
 )
 from nodus_ray.environments import EnvironmentNotFound, Task, available, resolve
 from nodus_ray.faults import crash_point
+from nodus_ray.money.prices import DEFAULT_PRICE_TABLE, PriceTable
+from nodus_ray.money.sandbox_billing import cpu_cost
 from nodus_ray.sandbox.run_workspaces import workspace_path
 from nodus_ray.sandbox.snapshots import pack_files
 from nodus_ray.store import layout
@@ -93,8 +96,10 @@ class EvaluationService:
         sandbox_root: str,
         group_actors: GroupSupervisors,
         graders: Graders,
+        prices: PriceTable = DEFAULT_PRICE_TABLE,
     ) -> None:
         self._registry = registry
+        self._prices = prices  # grading's sandbox compute is billed to the group (decision 44)
         self._runs = registry.runs
         self._groups = registry.groups
         self._storage = registry.storage
@@ -378,6 +383,8 @@ class EvaluationService:
                     case, "GradingCancelled", evidence="the group was cancelled", at=utc_now()
                 )
             return final_record(case, "GraderFailed", evidence="the grader process failed", at=utc_now())
+        cpu = float(outcome.get("cpuSeconds") or 0.0)
+        usd = str(cpu_cost(self._prices.sandbox, cpu))
         if outcome["outcome"] == "scored":
             return final_record(
                 case,
@@ -387,10 +394,26 @@ class EvaluationService:
                 evidence=outcome["evidence"],
                 seconds=outcome["seconds"],
                 at=utc_now(),
+                grading_cpu_seconds=cpu,
+                grading_usd=usd,
             )
         return final_record(
-            case, "GraderFailed", evidence=outcome["evidence"], seconds=outcome.get("seconds"), at=utc_now()
+            case,
+            "GraderFailed",
+            evidence=outcome["evidence"],
+            seconds=outcome.get("seconds"),
+            at=utc_now(),
+            grading_cpu_seconds=cpu,
+            grading_usd=usd,
         )
+
+    def grading_usd(self, key: Key) -> Decimal:
+        """What the group's grading was billed: the sum of its case records' ``gradingUSD``
+        (stored with each record, so a restart sums the same)."""
+        book = self._evaluations.get(key)
+        if book is None:
+            return Decimal(0)
+        return sum((Decimal(str(r.get("gradingUSD") or "0")) for r in book.records.values()), Decimal(0))
 
     async def cancel_grading(self, key: Key) -> None:
         """The group was cancelled: grading stops, and what was being graded is unscored."""

@@ -290,6 +290,10 @@ class GroupLink:
         if self._evaluations.has(key):
             # An evaluation ends when its cases do, not when its runs do: grading comes after.
             update.update(self._evaluations.status(key, status.get("phase")))
+        update["cost"] = {
+            **(update.get("cost") or group["status"].get("cost") or {}),
+            **self._sandbox_cost(key),
+        }
         if "phase" in update:  # every change of a group's phase is checked against the lifecycle
             check_group_transition(str(previous or GroupPhase.RUNNING), str(update["phase"]))
         group["status"].update(update)
@@ -301,6 +305,20 @@ class GroupLink:
             if phase in GROUP_TERMINAL_PHASES:
                 self._release_supervisor(key)
                 self._evaluations.release_grader(key)
+
+    def _sandbox_cost(self, key: Key) -> dict[str, str]:
+        """The group's sandbox figures (decision 44): ``gradingUSD``, its grading's compute (from
+        the case records), and ``sandboxUSD``, its members' sandbox compute and the grading."""
+        grading = self._evaluations.grading_usd(key)
+        members = sum(
+            (
+                Decimal(str((run["status"].get("cost") or {}).get("sandboxUSD") or "0"))
+                for (project, _name), run in self._runs.items()
+                if project == key[0] and run["spec"].get("group") == key[1]
+            ),
+            Decimal(0),
+        )
+        return {"gradingUSD": str(grading), "sandboxUSD": str(members + grading)}
 
     # -- members' progress ------------------------------------------------------------------
 

@@ -114,7 +114,9 @@ def compose(
     if graders is None:
         grading_root = str(Path(settings.sandbox_root) / ".grading")
         graders = RayGraders(storage, grading_root, supervisor.hidden_paths())
-    evaluations = EvaluationService(registry, settings.sandbox_root, group_actors, graders)
+    evaluations = EvaluationService(
+        registry, settings.sandbox_root, group_actors, graders, PriceTable.load(settings.prices_file)
+    )
     link = GroupLink(registry, supervisor, group_actors, evaluations)
     groups = GroupService(registry, supervisor, group_actors, evaluations, link)
     credits = CreditService(registry, ledger, supervisor)

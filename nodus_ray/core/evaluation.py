@@ -78,10 +78,19 @@ def final_record(
     reason: str | None = None,
     seconds: float | None = None,
     at: str | None = None,
+    grading_cpu_seconds: float | None = None,
+    grading_usd: str | None = None,
 ) -> dict[str, Any]:
-    """The stored result of a case: what `results()` shows, never the task or the hidden answer."""
+    """The stored result of a case: what `results()` shows, never the task or the hidden answer.
+
+    A graded case also keeps the CPU its grading used and what that was billed to the group
+    (``gradingCpuSeconds``, ``gradingUSD``): the durable record the group's cost is summed from.
+    """
     if state not in FINAL_STATES:
         raise ValueError(f"{state!r} is not a final case state")
+    billing: dict[str, Any] = {}
+    if grading_usd is not None:
+        billing = {"gradingCpuSeconds": grading_cpu_seconds or 0.0, "gradingUSD": grading_usd}
     return {
         "taskId": case.task_id,
         "repetition": case.repetition,
@@ -93,6 +102,7 @@ def final_record(
         "reason": reason,
         "gradingSeconds": seconds,
         "finishedAt": at,
+        **billing,
     }
 
 

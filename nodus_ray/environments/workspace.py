@@ -33,6 +33,8 @@ class GradingWorkspace:
         self.root = Path(os.path.abspath(root))
         self.hidden_paths = tuple(Path(p) for p in hidden_paths)
         self.uid = uid
+        # What the grader's commands burned here (`run`): billed to the evaluation group.
+        self.cpu_seconds = 0.0
 
     def __repr__(self) -> str:
         return f"GradingWorkspace({str(self.root)!r})"
@@ -110,4 +112,6 @@ class GradingWorkspace:
             self.root, limits, allow_network=False, uid=self.uid, hidden_paths=self.hidden_paths
         )
         # Never sandbox.delete(): that would remove the copy the grader is still reading.
-        return sandbox.run(command, timeout=timeout)
+        result = sandbox.run(command, timeout=timeout)
+        self.cpu_seconds += result.cpu_seconds
+        return result

@@ -80,7 +80,8 @@ class Grader:
 
         ``case`` holds ``environment``, ``split``, ``seed``, ``tasks``, ``taskIndex``, ``run``,
         ``runPrefix``, ``localWorkspace``, ``commands`` (how many the run ran), ``uid`` (what the
-        grader's sandbox runs as) and ``answer``.
+        grader's sandbox runs as) and ``answer``. ``cpuSeconds`` in the answer is what the
+        grading's sandboxed commands used, which the group is billed.
         """
         async with self._slots:
             return await asyncio.to_thread(self._grade, case)
@@ -88,15 +89,18 @@ class Grader:
     def _grade(self, case: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
         workspace_dir = self._root / case["run"]
+        workspace: GradingWorkspace | None = None
         try:
             environment = resolve(case["environment"])
             task = self._task(environment, case)
-            grade = environment.grade(task, case["answer"], self._workspace(case, workspace_dir))
+            workspace = self._workspace(case, workspace_dir)
+            grade = environment.grade(task, case["answer"], workspace)
         except GraderError as error:
             return {
                 "outcome": "failed",
                 "evidence": _cut(f"the grader could not grade: {error}"),
                 "seconds": round(time.monotonic() - started, 3),
+                "cpuSeconds": _cpu(workspace),
             }
         except Exception as error:  # noqa: BLE001 - any grader bug is an unscored case, not a crash
             # Only the type: a third-party grader's message might quote the hidden answer.
@@ -105,6 +109,7 @@ class Grader:
                 "outcome": "failed",
                 "evidence": f"the grader failed ({type(error).__name__})",
                 "seconds": round(time.monotonic() - started, 3),
+                "cpuSeconds": _cpu(workspace),
             }
         finally:
             shutil.rmtree(workspace_dir, ignore_errors=True)
@@ -114,6 +119,7 @@ class Grader:
             "reward": float(grade.reward),
             "evidence": _cut(grade.evidence),
             "seconds": round(time.monotonic() - started, 3),
+            "cpuSeconds": _cpu(workspace),
         }
 
     def _task(self, environment: Environment, case: dict[str, Any]) -> Task:
@@ -186,6 +192,11 @@ def _unpack(data: bytes, into: Path) -> None:
     into.mkdir(parents=True, mode=0o700)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
         archive.extractall(into, filter="data")  # no absolute paths, no links out, no devices
+
+
+def _cpu(workspace: GradingWorkspace | None) -> float:
+    """The CPU seconds the grading's sandboxed commands used (billed to the group, decision 44)."""
+    return round(workspace.cpu_seconds, 3) if workspace is not None else 0.0
 
 
 def _cut(text: str) -> str:

@@ -117,4 +117,5 @@ def test_a_crashing_grader_is_a_failure_that_names_only_the_error_type(
         "outcome": "failed",
         "evidence": "the grader failed (ValueError)",
         "seconds": outcome["seconds"],
+        "cpuSeconds": 0.0,  # no sandboxed command ran: nothing billed to the group
     }

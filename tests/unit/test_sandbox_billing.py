@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from nodus.schema_run import CostStatus
+from nodus_ray.core.evaluation import final_record, plan_cases
 from nodus_ray.durable.journal import JournalRecord
+from nodus_ray.environments import GradingWorkspace
 from nodus_ray.money.prices import DEFAULT_PRICE_TABLE, PriceTable, SandboxPrice
 from nodus_ray.money.sandbox_billing import (
     GIB,
@@ -302,3 +304,24 @@ def test_a_budget_without_room_stops_the_command_before_it_is_journaled(rig: Rig
         run(conversation)
     assert not any(r.kind == "command" for r in rig.records())
     assert not (rig.workspace / "ran").exists()
+
+
+# -- grading -------------------------------------------------------------------------------------
+
+
+def test_grading_commands_add_up_their_cpu_and_the_case_record_keeps_the_charge(tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    root.mkdir(mode=0o700)
+    workspace = GradingWorkspace(root)
+    workspace.run(BUSY)
+    first = workspace.cpu_seconds
+    workspace.run(BUSY)
+    assert first > 0.05 and workspace.cpu_seconds > first  # both commands counted
+    case = plan_cases("g", ["t1"], 1)[0]
+    usd = str(cpu_cost(PRICE, workspace.cpu_seconds))
+    record = final_record(
+        case, "Scored", verdict="pass", reward=1.0, grading_cpu_seconds=workspace.cpu_seconds, grading_usd=usd
+    )
+    assert record["gradingUSD"] == usd and Decimal(usd) > 0
+    assert record["gradingCpuSeconds"] == workspace.cpu_seconds
+    assert "gradingUSD" not in final_record(case, "RunFailed")  # nothing graded, nothing billed
