@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -57,6 +58,9 @@ class GroupService:
         self._groups = registry.groups
         self._group_members = registry.group_members
         self._locks = registry.locks
+        # A deleted group's grading stays spent against the project's Budget (`control.budgets`,
+        # wired by `compose`); called before its files go.
+        self.budget_forget_group: Callable[[str, str], None] = lambda project, name: None
         self._supervisor = supervisor
         self._group_actors = group_actors
         self._evaluations = evaluations
@@ -325,6 +329,7 @@ class GroupService:
                 await self._supervisor.remove((key[0], run))
 
         await asyncio.gather(*(delete_member(run) for run in list(self._group_members.get(key, []))))
+        await asyncio.to_thread(self.budget_forget_group, *key)
         await asyncio.to_thread(self._registry.storage.delete_tree, layout.group_prefix(*key))
         self._groups.pop(key, None)
         self._group_members.pop(key, None)

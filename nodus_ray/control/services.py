@@ -125,6 +125,7 @@ def compose(
     supervisor.budget_forget = budgets.forget_run
     link.budget_left = budgets.left
     budgets.on_room.append(link.budget_changed)
+    groups.budget_forget_group = budgets.forget_group
     runs = RunService(registry, batches, supervisor, link, evaluations, credits)
     evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
     messages = MessageService(registry, inboxes, supervisor)

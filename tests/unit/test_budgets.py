@@ -455,3 +455,24 @@ def test_a_group_admits_only_while_the_budget_holds_the_next_members_cap() -> No
     # The project's Budget deleted: the group admits as before, and the key is gone.
     decision = admission.set_budget_left(None)
     assert decision.start == ["g-d", "g-e"] and "BudgetExceeded" not in decision.status.blocked_reasons
+
+
+def test_a_deleted_groups_grading_stays_spent(tmp_path: Path) -> None:
+    from tests.unit.test_control_support import group_doc
+
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.groups.apply_group("demo", group_doc("evals"))
+        group = plane.services.registry.groups[("demo", "evals")]
+        group["status"]["cost"]["gradingUSD"] = "0.30"  # what its supervisor recorded for grading
+        await budgets.apply_budget("demo", budget_doc("1"))
+        assert (await budgets.get_budget("demo", "default"))["status"]["spentUSD"] == "0.30"
+        await plane.services.groups.delete_group("demo", "evals")
+        await until(lambda: ("demo", "evals") not in plane.services.registry.groups, what="the group gone")
+        restarted = await plane.restart()
+        view = await restarted.services.budgets.get_budget("demo", "default")
+        assert view["status"]["spentUSD"] == "0.30"
+
+    asyncio.run(scenario())
