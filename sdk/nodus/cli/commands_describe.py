@@ -52,6 +52,13 @@ def describe_group(group: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         f"Blocked:   {_reasons(status.get('blockedReasons'))}",
         f"Waiting:   {_reasons(status.get('waitingReasons'))}",
         f"Cost:      {spent} / {dollars(limit)}" if limit else f"Cost:      {spent}",
+        # Sandbox compute is billed on its own (no group cap counts it; a project Budget does).
+        f"Sandbox:   {dollars(cost.get('sandboxUSD') or '0')}"
+        + (
+            f" (grading {dollars(cost['gradingUSD'])})"
+            if cost.get("gradingUSD") not in (None, "", "0")
+            else ""
+        ),
     ]
     waiting = [run for run in runs if (run.get("status") or {}).get("phase") == RunPhase.WAITING]
     if not waiting:

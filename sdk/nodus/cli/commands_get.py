@@ -57,6 +57,7 @@ def _run_row(run: dict[str, Any], wide: bool) -> list[str]:
             str(len(turns)),
             (status.get("sandbox") or {}).get("backend") or "-",
             "true" if spec.get("keepAlive") else "false",
+            dollars((status.get("cost") or {}).get("sandboxUSD") or "0"),
         ]
     return row
 
@@ -185,7 +186,7 @@ _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], 
     ),
     "AgentRun": (
         ["NAME", "AGENT", "PHASE", "REASON", "MODEL", "COST", "AGE"],
-        ["REVISION", "TURNS", "SANDBOX", "KEEP-ALIVE"],
+        ["REVISION", "TURNS", "SANDBOX", "KEEP-ALIVE", "SANDBOX-COST"],
         _run_row,
     ),
     "AgentGroup": (
