@@ -21,7 +21,7 @@ import pytest
 
 from nodus.schema_run import CostStatus
 from nodus_ray.core.evaluation import final_record, plan_cases
-from nodus_ray.durable.journal import JournalRecord
+from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.environments import GradingWorkspace
 from nodus_ray.money.prices import DEFAULT_PRICE_TABLE, PriceTable, SandboxPrice
 from nodus_ray.money.sandbox_billing import (
@@ -38,7 +38,10 @@ from nodus_ray.money.spend import BudgetExceeded
 from nodus_ray.sandbox import SandboxLimits, create_sandbox
 from nodus_ray.sandbox.metered import MeteredPopen, cpu_seconds_of, open_cpu_group
 from nodus_ray.sandbox.process import ProcessSandbox
+from nodus_ray.store import layout
+from nodus_ray.store.storage import Storage
 from tests.unit.test_conversation import Rig, ScriptedProvider, bash, rig, run, text
+from tests.unit.test_program_python import needs_bwrap, run_program
 
 __all__ = ["rig"]  # the conversation tests' fixture, used here too
 
@@ -325,3 +328,24 @@ def test_grading_commands_add_up_their_cpu_and_the_case_record_keeps_the_charge(
     assert record["gradingUSD"] == usd and Decimal(usd) > 0
     assert record["gradingCpuSeconds"] == workspace.cpu_seconds
     assert "gradingUSD" not in final_record(case, "RunFailed")  # nothing graded, nothing billed
+
+
+# -- a Python program's processes -----------------------------------------------------------------
+
+
+@needs_bwrap
+def test_each_program_process_is_a_charge_of_its_own_and_replay_steps_around_them(tmp_path: Path) -> None:
+    assert json.loads(run_program(tmp_path, {})) == {"a": 1, "b": 2}
+    # A second actor replays the program's steps past the first process's charge (no NonDeterministic).
+    assert json.loads(run_program(tmp_path, {}, attempt=2)) == {"a": 1, "b": 2}
+    records = Journal(Storage(str(tmp_path / "store")), layout.journal_folder("p", "r")).load()
+    charges = [r for r in records if r.kind == "charge"]
+    assert [r.step_id for r in charges] == ["charge/process-1-1", "charge/process-2-1"]
+    for charge in charges:
+        result = charge.payload["result"]
+        # The interpreter's start alone takes some CPU, and the charge is within what was held.
+        assert result["cpuSeconds"] > 0
+        assert Decimal(0) < Decimal(result["sandboxUSD"]) <= Decimal(result["sandboxReservedUSD"])
+    assert journaled_sandbox_cost(records) == sum(
+        (Decimal(r.payload["result"]["sandboxUSD"]) for r in charges), Decimal(0)
+    )
