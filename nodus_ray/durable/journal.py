@@ -38,7 +38,7 @@ import pyarrow.ipc as ipc
 
 from nodus_ray import metrics
 from nodus_ray.durable.fencing import JournalConflict
-from nodus_ray.durable.step_activity import in_progress
+from nodus_ray.durable.step_activity import activity, in_progress
 from nodus_ray.store import layout
 from nodus_ray.store.storage import AlreadyExists, Storage
 from nodus_ray.store.timestamps import format_timestamp
@@ -338,8 +338,8 @@ def record_view(record: JournalRecord) -> dict[str, Any]:
     (a message's text, a command's output stay in ``steps`` and ``answer``)."""
     payload = record.payload if isinstance(record.payload, dict) else {}
     summary = payload.get("summary") or ""
-    if not summary and record.kind == "command" and record.state == "Started":
-        summary = f"$ {payload.get('command', '')}"
+    if not summary and record.state == "Started":  # what it is about to do (`step_activity`)
+        summary = activity(record.kind, record.step_id, payload)
     view = {
         "seq": record.seq,
         "step": record.step_id,

@@ -27,7 +27,7 @@ from nodus.cli.output import format_running, step_summary
 from nodus.client import Client
 from nodus.errors import Invalid
 from nodus.resources import Turn
-from nodus_ray.durable.journal import Journal, step_views
+from nodus_ray.durable.journal import Journal, record_view, step_views
 from nodus_ray.durable.step_activity import activity, running_time
 from nodus_ray.models.catalog import family_of_model
 from nodus_ray.money.billing import billed_cost, billed_worst_case, list_cost
@@ -195,6 +195,21 @@ def test_a_started_step_says_what_it_does_and_since_when(tmp_path: Path) -> None
     timed = {view["id"]: view for view in running_time(list(views.values()), now)}
     assert timed["turn-1/command-1-2"]["runningSeconds"] == 12
     assert "runningSeconds" not in timed["turn-1/model-1"]
+
+
+def test_the_events_stream_says_what_a_started_step_does(tmp_path: Path) -> None:
+    journal = _journal(tmp_path)
+    journal.append("turn-1/model-1", "model", "Started", {"model": "claude-haiku-5-5", "family": "haiku"})
+    journal.append("turn-1/command-1-1", "command", "Started", {"command": "sleep 417"})
+    journal.append(
+        "turn-1/command-1-1", "command", "Completed", {"result": {}, "summary": "sleep 417 -> exit 0"}
+    )
+    shown = [(view["step"], view["state"], view["summary"]) for view in map(record_view, journal.records)]
+    assert shown == [
+        ("turn-1/model-1", "Started", "calling claude-haiku-5-5"),
+        ("turn-1/command-1-1", "Started", "$ sleep 417"),
+        ("turn-1/command-1-1", "Completed", "sleep 417 -> exit 0"),
+    ]
 
 
 def test_the_activity_of_each_kind() -> None:
