@@ -72,6 +72,11 @@ class BudgetService:
         self._resuming: set[asyncio.Task[None]] = set()
         # Called when the project's Budget has room again (groups admit again): `GroupLink` wiring.
         self.on_room: list[Callable[[str], Awaitable[None]]] = []
+        # What each run parked with BudgetExceeded needs for its next step (memory only, as the
+        # reservations): when a run ends or parks and so frees what it held, the parked runs
+        # that now fit go on without waiting for a raise (`_run_changed`).
+        self._needs: dict[Key, Decimal] = {}
+        registry.on_run_changed(self._run_changed)
 
     def _runs_of(self, project: str) -> dict[str, Spender]:
         return {
@@ -276,6 +281,7 @@ class BudgetService:
                     continue
                 status.update(run_transition(status, RunPhase.RUNNING, None, "the Budget has room again"))
                 await registry.persist_run(key)
+            self._needs.pop(key, None)
             await registry.run_changed(key)
             self._start(key)
         for listener in self.on_room:
@@ -284,13 +290,56 @@ class BudgetService:
             except Exception:  # noqa: BLE001 - a group's wake-up must not stop the others
                 logger.warning("project %s: a Budget listener failed", project, exc_info=True)
 
-    def affordable(self, project: str, needed: str | None) -> bool:
+    def affordable(self, project: str, needed: str | None, run: str | None = None) -> bool:
         """Whether a run that parked for ``needed`` could go on at once (the Budget was raised
-        while its actor was finishing)."""
+        while its actor was finishing); if not, ``run``'s need is kept for `_run_changed`."""
         left = self.left(project)
         if left is None:
             return True
         try:
-            return needed is not None and Decimal(needed) <= left
+            need = Decimal(needed) if needed is not None else None
         except InvalidOperation:
-            return False
+            need = None
+        if need is not None and need <= left:
+            return True
+        if run is not None and need is not None:
+            self._needs[(project, run)] = need
+        return False
+
+    async def _run_changed(self, key: Key) -> None:
+        """A run that finished or parked holds nothing any more: the runs parked for the Budget
+        whose next step fits what is left now go on, oldest need first, each counted against
+        what is left before the next (so a freed hold does not start more than it can pay)."""
+        project = key[0]
+        run = self._registry.runs.get(key)
+        if run is not None and _active(run):
+            return  # still running (a progress report): it frees nothing
+        if run is None or run["status"].get("reason") != RunReason.BUDGET_EXCEEDED:
+            self._needs.pop(key, None)
+        waiting = [k for k in self._needs if k[0] == project and k != key]
+        if not waiting or self.ledger.budget(project) is None:
+            return
+        left = self.left(project)
+        if left is None:
+            return
+        for other in waiting:
+            need = self._needs[other]
+            if need > left:
+                continue
+            left -= need
+            del self._needs[other]
+            await self._resume_one(other)
+
+    async def _resume_one(self, key: Key) -> None:
+        registry = self._registry
+        async with registry.locks[key]:
+            run = registry.runs.get(key)
+            if run is None:
+                return
+            status = run["status"]
+            if status["phase"] != RunPhase.WAITING or status.get("reason") != RunReason.BUDGET_EXCEEDED:
+                return
+            status.update(run_transition(status, RunPhase.RUNNING, None, "the Budget has room again"))
+            await registry.persist_run(key)
+        await registry.run_changed(key)
+        self._start(key)

@@ -129,7 +129,7 @@ class RunSupervisor:
         self.workers = AgentWorkers(registry)  # each Agent's spec.maxWorkers
         # The project Budget (`control.budgets`, wired by `compose`): whether a run that parked
         # with BudgetExceeded could go on at once, and what a deleted run had billed.
-        self.budget_affordable: Callable[[str, str | None], bool] = lambda project, needed: False
+        self.budget_affordable: Callable[[str, str | None, str], bool] = lambda project, needed, run: False
         self.budget_forget: Callable[[str, str], None] = lambda project, name: None
 
     # -- recovery ---------------------------------------------------------------------------
@@ -402,7 +402,7 @@ class RunSupervisor:
             return self._affordable(key[0], needed)  # credits were added while the actor was finishing
         budget_needed = outcome.pop("budgetNeededUSD", None)
         if reason == RunReason.BUDGET_EXCEEDED:  # the Budget was raised while the actor was finishing
-            return self.budget_affordable(key[0], budget_needed)
+            return self.budget_affordable(key[0], budget_needed, key[1])
         waiting_for = outcome.get("waitingFor") or {}
         if reason == RunReason.AWAITING_MESSAGE:
             if waiting_for.get("message"):  # a Python program waits for a message of one name

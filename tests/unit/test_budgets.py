@@ -476,3 +476,34 @@ def test_a_deleted_groups_grading_stays_spent(tmp_path: Path) -> None:
         assert view["status"]["spentUSD"] == "0.30"
 
     asyncio.run(scenario())
+
+
+def test_a_parked_run_goes_on_when_another_run_frees_what_it_held(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        await budgets.apply_budget("demo", budget_doc("1.00"))
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        for name in ("r1", "r2", "r3"):
+            await plane.services.runs.create_run("demo", run_doc(name))
+        (first,) = await until(lambda: plane.run_actors.of("r1"), what="r1's actor")
+        (second,) = await until(lambda: plane.run_actors.of("r2"), what="r2's actor")
+        (third,) = await until(lambda: plane.run_actors.of("r3"), what="r3's actor")
+        assert await budgets.reserve_budget("demo", "r1", "0.80") is True
+        assert await budgets.reserve_budget("demo", "r2", "0.30") is False
+        assert await budgets.reserve_budget("demo", "r3", "0.60") is False
+        second.end({"phase": "Waiting", "reason": "BudgetExceeded", "budgetNeededUSD": "0.30"})
+        third.end({"phase": "Waiting", "reason": "BudgetExceeded", "budgetNeededUSD": "0.60"})
+        for name in ("r2", "r3"):
+            await until(lambda n=name: plane.stored_phase(n) == "Waiting", what=f"{name} parked")
+        # r1 ends having spent 0.50 of the 0.80 it held: 0.50 is left, which holds r2's step
+        # (not r3's as well): r2 goes on at once, r3 waits.
+        cost = {"totalUSD": "0.50", "billedUSD": "0.50"}
+        first.end(
+            {"phase": "Succeeded", "reason": "Completed", "cost": cost, "finishedAt": "2026-12-01T00:00:01Z"}
+        )
+        await until(lambda: plane.run_actors.of("r2")[1:], what="a new actor for r2")
+        assert plane.run_actors.of("r3") == [third]
+        assert plane.stored_phase("r3") == "Waiting"
+
+    asyncio.run(scenario())
