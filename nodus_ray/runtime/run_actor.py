@@ -501,7 +501,8 @@ class RunActor:
     def _cost(self, conversation: Conversation | PythonProgram) -> dict[str, str | None]:
         """``status.cost``: the model spend, and the sandbox's (earlier generations' included);
         a BYOK run's list cost too (`list_costs`: shown, never billed)."""
-        sandbox = Decimal(self.config.prior_sandbox_usd) + conversation.sandbox_usd
+        own = getattr(conversation, "sandbox_usd", Decimal(0))  # a program with no sandbox account: none
+        sandbox = Decimal(self.config.prior_sandbox_usd) + own
         access = str((self.config.agent_spec.get("model") or {}).get("access") or "Nodus")
         return {**cost_fields(conversation.cost_usd, sandbox), **list_cost_fields(conversation.turns, access)}
 
