@@ -9,16 +9,33 @@ its charge goes into the step's recorded value, where replay and the control pla
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import subprocess
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from nodus_ray.durable.steps import Steps
 from nodus_ray.money.sandbox_billing import CHARGE_KINDS, SandboxMeter
 from nodus_ray.money.spend import RunSpend
 from nodus_ray.sandbox import CommandResult, Sandbox, SandboxLimits
+from nodus_ray.sandbox.disk_usage import disk_usage
+from nodus_ray.sandbox.metered import cpu_seconds_of
+from nodus_ray.sandbox.program import release_program, stop_program
 
-__all__ = ["charge_fields", "command_charge", "hold", "journal_meter", "limits_of", "open_meter"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "charge_fields",
+    "charge_process",
+    "command_charge",
+    "hold",
+    "journal_meter",
+    "limits_of",
+    "open_meter",
+]
 
 
 def open_meter(spend: RunSpend, steps: Steps) -> SandboxMeter:
@@ -80,6 +97,33 @@ def charge_fields(
         cpu_seconds=cpu_seconds, workspace_bytes=workspace_bytes, until=datetime.now(UTC), reserved=reserved
     )
     return charge.fields()
+
+
+async def charge_process(
+    steps: Steps,
+    meter: SandboxMeter,
+    proc: subprocess.Popen[bytes],
+    workspace: Path,
+    reserved: Decimal,
+    step_id: str,
+) -> None:
+    """Journal an ended program process's CPU and the workspace's storage since the last charge
+    as a step of its own (kind ``charge``, `Steps.record_charge`), at most ``reserved``.
+
+    Best effort once the process is gone: a charge that cannot be written (a newer actor fenced
+    this one) is logged, never the run's end; the reservation bounded it either way.
+    """
+    try:
+        await asyncio.to_thread(stop_program, proc)  # reaped (it is, by now, as a rule)
+        cpu = cpu_seconds_of(proc)
+        await asyncio.to_thread(release_program, proc)
+        size = await asyncio.to_thread(disk_usage, workspace)
+        fields = charge_fields(meter, cpu_seconds=cpu, workspace_bytes=size, reserved=reserved)
+        summary = f"program process: {cpu:.3f} CPU-s, ${fields['sandboxUSD']}"
+        if await steps.record_charge(step_id, fields, summary):
+            meter.record(fields)
+    except Exception:  # noqa: BLE001 - the charge is lost, not the run
+        logger.warning("could not record the sandbox charge %s", step_id, exc_info=True)
 
 
 def command_charge(meter: SandboxMeter, result: CommandResult, reserved: Decimal) -> dict[str, Any]:

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import re
 import secrets
@@ -49,16 +48,13 @@ from nodus_ray.runtime.conversation import RunFailure
 from nodus_ray.runtime.program.model_calls import ModelCalls
 from nodus_ray.runtime.program.server import ProgramEnd, ProgramServer
 from nodus_ray.runtime.program.waits import ProgramWaits, decoded_input
-from nodus_ray.runtime.sandbox_charges import charge_fields, command_charge, hold, journal_meter, limits_of
+from nodus_ray.runtime.sandbox_charges import charge_process, command_charge, hold, journal_meter, limits_of
 from nodus_ray.sandbox import Sandbox, SandboxLimits
-from nodus_ray.sandbox.disk_usage import disk_usage
 from nodus_ray.sandbox.metered import cpu_seconds_of
-from nodus_ray.sandbox.program import ProgramLaunch, release_program, start_program, stop_program
+from nodus_ray.sandbox.program import ProgramLaunch, start_program, stop_program
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_LOST_IN_A_ROW", "ProgramSpec", "PythonProgram", "parse_memory", "answer_text"]
 
@@ -248,26 +244,11 @@ class PythonProgram:
         """Journal the ended process's CPU and the workspace's storage since the last charge, as a
         step of its own (``charge``), at most ``reserved``. Best effort once the process is gone:
         a charge that cannot be written is logged, never the run's end."""
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            await asyncio.to_thread(stop_program, proc)  # reaped (it is, by now, as a rule)
-            cpu = cpu_seconds_of(proc)
-            await asyncio.to_thread(release_program, proc)
-            workspace = Path(self._sandbox().workspace)
-            size = await asyncio.to_thread(disk_usage, workspace)
-            meter = self._meter()
-            fields = charge_fields(meter, cpu_seconds=cpu, workspace_bytes=size, reserved=reserved)
+        if self._proc is not None:
             self._processes += 1
             step_id = f"charge/process-{self.spec.attempt}-{self._processes}"
-            summary = f"program process: {cpu:.3f} CPU-s, ${fields['sandboxUSD']}"
-            if await self.steps.record_charge(step_id, fields, summary):
-                meter.record(fields)
-        except Exception:  # noqa: BLE001 - the charge is lost, not the run (the reservation bounded it)
-            logger.warning(
-                "run %s: could not record its program's sandbox charge", self.spec.run, exc_info=True
-            )
+            workspace = Path(self._sandbox().workspace)
+            await charge_process(self.steps, self._meter(), self._proc, workspace, reserved, step_id)
 
     def _completed(self) -> int:
         """How many steps the journal holds an end of (progress, for `MAX_LOST_IN_A_ROW`)."""
