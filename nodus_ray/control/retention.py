@@ -11,7 +11,8 @@ stay; ``status.payloadsExpiredAt`` says when. Reading what went answers 410 ``Pa
 
 ``NODUS_WORKSPACE_RETENTION`` (default 24 hours) after it ends, a run's workspace goes: its
 directory on the node it ran on (`node_workspaces`) and its snapshots (and seed) in storage;
-``status.sandbox.workspaceDeletedAt`` says when, and a retry of the run is refused from then on
+``status.sandbox.workspaceDeletedAt`` says when it was gone, and a retry of the run is refused
+from the moment its deletion began
 (decision 46: replaying a journal whose commands' effects are gone would go on from the wrong
 files).
 
@@ -387,7 +388,6 @@ class RetentionSweeper:
             status = run["status"]
             sandbox = status.setdefault("sandbox", {})
             # Marked first: a retry is refused from here on, and a restart finishes the job.
-            sandbox["workspaceDeletedAt"] = sandbox.get("workspaceDeletedAt") or format_timestamp(now)
             status["retention"] = {**(status.get("retention") or {}), "workspace": "Deleting"}
             await registry.persist_run(key)
             await asyncio.to_thread(_remove_workspace, registry.storage, self._sandbox_root, run)
@@ -396,6 +396,7 @@ class RetentionSweeper:
                 metadata = run["metadata"]
                 path = workspace_path(self._sandbox_root, key[0], key[1], metadata.get("uid"))
                 await self._remove_on_node(str(node), str(path))
+            sandbox["workspaceDeletedAt"] = sandbox.get("workspaceDeletedAt") or format_timestamp(now)
             status["retention"]["workspace"] = "Deleted"
             await registry.persist_run(key)
         return True

@@ -119,9 +119,10 @@ class RunControls:
             # commands changed, cannot be replayed faithfully; refused, nothing changed.
             check_payloads(run, "journal values (a retry replays them)")
             deleted = (status.get("sandbox") or {}).get("workspaceDeletedAt")
-            if deleted:
+            if deleted or (status.get("retention") or {}).get("workspace") in ("Deleting", "Deleted"):
                 raise Conflict(
-                    f"agentrun {name!r} cannot be retried: its workspace was deleted at {deleted} "
+                    f"agentrun {name!r} cannot be retried: its workspace was deleted"
+                    f"{f' at {deleted}' if deleted else ''} "
                     "(NODUS_WORKSPACE_RETENTION after it finished), and a retry would replay its "
                     "commands' results on files that are gone; create a new run instead",
                     code="WorkspaceDeleted",

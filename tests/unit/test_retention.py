@@ -289,6 +289,11 @@ def test_a_failed_run_is_not_retried_once_its_workspace_or_payloads_are_gone(tmp
         await plane.services.agents.apply_agent("demo", agent_doc())
         run = await _finished_run(plane, "f1", phase="Failed")
         sweeper = _sweeper(plane)
+        run["status"]["retention"] = {"workspace": "Deleting"}  # a sweep that stopped midway
+        with pytest.raises(Conflict) as midway:
+            await plane.services.controls.retry_run("demo", "f1")
+        assert midway.value.code == "WorkspaceDeleted"
+        run["status"]["retention"] = {}
         await sweeper.sweep(_later(run, timedelta(hours=25)))
         with pytest.raises(Conflict) as refused:
             await plane.services.controls.retry_run("demo", "f1")
