@@ -40,8 +40,10 @@ from nodus_ray.sandbox.metered import MeteredPopen, cpu_seconds_of, open_cpu_gro
 from nodus_ray.sandbox.process import ProcessSandbox
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
+from tests.unit.test_control_support import make_plane, run_doc, until
 from tests.unit.test_conversation import Rig, ScriptedProvider, bash, rig, run, text
 from tests.unit.test_program_python import needs_bwrap, run_program
+from tests.unit.test_wake_timers import python_agent
 
 __all__ = ["rig"]  # the conversation tests' fixture, used here too
 
@@ -354,3 +356,43 @@ def test_each_program_process_is_a_charge_of_its_own_and_replay_steps_around_the
     assert journaled_sandbox_cost(records) == sum(
         (Decimal(r.payload["result"]["sandboxUSD"]) for r in charges), Decimal(0)
     )
+
+
+# -- continue_as_new -------------------------------------------------------------------------------
+
+
+def test_a_new_generation_carries_the_earlier_ones_sandbox_charges(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        await python_agent(plane)
+        await plane.services.runs.create_run("demo", run_doc("r1", agent="py", input="first"))
+        (actor,) = await until(lambda: plane.run_actors.of("r1"), what="the run's actor")
+        old = Journal(plane.storage, layout.journal_generation_folder("demo", "r1", 0))
+        old.load()
+        await asyncio.to_thread(old.append, "ask-1", "step", "Completed", {"result": 1}, cost_usd="0.10")
+        charge = {"result": {"sandboxUSD": "0.02", "cpuSeconds": 400.0}}
+        await asyncio.to_thread(old.append, "charge/process-1-1", "charge", "Completed", charge)
+        answer = await plane.services.generations.continue_as_new(
+            "demo", "r1", actor.config.attempt, 0, "next"
+        )
+        assert (answer["priorUSD"], answer["priorSandboxUSD"]) == ("0.10", "0.02")
+        cost = (await plane.services.runs.get_run("demo", "r1"))["status"]["cost"]
+        assert (cost["priorUSD"], cost["priorSandboxUSD"]) == ("0.10", "0.02")
+        assert Decimal(cost["billedUSD"]) == Decimal(cost["totalUSD"]) + Decimal(cost["sandboxUSD"])
+        # The next actor starts with them, and the journal's figures are the whole run's.
+        plane.run_actors.kill(actor)
+        following = (await until(lambda: plane.run_actors.of("r1")[1:], what="the next actor"))[0]
+        assert (following.config.prior_cost_usd, following.config.prior_sandbox_usd) == ("0.10", "0.02")
+        new = Journal(plane.storage, layout.journal_generation_folder("demo", "r1", 1), first_seq=2)
+        new.load()
+        more = {"result": {"sandboxUSD": "0.005"}}
+        await asyncio.to_thread(new.append, "turn-1/command-1-1", "command", "Completed", more)
+        figures = await asyncio.to_thread(plane.services.supervisor._journaled_costs, ("demo", "r1"))
+        assert figures == {
+            "totalUSD": "0.10",
+            "modelUSD": "0.10",
+            "sandboxUSD": "0.025",
+            "billedUSD": "0.125",
+        }
+
+    asyncio.run(scenario())
