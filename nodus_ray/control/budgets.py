@@ -76,14 +76,21 @@ class BudgetService:
         # reservations): when a run ends or parks and so frees what it held, the parked runs
         # that now fit go on without waiting for a raise (`_run_changed`).
         self._needs: dict[Key, Decimal] = {}
+        self._highest: dict[Key, Decimal] = {}  # each run's highest billed total seen (`_runs_of`)
         registry.on_run_changed(self._run_changed)
 
     def _runs_of(self, project: str) -> dict[str, Spender]:
-        return {
-            name: Spender(billed_of(run), _active(run))
-            for (p, name), run in list(self._registry.runs.items())
-            if p == project
-        }
+        """Each run's billed total, never below the highest seen: a resumed run's actor reports
+        its cost again as it replays its journal, from zero up, and what was spent stays spent."""
+        spenders = {}
+        for key, run in list(self._registry.runs.items()):
+            if key[0] != project:
+                continue
+            billed = max(billed_of(run), self._highest.get(key, Decimal(0)))
+            if billed > 0:
+                self._highest[key] = billed
+            spenders[key[1]] = Spender(billed, _active(run))
+        return spenders
 
     def _groups_of(self, project: str) -> dict[str, Decimal]:
         return {
@@ -260,7 +267,9 @@ class BudgetService:
     def forget_run(self, project: str, name: str) -> None:
         """A run about to be deleted: what it billed stays spent (call before it is removed)."""
         run = self._registry.runs.get((project, name))
-        self.ledger.forget_run(project, name, billed_of(run) if run is not None else Decimal(0))
+        billed = billed_of(run) if run is not None else Decimal(0)
+        billed = max(billed, self._highest.pop((project, name), Decimal(0)))
+        self.ledger.forget_run(project, name, billed)
 
     def forget_group(self, project: str, name: str) -> None:
         group = self._registry.groups.get((project, name))

@@ -507,3 +507,21 @@ def test_a_parked_run_goes_on_when_another_run_frees_what_it_held(tmp_path: Path
         assert plane.stored_phase("r3") == "Waiting"
 
     asyncio.run(scenario())
+
+
+def test_a_replaying_runs_lower_report_does_not_give_back_what_it_spent(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        await budgets.apply_budget("demo", budget_doc("1.00"))
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        await plane.services.runs.create_run("demo", run_doc("r1"))
+        await until(lambda: plane.run_actors.of("r1"), what="r1's actor")
+        await plane.services.runs.report("demo", "r1", {"cost": {"totalUSD": "0.40", "billedUSD": "0.40"}})
+        assert (await budgets.get_budget("demo", "default"))["status"]["spentUSD"] == "0.40"
+        # A resumed actor reports its cost again as it replays its journal, from zero up.
+        await plane.services.runs.report("demo", "r1", {"cost": {"totalUSD": "0.10", "billedUSD": "0.10"}})
+        assert (await budgets.get_budget("demo", "default"))["status"]["spentUSD"] == "0.40"
+        assert await budgets.reserve_budget("demo", "r2", "0.61") is False
+
+    asyncio.run(scenario())
