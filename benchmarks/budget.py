@@ -1,7 +1,8 @@
 """The cost benchmark of the project Budget: many runs under a small Budget never pass it.
 
-Two projects on one service, the same runs in each (an offline model call, a command, a second
-call: model and sandbox spend both):
+Two projects on one service, the same runs in each (an offline opus call over some 16 KB of
+context, a command, a second call: model and sandbox spend both, each step's hold of the same
+order as what it spends):
 
 * ``baseline``: no Budget. Its runs all finish; what they spent in all is the project's need.
 * ``budgeted``: a Budget of ``--fraction`` of that need (half by default). Its runs start together
@@ -22,6 +23,7 @@ after.
 from __future__ import annotations
 
 import argparse
+import random
 import subprocess
 import sys
 import time
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support import api_port, auth_headers, temporary_service, wait_until
+from support import api_port, auth_headers, temporary_service, wait_until, words
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
@@ -73,17 +75,22 @@ def _agent(http: httpx.Client, project: str) -> None:
             "spec": {
                 "system": "Run what you are asked to.",
                 "maxTokens": 256,
-                "perRunMaxCostUSD": "0.50",
-                "model": {"access": "Nodus", "families": ["haiku"]},
+                "perRunMaxCostUSD": "1.00",
+                "model": {"access": "Nodus", "families": ["opus"]},
             },
         },
     )
     response.raise_for_status()
 
 
-def _create_runs(http: httpx.Client, project: str, count: int) -> list[str]:
+_VOCABULARY = ("ledger", "invoice", "quarter", "balance", "account", "total", "month", "report", "entry")
+
+
+def _create_runs(http: httpx.Client, project: str, count: int, context_bytes: int) -> list[str]:
     names = [f"work-{index:04d}" for index in range(count)]
+    rng = random.Random(7)  # the same inputs in both projects
     for index, name in enumerate(names):
+        context = words(rng, context_bytes, _VOCABULARY)
         response = http.post(
             f"/v1/projects/{project}/agentruns",
             json={
@@ -91,7 +98,7 @@ def _create_runs(http: httpx.Client, project: str, count: int) -> list[str]:
                 "kind": "AgentRun",
                 "metadata": {"name": name},
                 # The offline model runs what follows "run:" as a command, then answers.
-                "spec": {"agent": "worker", "input": f"run: seq 1 {20000 + index} | md5sum"},
+                "spec": {"agent": "worker", "input": f"{context}\n\nrun: seq 1 {20000 + index} | md5sum"},
             },
         )
         response.raise_for_status()
@@ -145,7 +152,7 @@ def _bench(env: dict[str, str], args: argparse.Namespace) -> Outcome:
         # The baseline: the same runs with no Budget; what they spend is the need.
         _agent(http, "baseline")
         start = time.monotonic()
-        _create_runs(http, "baseline", args.runs)
+        _create_runs(http, "baseline", args.runs, args.context_bytes)
         finished = wait_until(
             lambda: (
                 (runs := _runs(http, "baseline"))
@@ -176,7 +183,7 @@ def _bench(env: dict[str, str], args: argparse.Namespace) -> Outcome:
         )
         response.raise_for_status()
         start = time.monotonic()
-        _create_runs(http, "budgeted", args.runs)
+        _create_runs(http, "budgeted", args.runs, args.context_bytes)
         while True:
             sample = _sample(http, "budgeted", start)
             outcome.samples.append(sample)
@@ -229,8 +236,9 @@ def _report(outcome: Outcome, args: argparse.Namespace) -> str:
             f"## Project Budget: spend never passes it ({datetime.now(UTC):%Y-%m-%d})",
             "",
             f"`.venv/bin/python benchmarks/budget.py --runs {args.runs} --fraction {args.fraction}`: "
-            f"{args.runs} runs in one project (an offline haiku call, a command, a second call: "
-            "model and sandbox spend), beside a baseline of the same runs in a project with no Budget.",
+            f"{args.runs} runs in one project (an offline opus call over {args.context_bytes} bytes of "
+            "context, a command, a second call: model and sandbox spend), beside a baseline of the "
+            "same runs in a project with no Budget.",
             "",
             f"- **Baseline** (no Budget): all {args.runs} succeeded in {outcome.baseline_seconds:.1f} s and "
             f"spent ${outcome.need}.",
@@ -254,6 +262,7 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.5, help="the Budget, as a fraction of the need")
     parser.add_argument("--interval", type=float, default=0.25, help="seconds between spend samples")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--context-bytes", type=int, default=16000, help="filler context of each input")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
     with temporary_service(
