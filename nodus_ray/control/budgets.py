@@ -77,6 +77,9 @@ class BudgetService:
         # that now fit go on without waiting for a raise (`_run_changed`).
         self._needs: dict[Key, Decimal] = {}
         self._highest: dict[Key, Decimal] = {}  # each run's highest billed total seen (`_runs_of`)
+        # A group's grading as its case records say (`EvaluationService.grading_usd`, wired by
+        # `compose`): fresher than the group's status, which is written on phase changes only.
+        self.grading: Callable[[Key], Decimal] = lambda key: Decimal(0)
         registry.on_run_changed(self._run_changed)
 
     def _runs_of(self, project: str) -> dict[str, Spender]:
@@ -94,9 +97,9 @@ class BudgetService:
 
     def _groups_of(self, project: str) -> dict[str, Decimal]:
         return {
-            name: grading_of(group)
-            for (p, name), group in list(self._registry.groups.items())
-            if p == project
+            key[1]: max(grading_of(group), self.grading(key))
+            for key, group in list(self._registry.groups.items())
+            if key[0] == project
         }
 
     # -- recovery and timers ------------------------------------------------------------------
@@ -273,7 +276,8 @@ class BudgetService:
 
     def forget_group(self, project: str, name: str) -> None:
         group = self._registry.groups.get((project, name))
-        self.ledger.forget_group(project, name, grading_of(group) if group is not None else Decimal(0))
+        grading = max(grading_of(group) if group is not None else Decimal(0), self.grading((project, name)))
+        self.ledger.forget_group(project, name, grading)
 
     # -- resuming -----------------------------------------------------------------------------
 

@@ -126,6 +126,7 @@ def compose(
     link.budget_left = budgets.left
     budgets.on_room.append(link.budget_changed)
     groups.budget_forget_group = budgets.forget_group
+    budgets.grading = evaluations.grading_usd
     runs = RunService(registry, batches, supervisor, link, evaluations, credits)
     evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
     messages = MessageService(registry, inboxes, supervisor)

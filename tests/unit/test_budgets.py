@@ -465,8 +465,8 @@ def test_a_deleted_groups_grading_stays_spent(tmp_path: Path) -> None:
         budgets = plane.services.budgets
         await plane.services.agents.apply_agent("demo", agent_doc())
         await plane.services.groups.apply_group("demo", group_doc("evals"))
-        group = plane.services.registry.groups[("demo", "evals")]
-        group["status"]["cost"]["gradingUSD"] = "0.30"  # what its supervisor recorded for grading
+        # What its case records say its grading cost (`EvaluationService.grading_usd`).
+        budgets.grading = lambda key: Decimal("0.30") if key == ("demo", "evals") else Decimal(0)
         await budgets.apply_budget("demo", budget_doc("1"))
         assert (await budgets.get_budget("demo", "default"))["status"]["spentUSD"] == "0.30"
         await plane.services.groups.delete_group("demo", "evals")
@@ -523,5 +523,28 @@ def test_a_replaying_runs_lower_report_does_not_give_back_what_it_spent(tmp_path
         await plane.services.runs.report("demo", "r1", {"cost": {"totalUSD": "0.10", "billedUSD": "0.10"}})
         assert (await budgets.get_budget("demo", "default"))["status"]["spentUSD"] == "0.40"
         assert await budgets.reserve_budget("demo", "r2", "0.61") is False
+
+    asyncio.run(scenario())
+
+
+def test_the_control_plane_tells_a_projects_groups_what_the_budget_holds(tmp_path: Path) -> None:
+    from tests.unit.test_control_support import group_doc
+
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        await plane.services.agents.apply_agent("demo", agent_doc(perRunMaxCostUSD="0.10"))
+        await plane.services.groups.apply_group("demo", group_doc("batch"))
+        snapshot = await plane.services.group_link.group_snapshot("demo", "batch")
+        assert snapshot["budgetLeftUSD"] is None  # no Budget: nothing holds the group back
+        await budgets.apply_budget("demo", budget_doc("2.00"))
+        supervisor = plane.group_actors.supervisors[("demo", "batch")]
+        assert supervisor.called("budget")[-1] == ("2.00",)
+        await budgets.patch_budget("demo", "default", {"spec": {"maxCostUSD": "3.00"}})
+        assert supervisor.called("budget")[-1] == ("3.00",)
+        snapshot = await plane.services.group_link.group_snapshot("demo", "batch")
+        assert snapshot["budgetLeftUSD"] == "3.00"
+        await budgets.delete_budget("demo", "default")
+        assert supervisor.called("budget")[-1] == (None,)
 
     asyncio.run(scenario())

@@ -137,7 +137,7 @@ class FakeGroupSupervisor:
     status: dict[str, Any] = field(default_factory=lambda: {"phase": "Running"})
 
     def __post_init__(self) -> None:
-        for method in ("load", "check", "add", "progressed", "reconcile", "configure"):
+        for method in ("load", "check", "add", "progressed", "reconcile", "configure", "budget"):
             setattr(self, method, _Remote(self._answer(method)))
 
     def _answer(self, method: str) -> Callable[..., Awaitable[Any]]:
