@@ -80,6 +80,8 @@ class BudgetService:
         # A group's grading as its case records say (`EvaluationService.grading_usd`, wired by
         # `compose`): fresher than the group's status, which is written on phase changes only.
         self.grading: Callable[[Key], Decimal] = lambda key: Decimal(0)
+        # Set when a project's Budget may have room again: what `hold_grading` waits on.
+        self._room: dict[str, asyncio.Event] = {}
         registry.on_run_changed(self._run_changed)
 
     def _runs_of(self, project: str) -> dict[str, Spender]:
@@ -297,6 +299,7 @@ class BudgetService:
             self._needs.pop(key, None)
             await registry.run_changed(key)
             self._start(key)
+        self._notify_room(project)
         for listener in self.on_room:
             try:
                 await listener(project)
@@ -332,6 +335,7 @@ class BudgetService:
         waiting = [k for k in self._needs if k[0] == project and k != key]
         if not waiting or self.ledger.budget(project) is None:
             return
+        self._notify_room(project)
         left = self.left(project)
         if left is None:
             return
@@ -342,6 +346,36 @@ class BudgetService:
             left -= need
             del self._needs[other]
             await self._resume_one(other)
+
+    def _notify_room(self, project: str) -> None:
+        event = self._room.get(project)
+        if event is not None:
+            event.set()
+
+    # -- grading ------------------------------------------------------------------------------
+
+    async def hold_grading(self, group: Key, run: str, amount: Decimal, within: float) -> bool:
+        """Hold a case's grading at its largest price against the project's Budget, waiting up
+        to ``within`` seconds for room (a raise, a new period, work that ends); False if none came."""
+        project, hold_id = group[0], f"grading/{group[1]}/{run}"
+        event = self._room.setdefault(project, asyncio.Event())
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            event.clear()  # before trying: room that comes after the refusal sets it again
+            if await asyncio.to_thread(self.ledger.hold, project, hold_id, amount):
+                return True
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(event.wait(), timeout=remaining)
+            except TimeoutError:
+                return False
+
+    def release_grading(self, group: Key, run: str) -> None:
+        """The case's record (with its grading charge) is stored: its hold goes."""
+        self.ledger.release_hold(group[0], f"grading/{group[1]}/{run}")
+        self._notify_room(group[0])
 
     async def _resume_one(self, key: Key) -> None:
         registry = self._registry

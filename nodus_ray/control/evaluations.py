@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -59,6 +59,15 @@ from nodus_ray.store.timestamps import parse_timestamp, utc_now
 __all__ = ["EvaluationService", "MemberCreator", "StatusTaker"]
 
 logger = logging.getLogger(__name__)
+
+# What a case's grading is held at against the project's Budget: this many CPU-seconds at the
+# price table's cpuSecondUSD. Its charge is its measured CPU, at most that.
+GRADING_HOLD_CPU_SECONDS = 60.0
+
+
+async def _always_room(group: Key, run: str, amount: Decimal, within: float) -> bool:
+    """With no Budget wired (tests of evaluations alone): nothing to hold."""
+    return True
 
 
 class MemberCreator(Protocol):
@@ -109,6 +118,11 @@ class EvaluationService:
         self._evaluations: dict[Key, Evaluation] = {}
         self._create_runs: MemberCreator | None = None
         self._take_status_of_group: StatusTaker | None = None
+        # The project's Budget (`control.budgets`, wired by `compose`): a case's grading is held
+        # against it before it runs (waiting up to the evaluation's deadline for room), and let
+        # go once its record, with the charge, is stored.
+        self.budget_hold: Callable[[Key, str, Decimal, float], Awaitable[bool]] = _always_room
+        self.budget_release: Callable[[Key, str], None] = lambda key, run: None
 
     def connect(self, create_runs: MemberCreator, take_status: StatusTaker) -> None:
         """The run service's creation of runs and the group service's `take_status`."""
@@ -322,7 +336,10 @@ class EvaluationService:
         finally:
             book.grading.discard(run_name)
         crash_point("case-graded-unrecorded", f"{key[0]}/{run_name}")
-        await self._record(key, record)
+        try:
+            await self._record(key, record)
+        finally:
+            self.budget_release(key, run_name)  # its charge is in the record now (or never came)
 
     def _local_workspace(self, project: str, run_name: str) -> Path:
         """Where the run's workspace is on a node (`sandbox.run_workspaces`, keyed by its uid)."""
@@ -358,6 +375,14 @@ class EvaluationService:
                 at=utc_now(),
                 evidence="the run answered, but not in time to be graded",
             )
+        held = cpu_cost(self._prices.sandbox, GRADING_HOLD_CPU_SECONDS)
+        if not await self.budget_hold(key, case.run, held, left):
+            return final_record(
+                case,
+                "EvaluationTimeout",
+                at=utc_now(),
+                evidence="the project's Budget had no room to grade the answer before the deadline",
+            )
         await self._take_status(key, {}, {})  # shows the case as Grading
         request = grading_request(
             group["status"]["evaluation"],
@@ -384,7 +409,7 @@ class EvaluationService:
                 )
             return final_record(case, "GraderFailed", evidence="the grader process failed", at=utc_now())
         cpu = float(outcome.get("cpuSeconds") or 0.0)
-        usd = str(cpu_cost(self._prices.sandbox, cpu))
+        usd = str(min(cpu_cost(self._prices.sandbox, cpu), held))  # never more than was held
         if outcome["outcome"] == "scored":
             return final_record(
                 case,

@@ -127,6 +127,8 @@ def compose(
     budgets.on_room.append(link.budget_changed)
     groups.budget_forget_group = budgets.forget_group
     budgets.grading = evaluations.grading_usd
+    evaluations.budget_hold = budgets.hold_grading
+    evaluations.budget_release = budgets.release_grading
     runs = RunService(registry, batches, supervisor, link, evaluations, credits)
     evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
     messages = MessageService(registry, inboxes, supervisor)

@@ -74,6 +74,8 @@ class ProjectSpend:
     deleted_in_period: Decimal = _ZERO  # deleted in this period, above their baselines
     # run -> (the amount, what the run had billed when it reserved)
     reservations: dict[str, tuple[Decimal, Decimal]] = field(default_factory=dict)
+    # Holds for work that is not a run's step (an evaluation case's grading): held until released.
+    holds: dict[str, Decimal] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -198,7 +200,9 @@ class BudgetLedger:
         if account.period == period and account.start == start_text:
             return account
         if period == "total":  # everything ever billed counts: no baseline
-            return ProjectSpend(deleted=account.deleted, reservations=account.reservations)
+            return ProjectSpend(
+                deleted=account.deleted, reservations=account.reservations, holds=account.holds
+            )
         runs = self._runs_of(project)
         return ProjectSpend(
             deleted=account.deleted,
@@ -207,6 +211,7 @@ class BudgetLedger:
             run_base={name: run.billed for name, run in runs.items() if run.billed > 0},
             group_base={name: value for name, value in self._groups_of(project).items() if value > 0},
             reservations=account.reservations,  # still held: what they cover counts in this period
+            holds=account.holds,
         )
 
     def roll_over(self, project: str) -> bool:
@@ -250,7 +255,7 @@ class BudgetLedger:
 
     def _reserved(self, project: str, account: ProjectSpend) -> Decimal:
         runs = self._runs_of(project)
-        held = _ZERO
+        held = sum(account.holds.values(), _ZERO)
         for name, (amount, billed_then) in list(account.reservations.items()):
             run = runs.get(name)
             if run is None or not run.active:
@@ -298,6 +303,29 @@ class BudgetLedger:
             current = self._runs_of(project).get(run)
             account.reservations[run] = (amount, current.billed if current is not None else _ZERO)
             return True
+
+    def hold(self, project: str, hold_id: str, amount: Decimal) -> bool:
+        """Hold ``amount`` for work that is no run's step (a case's grading) until `release_hold`,
+        if spent + reserved + amount fits the Budget (always, with no Budget)."""
+        with self._lock:
+            budget = self._budgets.get(project)
+            if budget is None:
+                return True
+            self.roll_over(project)
+            account = self._account(project)
+            account.holds.pop(hold_id, None)
+            limit = Decimal(str(budget["spec"]["maxCostUSD"]))
+            if self._spent(project, account) + self._reserved(project, account) + amount > limit:
+                return False
+            account.holds[hold_id] = amount
+            return True
+
+    def release_hold(self, project: str, hold_id: str) -> None:
+        """The held work's charge is recorded (where the spend is derived from): let go."""
+        with self._lock:
+            account = self._spend.get(project)
+            if account is not None:
+                account.holds.pop(hold_id, None)
 
     def release(self, project: str, run: str) -> None:
         with self._lock:

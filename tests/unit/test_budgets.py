@@ -548,3 +548,26 @@ def test_the_control_plane_tells_a_projects_groups_what_the_budget_holds(tmp_pat
         assert supervisor.called("budget")[-1] == (None,)
 
     asyncio.run(scenario())
+
+
+def test_grading_is_held_against_the_budget_and_waits_for_room(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        group = ("demo", "evals")
+        assert await budgets.hold_grading(group, "evals-a", Decimal("0.003"), 0) is True  # no Budget
+        budgets.release_grading(group, "evals-a")
+        await budgets.apply_budget("demo", budget_doc("0.002"))
+        assert await budgets.hold_grading(group, "evals-a", Decimal("0.003"), 0) is False
+        waiting = asyncio.ensure_future(budgets.hold_grading(group, "evals-a", Decimal("0.003"), 30))
+        await asyncio.sleep(0)  # it tried, and waits for room
+        assert not waiting.done()
+        await budgets.patch_budget("demo", "default", {"spec": {"maxCostUSD": "0.004"}})
+        assert await waiting is True
+        view = await budgets.get_budget("demo", "default")
+        assert (view["status"]["reservedUSD"], view["status"]["leftUSD"]) == ("0.003", "0.001")
+        assert await budgets.reserve_budget("demo", "r1", "0.002") is False  # the hold counts
+        budgets.release_grading(group, "evals-a")
+        assert (await budgets.get_budget("demo", "default"))["status"]["reservedUSD"] == "0"
+
+    asyncio.run(scenario())
