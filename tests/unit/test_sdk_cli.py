@@ -271,7 +271,9 @@ def test_claude_agent_spec_and_cost_formatting() -> None:
     assert spec["perRunMaxCostUSD"] == "0.50" and spec["maxTokens"] == 512
     for value, text in ((0.1, "0.1"), (2, "2"), ("0.25", "0.25")):
         assert nodus.ClaudeAgent("a", per_run_max_cost=value)._manifest["spec"]["perRunMaxCostUSD"] == text
-    assert nodus.Agent("plain", image="docker://python:3.11")._manifest["spec"] == {"image": "docker://python:3.11"}
+    assert nodus.Agent("plain", image="docker://python:3.11")._manifest["spec"] == {
+        "image": "docker://python:3.11"
+    }
 
 
 def test_remote_deploys_lazily_then_submits_waits_and_answers(api: FakeAPI) -> None:
