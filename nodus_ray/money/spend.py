@@ -63,6 +63,11 @@ class RunSpend:
     # Holds an amount against the project's Budget, or raises BudgetExceeded (the run actor's
     # `_reserve_budget`); one reservation per run, each replacing the one before.
     reserve_budget: Callable[[Decimal], Awaitable[None]] = _no_budget
+    # A sandbox hold that stays outstanding while later steps reserve: a Python program's
+    # process runs (and spends CPU) across the model calls it makes. The Budget keeps one
+    # reservation per run, each replacing the one before, so every later reservation includes
+    # it until the process's charge is recorded (`hold_standing` / `release_standing`).
+    standing: Decimal = Decimal(0)
 
     def worst(self, model: str, input_tokens: int, max_output_tokens: int) -> Decimal:
         # BYOK: zero, with no price needed (the user's key may call any model; nothing is billed)
@@ -80,13 +85,24 @@ class RunSpend:
         self.budget.require(checked)
         if self.access == "Nodus" and reserved > 0:
             await self.reserve_credits(reserved)
-            await self.reserve_budget(reserved)
+            await self.reserve_budget(reserved + self.standing)
 
     async def before_sandbox(self, amount: Decimal) -> None:
         """Hold a command's largest sandbox price against the project's Budget (any access:
         sandbox compute is billed with BYOK too); raises `BudgetExceeded` when it does not fit."""
         if amount > 0:
-            await self.reserve_budget(amount)
+            await self.reserve_budget(amount + self.standing)
+
+    async def hold_standing(self, amount: Decimal) -> None:
+        """Hold a long-lived process's largest sandbox price, kept in every later reservation
+        until `release_standing`; raises `BudgetExceeded` when it does not fit."""
+        self.standing = Decimal(0)
+        await self.before_sandbox(amount)
+        self.standing = amount
+
+    def release_standing(self) -> None:
+        """The process ended and its charge is recorded: later reservations no longer carry it."""
+        self.standing = Decimal(0)
 
     def record(self, charged: Decimal) -> None:
         """Add a charge (live, or read back from the journal on replay)."""

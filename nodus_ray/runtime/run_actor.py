@@ -96,6 +96,7 @@ class RunActor:
         self._undo: tuple[int, int] | None = None
         self._undone: int | None = None
         self._journal: Journal | None = None
+        self._steps: Steps | None = None
         self._program_logs: list[str] = []  # what the program printed, over its generations
         self._workspace_origin = "local"
         self._env: dict[str, str] = {}  # spec.env, secret values opened: memory only
@@ -283,7 +284,7 @@ class RunActor:
         self._workspace_states = accepted_states(attempts)
         if self._egress is None:  # it reaches nothing outside: an interrupted command can be undone
             self._undo = undoable_command(journal.records, attempts)
-        steps = Steps(journal)
+        steps = self._steps = Steps(journal)
         agent = config.agent_spec
         model = agent.get("model") or {}
         prices = PriceTable.load(config.prices_file)
@@ -484,6 +485,11 @@ class RunActor:
         return await asyncio.wait_for(program, timeout=remaining)
 
     async def _on_progress(self, turns: list[Turn]) -> None:
+        # While replaying, the turns and the cost rebuilt so far are less than what the run
+        # already reported: a report now would lower status.cost (and the spend the project's
+        # credits and Budget derive from it) until the replay caught up. Report once it has.
+        if self._steps is not None and self._steps.replaying:
+            return
         conversation = self._conversation
         await self._report(
             RunReport(

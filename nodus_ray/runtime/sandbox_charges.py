@@ -70,6 +70,7 @@ async def hold(
     *,
     timeout_seconds: float | None = None,
     cpu_limit_seconds: float | None = None,
+    standing: bool = False,
 ) -> Decimal:
     """Reserve the next command's largest price against the project's Budget; returns it.
 
@@ -82,6 +83,9 @@ async def hold(
         timeout_seconds=limits.timeout_seconds if timeout_seconds is None else timeout_seconds,
         now=datetime.now(UTC),
     )
+    if standing:  # a process that outlives the steps it makes: later reservations keep it
+        await spend.hold_standing(reserved)
+        return reserved
     before_sandbox = getattr(spend, "before_sandbox", None)
     if before_sandbox is not None:
         await before_sandbox(reserved)

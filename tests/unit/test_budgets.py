@@ -251,6 +251,46 @@ def test_run_spend_reserves_nodus_calls_and_sandbox_work_but_not_byok_calls() ->
     assert held == [Decimal("0.2"), Decimal("0.05"), Decimal("2"), Decimal("0.03")]
 
 
+def test_a_program_process_hold_stays_in_every_later_reservation_until_its_charge() -> None:
+    # The Budget keeps one reservation per run, each replacing the one before: a Python
+    # program's process (which spends CPU across the model calls it makes) would otherwise
+    # lose its hold at its first model call, and other runs could take that room.
+    held: list[Decimal] = []
+
+    async def credits(amount: Decimal) -> None:
+        pass
+
+    async def budget(amount: Decimal) -> None:
+        held.append(amount)
+        if amount > Decimal("1"):
+            raise BudgetExceeded(amount)
+
+    async def scenario() -> None:
+        spend = RunSpend(DEFAULT_PRICE_TABLE, "Nodus", RunBudget(None), credits, budget)
+        await spend.hold_standing(Decimal("0.1"))
+        await spend.before_call(Decimal("0.2"), Decimal("0.2"))
+        await spend.before_sandbox(Decimal("0.05"))
+        spend.release_standing()
+        await spend.before_call(Decimal("0.2"), Decimal("0.2"))
+        with pytest.raises(BudgetExceeded):  # a refused hold holds nothing afterwards
+            await spend.hold_standing(Decimal("3"))
+        await spend.before_sandbox(Decimal("0.05"))
+        byok = RunSpend(DEFAULT_PRICE_TABLE, "BYOK", RunBudget(None), credits, budget)
+        await byok.hold_standing(Decimal("0.1"))
+        await byok.before_call(Decimal("0.2"), Decimal("0.2"))  # billed nothing: the hold stands as is
+
+    asyncio.run(scenario())
+    assert held == [
+        Decimal("0.1"),
+        Decimal("0.3"),
+        Decimal("0.15"),
+        Decimal("0.2"),
+        Decimal("3"),
+        Decimal("0.05"),
+        Decimal("0.1"),
+    ]
+
+
 # -- the service ------------------------------------------------------------------------------------
 
 

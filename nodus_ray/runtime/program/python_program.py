@@ -215,7 +215,11 @@ class PythonProgram:
         # The process's largest price is held first (the project's Budget): its CPU limit, and
         # the workspace for `PROGRAM_HOLD_SECONDS` past the last charge.
         reserved = await hold(
-            self.models.spend, meter, launch.limits, cpu_limit_seconds=float(self.spec.cpu_seconds)
+            self.models.spend,
+            meter,
+            launch.limits,
+            cpu_limit_seconds=float(self.spec.cpu_seconds),
+            standing=True,
         )
         try:
             self._proc = proc = await asyncio.to_thread(start_program, self._sandbox(), launch)
@@ -249,6 +253,7 @@ class PythonProgram:
             step_id = f"charge/process-{self.spec.attempt}-{self._processes}"
             workspace = Path(self._sandbox().workspace)
             await charge_process(self.steps, self._meter(), self._proc, workspace, reserved, step_id)
+        self.models.spend.release_standing()
 
     def _completed(self) -> int:
         """How many steps the journal holds an end of (progress, for `MAX_LOST_IN_A_ROW`)."""
