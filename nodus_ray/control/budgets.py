@@ -110,6 +110,17 @@ class BudgetService:
         """After a (re)start: the Budgets from storage, a timer for each with a calendar period,
         and a period that began while the service was down begins now (its parked runs go on)."""
         await asyncio.to_thread(self.ledger.load)
+        # What each parked run needs (its status keeps it, `waitingFor.budgetUSD`), so a freed
+        # hold after a restart still lets the runs it fits go on; a run parked by an older
+        # service, with no figure kept, needs nothing known: the first freed hold tries it.
+        for key, run in self._registry.runs.items():
+            status = run["status"]
+            if status.get("phase") != RunPhase.WAITING or status.get("reason") != RunReason.BUDGET_EXCEEDED:
+                continue
+            try:
+                self._needs[key] = Decimal(str((status.get("waitingFor") or {}).get("budgetUSD") or "0"))
+            except InvalidOperation:
+                self._needs[key] = Decimal(0)
         for project in self.ledger.projects():
             if await asyncio.to_thread(self.ledger.roll_over, project):
                 await self._resume(project)

@@ -402,6 +402,8 @@ class RunSupervisor:
             return self._affordable(key[0], needed)  # credits were added while the actor was finishing
         budget_needed = outcome.pop("budgetNeededUSD", None)
         if reason == RunReason.BUDGET_EXCEEDED:  # the Budget was raised while the actor was finishing
+            if budget_needed is not None:  # kept in the status, so a restarted service knows it too
+                outcome["waitingFor"] = {"budgetUSD": str(budget_needed)}
             return self.budget_affordable(key[0], budget_needed, key[1])
         waiting_for = outcome.get("waitingFor") or {}
         if reason == RunReason.AWAITING_MESSAGE:

@@ -549,6 +549,43 @@ def test_a_parked_run_goes_on_when_another_run_frees_what_it_held(tmp_path: Path
     asyncio.run(scenario())
 
 
+def test_a_restarted_service_still_knows_what_each_parked_run_needs(tmp_path: Path) -> None:
+    # The need is kept in the parked run's status (waitingFor.budgetUSD): after a restart a
+    # freed hold lets the runs it fits go on, as before it.
+    async def scenario() -> None:
+        plane = await make_plane(tmp_path)
+        budgets = plane.services.budgets
+        await budgets.apply_budget("demo", budget_doc("1.00"))
+        await plane.services.agents.apply_agent("demo", agent_doc())
+        for name in ("r1", "r2", "r3"):
+            await plane.services.runs.create_run("demo", run_doc(name))
+        await until(lambda: plane.run_actors.of("r1"), what="r1's actor")
+        (second,) = await until(lambda: plane.run_actors.of("r2"), what="r2's actor")
+        (third,) = await until(lambda: plane.run_actors.of("r3"), what="r3's actor")
+        assert await budgets.reserve_budget("demo", "r1", "0.80") is True
+        second.end({"phase": "Waiting", "reason": "BudgetExceeded", "budgetNeededUSD": "0.30"})
+        third.end({"phase": "Waiting", "reason": "BudgetExceeded", "budgetNeededUSD": "0.60"})
+        for name in ("r2", "r3"):
+            await until(lambda n=name: plane.stored_phase(n) == "Waiting", what=f"{name} parked")
+        assert plane.services.registry.runs[("demo", "r2")]["status"]["waitingFor"] == {"budgetUSD": "0.30"}
+        restarted = await plane.restart()
+        services = restarted.services
+        # A run the restarted service alone supervises frees what it held: 0.50 is left, which
+        # holds r2's step (not r3's as well).
+        await services.runs.create_run("demo", run_doc("r4"))
+        (fourth,) = await until(lambda: restarted.run_actors.of("r4"), what="r4's actor")
+        assert await services.budgets.reserve_budget("demo", "r4", "0.80") is True
+        cost = {"totalUSD": "0.50", "billedUSD": "0.50"}
+        fourth.end(
+            {"phase": "Succeeded", "reason": "Completed", "cost": cost, "finishedAt": "2026-12-01T00:00:01Z"}
+        )
+        await until(lambda: restarted.run_actors.of("r2")[1:], what="a new actor for r2")
+        assert restarted.run_actors.of("r3") == [third]
+        assert services.registry.runs[("demo", "r3")]["status"]["phase"] == "Waiting"
+
+    asyncio.run(scenario())
+
+
 def test_a_replaying_runs_lower_report_does_not_give_back_what_it_spent(tmp_path: Path) -> None:
     async def scenario() -> None:
         plane = await make_plane(tmp_path)
