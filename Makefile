@@ -34,7 +34,9 @@ demo: setup
 	$(BIN)/python examples/hello/main.py
 	$(BIN)/python examples/agents/parallel-agents/main.py
 	$(BIN)/nodus apply -f examples/agents/parallel-agents/agent.yaml
+	$(BIN)/nodus apply -f examples/evaluation/budget.yaml
 	$(BIN)/python examples/evaluation/evaluation.py
+	$(BIN)/nodus get budget
 	$(BIN)/python examples/python-agents/triage.py
 	$(BIN)/python examples/python-agents/approval.py
 	$(BIN)/python examples/python-agents/fanout.py

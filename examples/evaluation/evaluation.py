@@ -5,7 +5,8 @@ import nodus
 
 def main() -> None:
     # Model caps exclude Sandbox compute; set a project Budget before running this example, e.g.
-    #   nodus.Budget.create("5.00", period="month")   (or `nodus apply -f budget.yaml`, docs/budgets.md)
+    #   nodus.Budget.create("50.00", period="month")   (or `nodus apply -f budget.yaml` beside this
+    #   file, as `make demo` does; docs/budgets.md)
     # which caps everything the project spends: model calls, sandbox compute and grading.
     evaluation = nodus.AgentGroup.create(
         "parallel-agents-eval",
