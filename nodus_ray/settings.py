@@ -94,6 +94,10 @@ class ServerSettings:
     # optional per-project overrides ("30d,audit=365d"); `control.retention` reads them.
     payload_retention: str = "30d"
     workspace_retention: str = "24h"
+    # Directories local image references (oci:PATH, oci-archive:FILE) may point into
+    # (NODUS_IMAGE_PATHS, ':'-separated absolute paths): none by default, so no token can make
+    # the server read a path of its disk as an image; registry images (docker://) need none.
+    image_paths: str = ""
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -133,6 +137,10 @@ class ServerSettings:
         workspace_retention = os.environ.get("NODUS_WORKSPACE_RETENTION", "").strip() or "24h"
         RetentionPolicy.parse(payload_retention, "NODUS_PAYLOAD_RETENTION")
         RetentionPolicy.parse(workspace_retention, "NODUS_WORKSPACE_RETENTION")
+        from nodus_ray.control.run_images import IMAGE_PATHS_ENV, LocalImages
+
+        image_paths = os.environ.get(IMAGE_PATHS_ENV, "").strip()
+        LocalImages.parse(image_paths)  # a relative directory is refused here, naming it
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -155,6 +163,7 @@ class ServerSettings:
             program_cpu_seconds=int(raw_cpu),
             payload_retention=payload_retention,
             workspace_retention=workspace_retention,
+            image_paths=image_paths,
         )
 
     def digest(self) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from nodus.errors import Invalid, NotFound
 from nodus.resources import EvaluationStatus, parse_duration
-from nodus_ray.control.run_images import pin_images
+from nodus_ray.control.run_images import LocalImages, pin_images
 from nodus_ray.core.evaluation import Case, plan_cases
 from nodus_ray.environments import EnvironmentNotFound, Task, resolve
 from nodus_ray.store import layout
@@ -40,7 +40,11 @@ class Evaluation:
 
 
 async def plan_evaluation(
-    name: str, spec: dict[str, Any], created: str, agent_image: str | None = None
+    name: str,
+    spec: dict[str, Any],
+    created: str,
+    agent_image: str | None = None,
+    local_images: LocalImages = LocalImages(),
 ) -> tuple[dict[str, Any], list[Task]]:
     """Resolve the Environment and generate the batch; refused before anything is stored.
 
@@ -93,7 +97,9 @@ async def plan_evaluation(
         )
     deadline = parse_timestamp(created) + parse_duration(evaluation.get("timeout", "30m"))
     image, image_from = (environment.image, "Environment") if environment.image else (agent_image, "Agent")
-    digest = await _image_digest(image, field_name if image_from == "Environment" else "spec.agent")
+    digest = await _image_digest(
+        image, field_name if image_from == "Environment" else "spec.agent", local_images
+    )
     status = EvaluationStatus(
         environment=ref,
         version=environment.version,
@@ -111,12 +117,12 @@ async def plan_evaluation(
     return status, tasks
 
 
-async def _image_digest(image: str | None, field_name: str) -> str | None:
+async def _image_digest(image: str | None, field_name: str, local_images: LocalImages) -> str | None:
     """The digest ``image`` names now; an image that cannot be resolved refuses the evaluation
     (none of its cases could run), naming the field it came from."""
     if not image:
         return None
-    pins = await pin_images([image])
+    pins = await pin_images([image], local_images)
     failure = pins.failure_of(image)
     if failure is not None:
         raise Invalid(f"{field_name}: {failure}", code="ImagePullFailed", details={"field": field_name})

@@ -37,6 +37,7 @@ from nodus_ray.control.evaluation_plan import Evaluation, grading_request, plan_
 from nodus_ray.control.group_actors import Graders, GroupSupervisors, limits_wire
 from nodus_ray.control.registry import Key, Registry
 from nodus_ray.control.retention_policy import check_payloads
+from nodus_ray.control.run_images import LocalImages
 from nodus_ray.core.evaluation import (
     Case,
     case_labels,
@@ -106,8 +107,10 @@ class EvaluationService:
         group_actors: GroupSupervisors,
         graders: Graders,
         prices: PriceTable = DEFAULT_PRICE_TABLE,
+        local_images: LocalImages = LocalImages(),
     ) -> None:
         self._registry = registry
+        self._local_images = local_images  # where an evaluated Agent's local image may be read
         self._prices = prices  # grading's sandbox compute is billed to the group (decision 44)
         self._runs = registry.runs
         self._groups = registry.groups
@@ -152,7 +155,7 @@ class EvaluationService:
         self, name: str, spec: dict[str, Any], created: str, agent_image: str | None = None
     ) -> tuple[dict[str, Any], list[Task]]:
         """Resolve the Environment and generate the batch; refused before anything is stored."""
-        return await plan_evaluation(name, spec, created, agent_image)
+        return await plan_evaluation(name, spec, created, agent_image, self._local_images)
 
     async def prepare(self, key: Key) -> None:
         """Create the members that do not exist yet, then seal the group. Safe to repeat."""

@@ -41,7 +41,7 @@ from nodus_ray.control.generations import run_journal
 from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
 from nodus_ray.control.registry import Key, Registry, check_project, merge_status, suspended
 from nodus_ray.control.retention_policy import check_payloads
-from nodus_ray.control.run_images import ImagePins, agent_image, pin_images
+from nodus_ray.control.run_images import ImagePins, LocalImages, agent_image, pin_images
 from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.control.templates import resolve_agent
 from nodus_ray.durable.journal import record_view, step_views
@@ -85,8 +85,10 @@ class RunService:
         groups: GroupLink,
         evaluations: EvaluationService,
         credits: CreditService,
+        local_images: LocalImages = LocalImages(),
     ) -> None:
         self._registry = registry
+        self._local_images = local_images  # where local image references may be read
         self._batches = batches
         self._supervisor = supervisor
         self._groups = groups
@@ -216,7 +218,7 @@ class RunService:
         self._creating |= taken
         try:
             # Images first, outside every lock: resolving one may take seconds (`run_images`).
-            pins = await pin_images(agent_image(agent) for _, _, agent in fresh)
+            pins = await pin_images((agent_image(agent) for _, _, agent in fresh), self._local_images)
             self._image_pins.update({(project, run.metadata.name): pins for _, run, _ in fresh})
             unpullable = {
                 (project, run.metadata.name): why

@@ -28,6 +28,7 @@ from nodus_ray.control.messages import MessageService
 from nodus_ray.control.registry import Registry
 from nodus_ray.control.resolution import ResolutionService
 from nodus_ray.control.run_controls import RunControls
+from nodus_ray.control.run_images import LocalImages
 from nodus_ray.control.run_pool import RunActorPool, RunPoolService
 from nodus_ray.control.run_supervisor import RunActorLauncher, RunSupervisor
 from nodus_ray.control.runs import RunService
@@ -114,8 +115,14 @@ def compose(
     if graders is None:
         grading_root = str(Path(settings.sandbox_root) / ".grading")
         graders = RayGraders(storage, grading_root, supervisor.hidden_paths())
+    local_images = LocalImages.parse(settings.image_paths)
     evaluations = EvaluationService(
-        registry, settings.sandbox_root, group_actors, graders, PriceTable.load(settings.prices_file)
+        registry,
+        settings.sandbox_root,
+        group_actors,
+        graders,
+        PriceTable.load(settings.prices_file),
+        local_images,
     )
     link = GroupLink(registry, supervisor, group_actors, evaluations)
     groups = GroupService(registry, supervisor, group_actors, evaluations, link)
@@ -129,7 +136,7 @@ def compose(
     budgets.grading = evaluations.grading_usd
     evaluations.budget_hold = budgets.hold_grading
     evaluations.budget_release = budgets.release_grading
-    runs = RunService(registry, batches, supervisor, link, evaluations, credits)
+    runs = RunService(registry, batches, supervisor, link, evaluations, credits, local_images)
     evaluations.connect(create_runs=runs.create_members, take_status=link.take_status)
     messages = MessageService(registry, inboxes, supervisor)
     return Services(

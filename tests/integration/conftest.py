@@ -274,6 +274,9 @@ def server(
         # workspace and payloads seconds after they end (test_retention): no other test's run does.
         "NODUS_PAYLOAD_RETENTION": f"30d,{RETENTION_PROJECT}=4s",
         "NODUS_WORKSPACE_RETENTION": f"24h,{RETENTION_PROJECT}=2s",
+        # The images test_images builds (its `images` fixture) are the only local ones the
+        # server may read.
+        "NODUS_IMAGE_PATHS": str(base / "test-images"),
         **storage_service,
     }
     if with_faults:

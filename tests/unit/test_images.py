@@ -22,6 +22,7 @@ from nodus.image_ref import parse_image_ref
 from nodus.resources import parse_resource
 from nodus_ray.control import evaluation_plan
 from nodus_ray.control.evaluation_plan import plan_evaluation
+from nodus_ray.control.run_images import LocalImages, pin_images
 from nodus_ray.environments.arithmetic import ArithmeticV2
 from nodus_ray.sandbox import bwrap_available
 from nodus_ray.sandbox import images as images_module
@@ -276,7 +277,8 @@ _CREATED = "2026-01-01T00:00:00Z"
 
 def test_an_evaluation_records_the_digest_its_cases_run_on(images: TestImages) -> None:
     ref = images.busybox()
-    status, _ = asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=ref))
+    local = LocalImages((str(images.root),))
+    status, _ = asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=ref, local_images=local))
     assert status["imageDigest"] == resolve_digest(ref)
     assert (status["image"], status["imageFrom"]) == (ref, "Agent")
     plain, _ = asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED))
@@ -290,7 +292,10 @@ def test_an_environments_image_is_the_one_recorded(
         image = images.archive()
 
     monkeypatch.setattr(evaluation_plan, "resolve", lambda ref: Imaged())
-    status, _ = asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=images.no_shell()))
+    local = LocalImages((str(images.root),))
+    status, _ = asyncio.run(
+        plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=images.no_shell(), local_images=local)
+    )
     assert status["imageDigest"] == resolve_digest(images.archive())
     assert (status["image"], status["imageFrom"]) == (images.archive(), "Environment")
 
@@ -298,6 +303,36 @@ def test_an_environments_image_is_the_one_recorded(
 def test_an_evaluation_on_an_unknown_image_is_refused(images: TestImages) -> None:
     missing = images.busybox().rsplit(":", 1)[0] + ":absent"
     with pytest.raises(Invalid) as refused:
-        asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=missing))
+        local = LocalImages((str(images.root),))
+        asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=missing, local_images=local))
     assert refused.value.code == "ImagePullFailed" and refused.value.details["field"] == "spec.agent"
     assert missing in str(refused.value)
+
+
+def test_local_images_are_read_only_under_the_operators_directories(
+    images: TestImages, tmp_path: Path
+) -> None:
+    # Any token that may create an Agent names the reference: a local path is read only inside
+    # NODUS_IMAGE_PATHS (none by default), links and '..' resolved first.
+    ref = images.busybox()
+    allowed = LocalImages.parse(str(images.root))
+    assert allowed.refusal(ref) is None and allowed.refusal("docker://alpine:3.20") is None
+    assert LocalImages().refusal("docker://alpine:3.20") is None
+    nothing = LocalImages().refusal(ref)
+    assert nothing is not None and "NODUS_IMAGE_PATHS" in nothing and "none are set" in nothing
+    elsewhere = LocalImages.parse(str(tmp_path))
+    assert elsewhere.refusal(ref) is not None
+    escape = f"oci:{tmp_path}/../{images.root.name}/{ref.split('/')[-1]}"
+    assert elsewhere.refusal(escape) is not None  # '..' out of the allowed directory
+    link = tmp_path / "link"
+    link.symlink_to(images.root, target_is_directory=True)
+    assert elsewhere.refusal(f"oci:{link}/{ref.split('/')[-1]}") is not None  # a link out of it
+    with pytest.raises(ValueError, match="NODUS_IMAGE_PATHS"):
+        LocalImages.parse("relative/dir")
+    pins = asyncio.run(pin_images([ref], LocalImages(), timeout=5))
+    assert ref in pins.failed and "NODUS_IMAGE_PATHS" in pins.failed[ref]
+    plain = asyncio.run(pin_images([ref], allowed, timeout=30))
+    assert plain.pinned == {ref: resolve_digest(ref)}
+    with pytest.raises(Invalid) as refused:
+        asyncio.run(plan_evaluation("ev", _EVALUATION, _CREATED, agent_image=ref))
+    assert refused.value.code == "ImagePullFailed" and "NODUS_IMAGE_PATHS" in str(refused.value)
