@@ -95,8 +95,9 @@ class ServerSettings:
     payload_retention: str = "30d"
     workspace_retention: str = "24h"
     # Directories local image references (oci:PATH, oci-archive:FILE) may point into
-    # (NODUS_IMAGE_PATHS, ':'-separated absolute paths): none by default, so no token can make
-    # the server read a path of its disk as an image; registry images (docker://) need none.
+    # (NODUS_IMAGE_PATHS, ':'-separated absolute paths; ~/.nodus/images of the user who runs the
+    # service by default), so no token can make the server read any other path of its disk as
+    # an image; registry images (docker://) need none.
     image_paths: str = ""
 
     @classmethod
@@ -139,7 +140,8 @@ class ServerSettings:
         RetentionPolicy.parse(workspace_retention, "NODUS_WORKSPACE_RETENTION")
         from nodus_ray.control.run_images import IMAGE_PATHS_ENV, LocalImages
 
-        image_paths = os.environ.get(IMAGE_PATHS_ENV, "").strip()
+        # By default the operator's own image folder, ~/.nodus/images, beside the secret key.
+        image_paths = os.environ.get(IMAGE_PATHS_ENV, "").strip() or str(Path.home() / ".nodus" / "images")
         LocalImages.parse(image_paths)  # a relative directory is refused here, naming it
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:

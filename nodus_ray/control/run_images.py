@@ -10,7 +10,7 @@ never gets an actor.
 A local reference (``oci:PATH``, ``oci-archive:FILE``) names a path on the server's own disk,
 which any token that may create an Agent could otherwise point anywhere (another project's
 image, whatever OCI layout lies on the host): the server reads one only under the directories
-its operator lists in ``NODUS_IMAGE_PATHS`` (`LocalImages`, none by default), after resolving
+its operator lists in ``NODUS_IMAGE_PATHS`` (`LocalImages`; ``~/.nodus/images`` by default), after resolving
 links, so ``..`` or a link cannot lead out of them.
 """
 
