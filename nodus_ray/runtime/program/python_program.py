@@ -46,11 +46,11 @@ from nodus_ray.durable.steps import Steps
 from nodus_ray.money.sandbox_billing import SandboxMeter
 from nodus_ray.runtime.conversation import RunFailure
 from nodus_ray.runtime.program.model_calls import ModelCalls
+from nodus_ray.runtime.program.process_output import LOG_LIMIT, TAIL_LINES, ProcessOutput, failure_text, reap
 from nodus_ray.runtime.program.server import ProgramEnd, ProgramServer
 from nodus_ray.runtime.program.waits import ProgramWaits, decoded_input
 from nodus_ray.runtime.sandbox_charges import charge_process, command_charge, hold, journal_meter, limits_of
 from nodus_ray.sandbox import Sandbox, SandboxLimits
-from nodus_ray.sandbox.metered import cpu_seconds_of
 from nodus_ray.sandbox.program import ProgramLaunch, start_program, stop_program
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 from nodus_ray.store import layout
@@ -63,9 +63,6 @@ __all__ = ["MAX_LOST_IN_A_ROW", "ProgramSpec", "PythonProgram", "parse_memory", 
 MAX_LOST_IN_A_ROW = 3
 
 _SETUP_TIMEOUT_SECONDS = 1800.0
-_TAIL_LINES = 20
-_TAIL_CHARS = 4000
-_LOG_LIMIT = 8 << 20
 _EXIT_GRACE_SECONDS = 2.0  # after the process ends, how long its last request may take
 _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti)?$")
 _UNITS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
@@ -100,26 +97,6 @@ class ProgramSpec:
     memory: str | None = None
     cpu_seconds: int = 3600
     cap_usd: Decimal | None = None
-
-
-class _Output:
-    """The process's own stdout/stderr (the bootstrap's, a crash's): kept whole for the log,
-    up to a limit, and its last lines for the run's message."""
-
-    def __init__(self) -> None:
-        self.text = bytearray()
-        self.dropped = 0
-
-    def read(self, pipe: Any) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            for chunk in iter(lambda: pipe.read1(65536), b""):
-                room = _LOG_LIMIT - len(self.text)
-                self.text += chunk[: max(0, room)]
-                self.dropped += max(0, len(chunk) - max(0, room))
-
-    def tail(self) -> str:
-        lines = self.text.decode("utf-8", "replace").rstrip().splitlines()[-_TAIL_LINES:]
-        return "\n".join(lines)[-_TAIL_CHARS:]
 
 
 @dataclass
@@ -191,7 +168,7 @@ class PythonProgram:
                     ) from None
             await self._rewind(spent_before)
         if end.error is not None:
-            raise RunFailure(RunReason.PROGRAM_FAILED, _failure_text(end.error))
+            raise RunFailure(RunReason.PROGRAM_FAILED, failure_text(end.error))
         try:
             data = json.dumps(end.value, allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as bad:
@@ -209,7 +186,7 @@ class PythonProgram:
         socket_path = runtime / "runtime.sock"
         socket_path.unlink(missing_ok=True)  # a lost process's server listened here before
         await server.start(socket_path)
-        output = _Output()
+        output = ProcessOutput()
         launch = self._launch(runtime)
         meter = self._meter()
         # The process's largest price is held first (the project's Budget): its CPU limit, and
@@ -272,12 +249,12 @@ class PythonProgram:
         await self._setup()
 
     async def _await_end(
-        self, server: ProgramServer, proc: subprocess.Popen[bytes], output: _Output
+        self, server: ProgramServer, proc: subprocess.Popen[bytes], output: ProcessOutput
     ) -> ProgramEnd:
         """The server's end (then the process is killed), or the process's: a limit it hit
         fails the run, a kill from outside raises `_ProgramLost` (it starts again)."""
         ended = asyncio.ensure_future(server.finished())
-        exited = asyncio.ensure_future(asyncio.to_thread(_reap, proc))
+        exited = asyncio.ensure_future(asyncio.to_thread(reap, proc))
         try:
             await asyncio.wait({ended, exited}, return_when=asyncio.FIRST_COMPLETED)
             if not ended.done():  # its last request may still be on its way
@@ -297,7 +274,9 @@ class PythonProgram:
             with contextlib.suppress(BaseException):
                 await ended
 
-    def _killed_from_outside(self, proc: subprocess.Popen[bytes], output: _Output, cpu_used: float) -> bool:
+    def _killed_from_outside(
+        self, proc: subprocess.Popen[bytes], output: ProcessOutput, cpu_used: float
+    ) -> bool:
         """Whether a signal ended the process that none of its limits sent (SIGKILL from a person
         or the OOM killer): its CPU limit gives SIGXCPU, then SIGKILL at the hard limit (its
         CPU time tells), its file-size limit SIGXFSZ, its memory limit a MemoryError."""
@@ -312,9 +291,9 @@ class PythonProgram:
         tail = output.tail()
         return not ("MemoryError" in tail or "Cannot allocate memory" in tail)
 
-    def _died(self, proc: subprocess.Popen[bytes], output: _Output) -> str:
+    def _died(self, proc: subprocess.Popen[bytes], output: ProcessOutput) -> str:
         code = proc.returncode
-        tail = self.redact(output.tail() or "\n".join("".join(self.logs).splitlines()[-_TAIL_LINES:]))
+        tail = self.redact(output.tail() or "\n".join("".join(self.logs).splitlines()[-TAIL_LINES:]))
         if code is not None and code < 0:
             how = f"was killed by signal {signal.Signals(-code).name}"
         elif code is not None and code > 128:
@@ -409,7 +388,7 @@ class PythonProgram:
         if ran:  # a recorded setup's charge is counted already (`journal_meter`)
             meter.record(done)
         if done.get("exit_code") != 0:
-            tail = "\n".join(str(done.get("output", "")).splitlines()[-_TAIL_LINES:])
+            tail = "\n".join(str(done.get("output", "")).splitlines()[-TAIL_LINES:])
             how = (
                 f"exit {done.get('exit_code')}"
                 if done.get("exit_code") is not None
@@ -449,7 +428,7 @@ class PythonProgram:
     # -- while and after -----------------------------------------------------------------
     def _on_log(self, log: wire.Log) -> None:
         text = self.redact(log.text)
-        if self._log_bytes + len(text) > _LOG_LIMIT:
+        if self._log_bytes + len(text) > LOG_LIMIT:
             return
         self._log_bytes += len(text)
         self.logs.append(text)
@@ -499,17 +478,3 @@ class _ProgramLost(Exception):  # noqa: N818 - not an error of the program: it s
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> float:
-    """Wait for the process and return the CPU seconds it and its descendants used (its cgroup's
-    figure, else ``wait4``'s: `sandbox.metered`)."""
-    proc.wait()
-    return cpu_seconds_of(proc)
-
-
-def _failure_text(error: wire.ErrorInfo) -> str:
-    kind = error.type.removeprefix("builtins.")
-    head = f"{kind}: {error.message}" if error.message else kind
-    tail = "\n".join(error.traceback.rstrip().splitlines()[-_TAIL_LINES:])[-_TAIL_CHARS:]
-    return f"{head}\n{tail}" if tail else head
