@@ -25,31 +25,30 @@ import ray
 
 from nodus.errors import NodusError
 from nodus.lifecycle import RunPhase, RunReason
-from nodus.resources import ANSWER_PREVIEW_BYTES, Turn
+from nodus.resources import Turn
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.fencing import Epoch, Fenced
 from nodus_ray.durable.journal import Journal
-from nodus_ray.durable.steps import NeedsResolution, Steps
+from nodus_ray.durable.steps import Steps
 from nodus_ray.egress.run_egress import RunEgress
 from nodus_ray.faults import crash_point
 from nodus_ray.models import ModelProvider, provider_for
 from nodus_ray.money.billing import RunBudget
 from nodus_ray.money.prices import PriceTable
-from nodus_ray.money.sandbox_billing import cost_fields
-from nodus_ray.money.spend import BudgetExceeded, CapExceeded, CreditsExhausted, RunSpend
-from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, RunFailure
+from nodus_ray.money.spend import BudgetExceeded, CreditsExhausted, RunSpend
+from nodus_ray.runtime.conversation import Conversation, ConversationSpec
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
-from nodus_ray.runtime.list_costs import list_cost_fields
 from nodus_ray.runtime.program.python_program import PythonProgram
-from nodus_ray.runtime.program.server import ContinuedAsNew, Parked
+from nodus_ray.runtime.program.server import ContinuedAsNew
 from nodus_ray.runtime.program.wiring import build_program, ensure_program_workspace, is_program
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.runtime.run_config import RunConfig
-from nodus_ray.runtime.waiting import command_evidence, needs_resolution_message
+from nodus_ray.runtime.run_outcomes import RUN_STOPS, answered_outcome, run_cost, run_outcome, stopped_outcome
+from nodus_ray.runtime.waiting import command_evidence
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
 from nodus_ray.sandbox.images import ImageError, ImageRoot, run_image
-from nodus_ray.sandbox.snapshots import WorkspaceLost, WorkspaceSnapshots, accepted_states
+from nodus_ray.sandbox.snapshots import WorkspaceSnapshots, accepted_states
 from nodus_ray.settings import NAMESPACE
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
@@ -393,58 +392,12 @@ class RunActor:
         return await self._conclude(conversation)
 
     async def _conclude(self, conversation: Conversation | PythonProgram) -> RunOutcome:
-        """Run the conversation (or program) to its end, and say how it ended."""
+        """Run the conversation (or program) to its end, and say how it ended (`run_outcomes`)."""
         config = self.config
         try:
             answer = await self._with_deadline(conversation.run())
-        except RunFailure as failure:
-            return self._outcome(RunPhase.FAILED, failure.reason, failure.message, conversation)
-        except WorkspaceLost as lost:
-            return self._outcome(RunPhase.FAILED, RunReason.WORKSPACE_LOST, str(lost), conversation)
-        except CapExceeded as reached:
-            return self._outcome(RunPhase.WAITING, RunReason.MAX_COST_REACHED, str(reached), conversation)
-        except CreditsExhausted as short:
-            return self._outcome(
-                RunPhase.WAITING,
-                RunReason.INSUFFICIENT_CREDITS,
-                f"{short}; it continues when credits are added",
-                conversation,
-                credits_needed=str(short.needed),
-            )
-        except BudgetExceeded as over:
-            return self._outcome(
-                RunPhase.WAITING,
-                RunReason.BUDGET_EXCEEDED,
-                f"{over}; it continues when the Budget is raised or its next period begins",
-                conversation,
-                budget_needed=str(over.needed),
-            )
-        except Parked as parked:
-            return self._outcome(
-                RunPhase.WAITING,
-                parked.reason,
-                parked.message,
-                conversation,
-                wake_at=parked.wake_at,
-                waiting_for=parked.waiting_for,
-            )
-        except AwaitingMessage as waiting:
-            return self._outcome(
-                RunPhase.WAITING,
-                RunReason.AWAITING_MESSAGE,
-                f"turn {waiting.turn} is answered; the run reads the next message sent to it",
-                conversation,
-                answer=getattr(conversation, "answer", None),
-                read_seq=getattr(conversation, "read_seq", None),
-            )
-        except NeedsResolution as parked:
-            return self._outcome(
-                RunPhase.WAITING,
-                RunReason.NEEDS_RESOLUTION,
-                needs_resolution_message(parked, config.name, self._allowed_hosts),
-                conversation,
-                step=parked.step_id,
-            )
+        except RUN_STOPS as stopped:
+            return self._ended(stopped_outcome(config, stopped, conversation, self._allowed_hosts))
         except TimeoutError:
             if self._sandbox is not None:
                 await asyncio.to_thread(self._sandbox.cancel)
@@ -456,10 +409,22 @@ class RunActor:
                 conversation,
             )
         await self._write_answer(answer)
-        cut = getattr(conversation, "stop_reason", None) == "max_tokens"
-        reason = RunReason.MAX_TOKENS_REACHED if cut else RunReason.COMPLETED
-        message = "the answer was cut at maxTokens" if cut else None
-        return self._outcome(RunPhase.SUCCEEDED, reason, message, conversation, answer=answer)
+        return self._ended(answered_outcome(config, answer, conversation))
+
+    def _ended(self, outcome: RunOutcome) -> RunOutcome:
+        self.phase = outcome.phase
+        return outcome
+
+    def _outcome(
+        self,
+        phase: RunPhase,
+        reason: str,
+        message: str | None,
+        conversation: Conversation | PythonProgram,
+        *,
+        answer: str | None = None,
+    ) -> RunOutcome:
+        return self._ended(run_outcome(self.config, phase, reason, message, conversation, answer=answer))
 
     async def _write_answer(self, answer: str) -> None:
         """The latest answer, whole (a keep-alive run rewrites it after every turn)."""
@@ -494,7 +459,7 @@ class RunActor:
         await self._report(
             RunReport(
                 turns=[turn.model_dump() for turn in turns],
-                cost=self._cost(conversation),
+                cost=run_cost(self.config, conversation),
                 sandbox={
                     "backend": conversation.sandbox_info.get("backend"),
                     "note": conversation.sandbox_info.get("note"),
@@ -503,58 +468,6 @@ class RunActor:
                 },
             )
         )
-
-    def _cost(self, conversation: Conversation | PythonProgram) -> dict[str, str | None]:
-        """``status.cost``: the model spend, and the sandbox's (earlier generations' included);
-        a BYOK run's list cost too (`list_costs`: shown, never billed)."""
-        own = getattr(conversation, "sandbox_usd", Decimal(0))  # a program with no sandbox account: none
-        sandbox = Decimal(self.config.prior_sandbox_usd) + own
-        access = str((self.config.agent_spec.get("model") or {}).get("access") or "Nodus")
-        return {**cost_fields(conversation.cost_usd, sandbox), **list_cost_fields(conversation.turns, access)}
-
-    def _outcome(
-        self,
-        phase: RunPhase,
-        reason: str,
-        message: str | None,
-        conversation: Conversation | PythonProgram,
-        *,
-        answer: str | None = None,
-        step: str | None = None,
-        read_seq: int | None = None,
-        credits_needed: str | None = None,
-        budget_needed: str | None = None,
-        wake_at: str | None = None,
-        waiting_for: dict[str, Any] | None = None,
-    ) -> RunOutcome:
-        self.phase = phase
-        fields: dict[str, Any] = {
-            "turns": [turn.model_dump() for turn in conversation.turns],
-            "cost": self._cost(conversation),
-        }
-        if phase != RunPhase.WAITING:
-            fields["finishedAt"] = utc_now()
-        if step is not None:
-            fields["step"] = step
-        if read_seq is not None:
-            fields["messages"] = {"read": read_seq}
-        if credits_needed is not None:
-            fields["creditsNeededUSD"] = credits_needed
-        if budget_needed is not None:
-            fields["budgetNeededUSD"] = budget_needed
-        if wake_at is not None:
-            fields["wakeAt"] = wake_at
-        if waiting_for is not None:
-            fields["waitingFor"] = waiting_for
-        if answer is not None:
-            encoded = answer.encode("utf-8")
-            preview = encoded[:ANSWER_PREVIEW_BYTES].decode("utf-8", errors="ignore")
-            fields["answer"] = {
-                "preview": preview,
-                "bytes": len(encoded),
-                "truncated": len(encoded) > ANSWER_PREVIEW_BYTES,
-            }
-        return RunOutcome(phase=phase, reason=str(reason), message=message, **fields)
 
 
 RemoteRunActor = ray.remote(num_cpus=0, max_restarts=0)(RunActor)
