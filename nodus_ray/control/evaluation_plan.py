@@ -3,7 +3,8 @@
 `plan_evaluation` resolves the Environment and generates the task batch when the group is
 created, refusing anything that could not run before a byte is stored; `Evaluation` is one live
 evaluation's cases in memory (rebuilt after a restart from the Environment and the stored case
-records). `grading_request` is what the grader is asked for one finished case.
+records). `member_run` is one case's run; `grading_request` is what the grader is asked for
+one finished case.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from nodus.errors import Invalid, NotFound
-from nodus.resources import EvaluationStatus, parse_duration
+from nodus.resources import API_VERSION, AgentRun, EvaluationStatus, parse_duration, parse_resource
 from nodus_ray.control.run_images import LocalImages, pin_images
-from nodus_ray.core.evaluation import Case, plan_cases
+from nodus_ray.core.evaluation import Case, case_labels, live_record, plan_cases
 from nodus_ray.environments import EnvironmentNotFound, Task, resolve
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp
 
-__all__ = ["Evaluation", "grading_request", "plan_evaluation"]
+__all__ = ["Evaluation", "grading_request", "member_run", "plan_evaluation"]
 
 
 @dataclass
@@ -37,6 +38,36 @@ class Evaluation:
 
     def by_run(self, run: str) -> Case | None:
         return next((case for case in self.cases if case.run == run), None)
+
+    def case_records(self) -> list[dict[str, Any]]:
+        """One record per case, in case order: the final one, else a live Grading or Pending."""
+        records = []
+        for case in self.cases:
+            record = self.records.get(case.run)
+            if record is None:
+                record = live_record(case, "Grading" if case.run in self.grading else "Pending")
+            records.append(record)
+        return records
+
+
+def member_run(group: dict[str, Any], case: Case, task: Task) -> AgentRun:
+    """The run of one case: the group's Agent on the task's prompt, labelled with its case."""
+    run = parse_resource(
+        {
+            "apiVersion": API_VERSION,
+            "kind": "AgentRun",
+            "metadata": {"name": case.run, "labels": case_labels(case)},
+            "spec": {
+                "agent": group["spec"]["agent"],
+                "input": task.prompt,
+                "group": group["metadata"]["name"],
+                "taskKey": case.key,
+            },
+        },
+        expected_kind="AgentRun",
+    )
+    assert isinstance(run, AgentRun)
+    return run
 
 
 async def plan_evaluation(

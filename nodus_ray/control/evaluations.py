@@ -25,25 +25,30 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
 from nodus.errors import Conflict, NodusError
-from nodus.lifecycle import GROUP_TERMINAL_PHASES, RUN_TERMINAL_PHASES, GroupPhase, RunPhase
-from nodus.resources import API_VERSION, AgentRun, parse_resource
-from nodus_ray.control.evaluation_plan import Evaluation, grading_request, plan_evaluation
+from nodus.lifecycle import GROUP_TERMINAL_PHASES, RUN_TERMINAL_PHASES, GroupPhase
+from nodus.resources import AgentRun
+from nodus_ray.control.evaluation_plan import Evaluation, grading_request, member_run, plan_evaluation
+from nodus_ray.control.grading_records import (
+    GRADING_HOLD_CPU_SECONDS,
+    cancelled_record,
+    graded_record,
+    seconds_left,
+    timeout_record,
+    ungradable_record,
+)
 from nodus_ray.control.group_actors import Graders, GroupSupervisors, limits_wire
 from nodus_ray.control.registry import Key, Registry
 from nodus_ray.control.retention_policy import check_payloads
 from nodus_ray.control.run_images import LocalImages
 from nodus_ray.core.evaluation import (
     Case,
-    case_labels,
     final_phase,
     final_record,
-    live_record,
     plan_cases,
     results_parquet,
     summarize,
@@ -55,15 +60,11 @@ from nodus_ray.money.sandbox_billing import cpu_cost
 from nodus_ray.sandbox.run_workspaces import workspace_path
 from nodus_ray.sandbox.snapshots import pack_files
 from nodus_ray.store import layout
-from nodus_ray.store.timestamps import parse_timestamp, utc_now
+from nodus_ray.store.timestamps import utc_now
 
 __all__ = ["EvaluationService", "MemberCreator", "StatusTaker"]
 
 logger = logging.getLogger(__name__)
-
-# What a case's grading is held at against the project's Budget: this many CPU-seconds at the
-# price table's cpuSecondUSD. Its charge is its measured CPU, at most that.
-GRADING_HOLD_CPU_SECONDS = 60.0
 
 
 async def _always_room(group: Key, run: str, amount: Decimal, within: float) -> bool:
@@ -189,7 +190,7 @@ class EvaluationService:
                 await asyncio.to_thread(
                     self._storage.write_bytes, layout.seed(layout.run_prefix(project, case.run)), seed
                 )
-        runs = [self._member(group, case, tasks[case.task_index]) for case in missing]
+        runs = [member_run(group, case, tasks[case.task_index]) for case in missing]
         if runs:
             # Every case runs the Agent revision of the group's creation, even when its runs are
             # created only after a restart and the Agent has changed since.
@@ -233,25 +234,6 @@ class EvaluationService:
                 limits_wire(group["spec"]), True, group["spec"].get("state") == "Cancelled"
             )
             await self._take_status(key, status, {})
-
-    @staticmethod
-    def _member(group: dict[str, Any], case: Case, task: Task) -> AgentRun:
-        run = parse_resource(
-            {
-                "apiVersion": API_VERSION,
-                "kind": "AgentRun",
-                "metadata": {"name": case.run, "labels": case_labels(case)},
-                "spec": {
-                    "agent": group["spec"]["agent"],
-                    "input": task.prompt,
-                    "group": group["metadata"]["name"],
-                    "taskKey": case.key,
-                },
-            },
-            expected_kind="AgentRun",
-        )
-        assert isinstance(run, AgentRun)
-        return run
 
     def member_status(self, project: str, run: AgentRun) -> dict[str, Any]:
         """What an evaluation member's status starts with: the group's deadline and its seed."""
@@ -354,14 +336,9 @@ class EvaluationService:
         self, key: Key, group: dict[str, Any], case: Case, status: dict[str, Any]
     ) -> dict[str, Any]:
         """What the case comes to: unscored for a run that failed or left no answer, else graded."""
-        phase = status["phase"]
-        if phase != RunPhase.SUCCEEDED:
-            state = "RunFailed" if phase == RunPhase.FAILED else "RunCancelled"
-            return final_record(
-                case, state, reason=status.get("reason"), evidence=status.get("message") or "", at=utc_now()
-            )
-        if group["spec"].get("state") == "Cancelled":
-            return final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now())
+        ended = ungradable_record(case, group, status)
+        if ended is not None:
+            return ended
         try:
             answer = await self._answer(key[0], case.run) if status.get("answer") else ""
         except FileNotFoundError:  # an answer status without its file: no answer to grade
@@ -370,21 +347,13 @@ class EvaluationService:
             return final_record(
                 case, "MissingAnswer", evidence="the run ended without an answer", at=utc_now()
             )
-        left = self._seconds_left(group)
+        left = seconds_left(group)
         if left <= 0:
-            return final_record(
-                case,
-                "EvaluationTimeout",
-                at=utc_now(),
-                evidence="the run answered, but not in time to be graded",
-            )
+            return timeout_record(case, "the run answered, but not in time to be graded")
         held = cpu_cost(self._prices.sandbox, GRADING_HOLD_CPU_SECONDS)
         if not await self.budget_hold(key, case.run, held, left):
-            return final_record(
-                case,
-                "EvaluationTimeout",
-                at=utc_now(),
-                evidence="the project's Budget had no room to grade the answer before the deadline",
+            return timeout_record(
+                case, "the project's Budget had no room to grade the answer before the deadline"
             )
         await self._take_status(key, {}, {})  # shows the case as Grading
         request = grading_request(
@@ -398,42 +367,13 @@ class EvaluationService:
         try:
             outcome = await asyncio.wait_for(self._grader(key).grade.remote(request), timeout=left)
         except TimeoutError:
-            return final_record(
-                case,
-                "EvaluationTimeout",
-                at=utc_now(),
-                evidence="grading did not finish by the evaluation's deadline",
-            )
+            return timeout_record(case, "grading did not finish by the evaluation's deadline")
         except Exception as error:  # noqa: BLE001 - a grader that died (or was released) unscored the case
             logger.warning("grading %s/%s failed: %s", key[1], case.run, type(error).__name__)
             if group["spec"].get("state") == "Cancelled" or key not in self._groups:
-                return final_record(
-                    case, "GradingCancelled", evidence="the group was cancelled", at=utc_now()
-                )
+                return cancelled_record(case)
             return final_record(case, "GraderFailed", evidence="the grader process failed", at=utc_now())
-        cpu = float(outcome.get("cpuSeconds") or 0.0)
-        usd = str(min(cpu_cost(self._prices.sandbox, cpu), held))  # never more than was held
-        if outcome["outcome"] == "scored":
-            return final_record(
-                case,
-                "Scored",
-                verdict=outcome["verdict"],
-                reward=outcome["reward"],
-                evidence=outcome["evidence"],
-                seconds=outcome["seconds"],
-                at=utc_now(),
-                grading_cpu_seconds=cpu,
-                grading_usd=usd,
-            )
-        return final_record(
-            case,
-            "GraderFailed",
-            evidence=outcome["evidence"],
-            seconds=outcome.get("seconds"),
-            at=utc_now(),
-            grading_cpu_seconds=cpu,
-            grading_usd=usd,
-        )
+        return graded_record(case, outcome, held, self._prices)
 
     def grading_usd(self, key: Key) -> Decimal:
         """What the group's grading was billed: the sum of its case records' ``gradingUSD``
@@ -452,10 +392,7 @@ class EvaluationService:
         for run_name in sorted(book.grading):
             case = book.by_run(run_name)
             if case is not None and run_name not in book.records:
-                await self._record(
-                    key,
-                    final_record(case, "GradingCancelled", evidence="the group was cancelled", at=utc_now()),
-                )
+                await self._record(key, cancelled_record(case))
 
     async def _record(self, key: Key, record: dict[str, Any]) -> None:
         """Keep a case's final record (first one wins), store it, and update the group."""
@@ -483,22 +420,10 @@ class EvaluationService:
     def release_grader(self, key: Key) -> None:
         self._graders.release(key)
 
-    @staticmethod
-    def _seconds_left(group: dict[str, Any]) -> float:
-        deadline = parse_timestamp(group["status"]["evaluation"]["deadlineAt"])
-        return (deadline - datetime.now(UTC)).total_seconds()
-
     # -- results and the group's status -----------------------------------------------------
 
     def _case_records(self, key: Key) -> list[dict[str, Any]]:
-        book = self._evaluation(key)
-        records = []
-        for case in book.cases:
-            record = book.records.get(case.run)
-            if record is None:
-                record = live_record(case, "Grading" if case.run in book.grading else "Pending")
-            records.append(record)
-        return records
+        return self._evaluation(key).case_records()
 
     async def group_results(self, project: str, name: str) -> dict[str, Any]:
         """``GET .../agentgroups/NAME/results``: one record per case, in case order."""
