@@ -16,8 +16,6 @@ handle of a run, `agent_run`), `AgentMap` (`Agent.map`, `agent_map`) and `View` 
 from __future__ import annotations
 
 import copy
-import hashlib
-import secrets as _secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -27,15 +25,15 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from ._runtime.definition import ProgramDefinition, guard_client_call
 from ._runtime.sources import check_source, source_files
 from .agent_run import AgentRun, RunContext
-from .agent_spec import AGENT_PARAMS, Egress, SecretKey, claude_agent_spec, python_agent_spec
+from .agent_spec import AGENT_PARAMS, Egress, SecretKey, claude_agent_spec, python_agent_spec, worker_settings
+from .agent_submit import create_run, run_manifest
 from .client import Client
-from .durations import format_duration
-from .errors import Conflict, Invalid, Unsupported
-from .handles import _encode_input, _format_deadline, _run_name, _unsupported
+from .errors import Invalid, Unsupported
+from .handles import _run_name as _run_name  # still importable from here, as callers do
+from .handles import _unsupported
 from .resources import (
     API_VERSION,
     parse_resource,
-    validate_dns_label,
 )
 from .schema_agent import source_ref
 from .view import View
@@ -64,42 +62,6 @@ _PLACEHOLDER_SOURCE = {"digest": "sha256:" + "0" * 64, "files": 1, "bytes": 0}
 
 
 # -- Agent ------------------------------------------------------------------------------------
-
-
-def _worker_settings(min_workers: Any, max_workers: Any, scaledown_window: Any) -> dict[str, Any]:
-    """``spec.minWorkers``/``maxWorkers``/``scaledownWindow``, only those given (an Agent that
-    sets none sends the document it always did); the server checks their ranges."""
-    spec: dict[str, Any] = {}
-    for arg, field, value in (
-        ("min_workers", "minWorkers", min_workers),
-        ("max_workers", "maxWorkers", max_workers),
-    ):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise Invalid(f"{arg} is a whole number of run actors", details={"field": arg})
-        spec[field] = value
-    if scaledown_window is not None:
-        if isinstance(scaledown_window, timedelta):
-            scaledown_window = format_duration(scaledown_window)
-        if not isinstance(scaledown_window, str):
-            raise Invalid(
-                'scaledown_window is a duration such as "5m" or a timedelta',
-                details={"field": "scaledown_window"},
-            )
-        spec["scaledownWindow"] = scaledown_window
-    return spec
-
-
-def _check_session_key(session_key: Any) -> None:
-    """A session key is a DNS label (what the server's ``spec.sessionKey`` takes), refused here
-    naming ``session_key`` before anything is sent."""
-    try:
-        if not isinstance(session_key, str):
-            raise ValueError("must be a string")
-        validate_dns_label(session_key)
-    except ValueError as exc:
-        raise Invalid(f"session_key: {exc}", details={"field": "session_key"}) from None
 
 
 class Agent:
@@ -179,7 +141,7 @@ class Agent:
             cpu=cpu,
             memory=memory,
         )
-        spec.update(_worker_settings(min_workers, max_workers, scaledown_window))
+        spec.update(worker_settings(min_workers, max_workers, scaledown_window))
         self._source = source
         self._entrypoint = entrypoint
         self._setup(name, spec, project, client)
@@ -336,54 +298,21 @@ class Agent:
         to a run it starts; a message delivered to a live run leaves that run's deadline as is.
         """
         guard_client_call("submit")
-        if group is not None:
-            raise _unsupported("submit(group=...)", "submit group runs with AgentGroup.submit_many", "group")
-        if session_key is not None:
-            _check_session_key(session_key)
-        if hold_worker not in (None, "auto"):
-            raise _unsupported(
-                "submit(hold_worker=...) other than 'auto'", "the API does not hold workers", "hold_worker"
-            )
-        text = _encode_input(input)
-        if name is None and idempotency_key is not None:
-            name = _run_name(self.name, hashlib.sha256(idempotency_key.encode("utf-8")).hexdigest()[:12])
-        idempotent = name is not None
-        if name is None:
-            name = _run_name(self.name, _secrets.token_hex(4))
-        spec: dict[str, Any] = {"agent": self.name, "input": text}
-        if deadline is not None:
-            spec["deadline"] = _format_deadline(deadline)
-        if keep_alive or session_key is not None:
-            spec["keepAlive"] = True  # a session's run waits for the session's next message
-        if session_key is not None:
-            spec["sessionKey"] = session_key
-        manifest = {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
-        parse_resource(manifest)  # an oversized input or a bad deadline is refused before sending
-
+        manifest, idempotent = run_manifest(
+            self.name,
+            input,
+            idempotency_key=idempotency_key,
+            session_key=session_key,
+            deadline=deadline,
+            group=group,
+            hold_worker=hold_worker,
+            name=name,
+            keep_alive=keep_alive,
+        )
         self._ensure_deployed()
-        if session_key is not None:  # the server answers the run holding the key, new or live
-            answer = self.client.create_result("agentruns", manifest, project=self._project)
-            handle = AgentRun(answer.resource, project=self._project, client=self.client)
-            if answer.result != "created":
-                # The input went to the live run as a message: wait() and answer() wait for it.
-                messages = (answer.resource.get("status") or {}).get("messages") or {}
-                handle._sent_seq = int(messages.get("received") or 0)
-            return handle
-        try:
-            created = self.client.create("agentruns", manifest, project=self._project)
-        except Conflict as exc:
-            if not (idempotent and exc.code == "AlreadyExists"):
-                raise
-            existing = self.client.get("agentruns", name, project=self._project)
-            same = {k: v for k, v in (existing.get("spec") or {}).items() if v not in (None, False)}
-            if same != {k: v for k, v in spec.items() if v not in (None, False)}:
-                raise Conflict(
-                    f"agentrun/{name} already exists with a different spec (agent, input or deadline)",
-                    code="AlreadyExists",
-                    details={"kind": "AgentRun", "name": name},
-                ) from None
-            created = existing
-        return AgentRun(created, project=self._project, client=self.client)
+        return create_run(
+            self.client, self._project, manifest, idempotent=idempotent, session=session_key is not None
+        )
 
     def spawn(self, input: Any = None, **kwargs: Any) -> AgentRun:
         """The same as `submit`."""

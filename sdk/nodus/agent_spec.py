@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
+from .durations import format_duration
 from .errors import Invalid
 from .handles import _usd
 
@@ -25,6 +27,7 @@ __all__ = [
     "agent_param",
     "claude_agent_spec",
     "python_agent_spec",
+    "worker_settings",
 ]
 
 
@@ -246,4 +249,29 @@ def python_agent_spec(
     total = _usd(max_cost, "max_cost")
     if total is not None:
         spec["maxCostUSD"] = total
+    return spec
+
+
+def worker_settings(min_workers: Any, max_workers: Any, scaledown_window: Any) -> dict[str, Any]:
+    """``spec.minWorkers``/``maxWorkers``/``scaledownWindow``, only those given (an Agent that
+    sets none sends the document it always did); the server checks their ranges."""
+    spec: dict[str, Any] = {}
+    for arg, field, value in (
+        ("min_workers", "minWorkers", min_workers),
+        ("max_workers", "maxWorkers", max_workers),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Invalid(f"{arg} is a whole number of run actors", details={"field": arg})
+        spec[field] = value
+    if scaledown_window is not None:
+        if isinstance(scaledown_window, timedelta):
+            scaledown_window = format_duration(scaledown_window)
+        if not isinstance(scaledown_window, str):
+            raise Invalid(
+                'scaledown_window is a duration such as "5m" or a timedelta',
+                details={"field": "scaledown_window"},
+            )
+        spec["scaledownWindow"] = scaledown_window
     return spec
