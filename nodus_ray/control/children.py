@@ -27,9 +27,10 @@ from typing import Any
 from nodus.errors import Conflict, Invalid
 from nodus.lifecycle import RUN_TERMINAL_PHASES, RunPhase, RunReason, run_transition
 from nodus.resources import AgentRun, AgentRunSpec, ObjectMeta
+from nodus_ray.control.new_runs import ChildOf
 from nodus_ray.control.registry import Key, Registry, children_ended, is_terminal_run
 from nodus_ray.control.run_supervisor import RunSupervisor
-from nodus_ray.control.runs import ChildOf, RunService
+from nodus_ray.control.runs import RunService
 from nodus_ray.store import layout
 
 __all__ = ["ChildService", "CHILD_CANCELLED_MESSAGE"]

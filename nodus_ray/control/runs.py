@@ -14,10 +14,8 @@ import asyncio
 import contextlib
 import copy
 import logging
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -26,9 +24,6 @@ from nodus.errors import Conflict, NotFound
 from nodus.lifecycle import RUN_TERMINAL_PHASES, RunPhase, RunReason
 from nodus.resources import (
     AgentRun,
-    AgentRunStatus,
-    ObjectMeta,
-    parse_duration,
     parse_resource,
     parse_run_list,
 )
@@ -39,6 +34,7 @@ from nodus_ray.control.credits import CreditService
 from nodus_ray.control.evaluations import EvaluationService
 from nodus_ray.control.generations import run_journal
 from nodus_ray.control.group_link import GroupLink, NewRun, run_cap
+from nodus_ray.control.new_runs import ChildOf, new_run_resource
 from nodus_ray.control.registry import Key, Registry, check_project, merge_status, suspended
 from nodus_ray.control.retention_policy import check_payloads
 from nodus_ray.control.run_images import ImagePins, LocalImages, agent_image, pin_images
@@ -48,7 +44,7 @@ from nodus_ray.durable.journal import record_view, step_views
 from nodus_ray.durable.step_activity import running_time
 from nodus_ray.faults import crash_point
 from nodus_ray.store import layout
-from nodus_ray.store.timestamps import format_timestamp, parse_timestamp, utc_now
+from nodus_ray.store.timestamps import utc_now
 
 __all__ = ["RunService", "ChildOf"]
 
@@ -58,17 +54,6 @@ logger = logging.getLogger(__name__)
 # uses (200000-249999), so no two runs ever share a process budget or kill each other's work.
 _FIRST_SANDBOX_UID = 300_000
 _METRICS_SECONDS = 5.0  # how often runs by phase are published (Prometheus scrapes every 10 s or so)
-
-
-@dataclass(frozen=True)
-class ChildOf:
-    """What a child run takes from its parent (`children`): its name, the cap the program gave
-    the child (``cap_usd``, at most the Agent's per-run cap) and the parent's deadline, which
-    the child cannot outlive."""
-
-    parent: str
-    cap_usd: str | None = None
-    deadline_at: str | None = None
 
 
 CancelChildren = Callable[[str, str], Awaitable[None]]  # (project, parent): its unfinished children end
@@ -351,15 +336,8 @@ class RunService:
         group_index: int | None,
         child_of: ChildOf | None = None,
     ) -> dict[str, Any]:
-        """The stored form of an accepted run: Pending, pinned to the agent's current revision."""
+        """The stored form of an accepted run (`new_runs`), with its cap, uid and image now."""
         created = utc_now()
-        status = AgentRunStatus(
-            phase=RunPhase.PENDING.value, agentRevision=agent["status"]["revision"], createdAt=created
-        ).model_dump(mode="json")
-        if agent["metadata"].get("project", project) != project:
-            status["agentProject"] = agent["metadata"]["project"]  # a template's revision (`templates`)
-        if agent["spec"].get("entrypoint"):
-            status["program"] = "Python"  # a durable Python program, not a Claude conversation
         # The cap is copied now: changing the agent later does not change a started run.
         cap = run_cap(agent)
         limit = None if cap == "0" else Decimal(cap)
@@ -367,43 +345,20 @@ class RunService:
             limit = min(limit, Decimal(child_of.cap_usd))
         if limit is not None and child_of is None:  # a child's cap is out of its parent's (`agent_budget`)
             limit = self._budget.limit(project, run.spec.agent, run.metadata.name, limit)
-        status["cost"]["limitUSD"] = None if limit is None else str(limit)
-        status["sandbox"]["uid"] = self._next_sandbox_uid()
+        uid = self._next_sandbox_uid()
         pins = self._image_pins.get((project, run.metadata.name))
-        image = pins.status_of(agent_image(agent)) if pins is not None else None
-        if image is not None:
-            status["sandbox"]["image"] = image  # the digest every actor of the run unpacks
-        if run.spec.deadline:
-            deadline = parse_timestamp(created) + parse_duration(run.spec.deadline)
-            status["deadlineAt"] = format_timestamp(deadline)
-        if child_of is not None:
-            status["parent"] = child_of.parent
-            parent_deadline = child_of.deadline_at
-            if parent_deadline and (
-                not status.get("deadlineAt")
-                or parse_timestamp(parent_deadline) < parse_timestamp(status["deadlineAt"])
-            ):
-                status["deadlineAt"] = parent_deadline  # a child never outlives its parent's deadline
-        if group_index is not None:
-            status["groupIndex"] = group_index  # creation order in the group, which admission follows
-            status["reason"] = (
-                RunReason.DEPENDENCY_WAIT if run.spec.dependsOn else RunReason.GROUP_WAIT
-            ).value
-            status.update(self._evaluations.member_status(project, run))  # an evaluation's deadline and seed
-        return {
-            "apiVersion": run.apiVersion,
-            "kind": "AgentRun",
-            "metadata": ObjectMeta(
-                name=run.metadata.name,
-                project=project,
-                uid=uuid.uuid4().hex,
-                generation=1,
-                creationTimestamp=created,
-                labels=run.metadata.labels,
-            ).model_dump(mode="json"),
-            "spec": run.spec.model_dump(mode="json", exclude_none=True),
-            "status": status,
-        }
+        return new_run_resource(
+            project,
+            run,
+            agent,
+            created=created,
+            limit_usd=None if limit is None else str(limit),
+            sandbox_uid=uid,
+            image=pins.status_of(agent_image(agent)) if pins is not None else None,
+            group_index=group_index,
+            member_status=self._evaluations.member_status(project, run) if group_index is not None else None,
+            child_of=child_of,
+        )
 
     def _next_sandbox_uid(self) -> int:
         # Taken synchronously (no await) so two concurrent creates never get the same uid.
