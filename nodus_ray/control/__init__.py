@@ -3,7 +3,7 @@
 The actor (`plane`) is a thin facade, the way Ray Serve's controller is built: it composes the
 services (`services.compose`), recovers once before it serves a call (`recovery`), and hands
 each call to one service. The services share the resources through `registry.Registry` and
-start Ray actors only through launchers (`run_supervisor.RayRunActors`,
+start Ray actors only through launchers (`run_launcher.RayRunActors`,
 `group_actors`), so each is unit-tested without Ray:
 
 * `agents` (Agents and revisions), `runs` (AgentRuns and run actors' reports),

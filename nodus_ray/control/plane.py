@@ -27,7 +27,7 @@ from nodus_ray.control.node_workspaces import remove_on_node
 from nodus_ray.control.recovery import RecoveryGate, after_recovery
 from nodus_ray.control.retention import RetentionSweeper
 from nodus_ray.control.run_files import RunFiles
-from nodus_ray.control.run_supervisor import RayRunActors
+from nodus_ray.control.run_launcher import RayRunActors
 from nodus_ray.control.services import compose
 from nodus_ray.control.templates import ensure_templates
 from nodus_ray.runtime.run_actor import RunConfig

@@ -6,8 +6,8 @@ ends the actor, so a cancel that races an actor's start leaves nothing running. 
 queued run has no actor to watch its deadline, so a timer here does. Ending a run (cancel,
 delete) is here too: it is ending the run's actor and sandbox.
 
-Creating and killing Ray actors goes through a `RunActorLauncher`, the one Ray boundary, so the
-supervisor is tested without Ray over a fake launcher.
+Creating and killing Ray actors goes through a `RunActorLauncher` (`run_launcher`), the one Ray
+boundary, so the supervisor is tested without Ray over a fake launcher.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import ray
 from ray.exceptions import RayActorError
 
 from nodus.lifecycle import (
@@ -46,57 +45,27 @@ from nodus_ray.control.registry import (
     suspended,
 )
 from nodus_ray.control.run_config import run_config
+from nodus_ray.control.run_launcher import RayRunActors, RunActorLauncher
 from nodus_ray.control.run_pool import RunActorPool
 from nodus_ray.control.wake_timers import WakeTimers
 from nodus_ray.control.workspace_sweep import WorkspaceSweeper
 from nodus_ray.durable.fencing import Fenced, JournalConflict
 from nodus_ray.faults import crash_point
 from nodus_ray.money.credits import CreditLedger
-from nodus_ray.runtime.run_actor import RemoteRunActor, RunConfig, run_actor_name
+from nodus_ray.runtime.run_actor import run_actor_name
 from nodus_ray.runtime.run_config import actor_resources
 from nodus_ray.sandbox.run_workspaces import workspace_path
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
-from nodus_ray.settings import NAMESPACE, ServerSettings
+from nodus_ray.settings import ServerSettings
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import parse_timestamp, utc_now
 
+# RunActorLauncher and RayRunActors live in `run_launcher`; importing them from here still works.
 __all__ = ["RunSupervisor", "RunActorLauncher", "RayRunActors"]
 
 logger = logging.getLogger(__name__)
 
 _CANCEL_GRACE_SECONDS = 15.0
-
-
-class RunActorLauncher(Protocol):
-    """Finding, starting and ending run actors (Ray's, or a test's fakes)."""
-
-    def find(self, name: str) -> Any | None: ...
-
-    def start(self, name: str, config: RunConfig) -> Any: ...
-
-    def kill(self, actor: Any) -> None: ...
-
-
-class RayRunActors:
-    """Run actors as detached, named Ray actors in the service's namespace."""
-
-    def find(self, name: str) -> Any | None:
-        try:
-            return ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            return None
-
-    def start(self, name: str, config: RunConfig) -> Any:
-        return RemoteRunActor.options(
-            name=name,
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-            **actor_resources(config.agent_spec),
-        ).remote(config)
-
-    def kill(self, actor: Any) -> None:
-        ray.kill(actor, no_restart=True)
 
 
 class RunSupervisor:

@@ -29,8 +29,9 @@ from nodus_ray.control.registry import Registry
 from nodus_ray.control.resolution import ResolutionService
 from nodus_ray.control.run_controls import RunControls
 from nodus_ray.control.run_images import LocalImages
+from nodus_ray.control.run_launcher import RunActorLauncher
 from nodus_ray.control.run_pool import RunActorPool, RunPoolService
-from nodus_ray.control.run_supervisor import RunActorLauncher, RunSupervisor
+from nodus_ray.control.run_supervisor import RunSupervisor
 from nodus_ray.control.runs import RunService
 from nodus_ray.control.secret_service import SecretService
 from nodus_ray.control.secrets import SecretStore
