@@ -41,13 +41,14 @@ from nodus.lifecycle import RunReason
 from nodus_ray.durable.journal import Journal, JournalRecord, StepState
 from nodus_ray.faults import crash_point
 
-__all__ = ["Effect", "StepFailed", "NeedsResolution", "NonDeterministic", "Begun", "Steps"]
+__all__ = ["CHARGE_KIND", "Effect", "StepFailed", "NeedsResolution", "NonDeterministic", "Begun", "Steps"]
 
 Effect = Literal["pure", "idempotent", "external"]
 # Records outside the sequence of steps the program asks for: conversation messages, and
 # charges (a Python program process's sandbox compute, `record_charge`), which the actor
 # writes when a process ends, not where the program's code asked for anything.
-_OUTSIDE_ORDER = frozenset({"message", "charge"})
+CHARGE_KIND = "charge"
+_OUTSIDE_ORDER = frozenset({"message", CHARGE_KIND})
 
 
 class StepFailed(Exception):
@@ -203,7 +204,9 @@ class Steps:
         order; False when ``step_id`` was recorded already (nothing is written again)."""
         if step_id in self._last:
             return False
-        await self._append(step_id, "charge", "Completed", {"result": result, "summary": summary}, attempt=1)
+        await self._append(
+            step_id, CHARGE_KIND, "Completed", {"result": result, "summary": summary}, attempt=1
+        )
         return True
 
     async def run(

@@ -42,7 +42,7 @@ from nodus._runtime import protocol as wire
 from nodus.lifecycle import RunReason
 from nodus.resources import Turn
 from nodus_ray.core.redaction import Redactor
-from nodus_ray.durable.steps import Steps
+from nodus_ray.durable.steps import CHARGE_KIND, Steps
 from nodus_ray.money.sandbox_billing import SandboxMeter
 from nodus_ray.runtime.conversation import RunFailure
 from nodus_ray.runtime.program.model_calls import ModelCalls
@@ -233,8 +233,16 @@ class PythonProgram:
         self.models.spend.release_standing()
 
     def _completed(self) -> int:
-        """How many steps the journal holds an end of (progress, for `MAX_LOST_IN_A_ROW`)."""
-        return sum(1 for r in self.steps.journal.records if r.state in ("Completed", "Failed", "Resolved"))
+        """How many steps the journal holds an end of (progress, for `MAX_LOST_IN_A_ROW`).
+
+        A process's own sandbox charge (kind ``charge``, journaled as each process ends, killed
+        ones too) is not progress of the program: counted, every kill would look like progress
+        and a program killed again and again would be started forever."""
+        return sum(
+            1
+            for r in self.steps.journal.records
+            if r.state in ("Completed", "Failed", "Resolved") and r.kind != CHARGE_KIND
+        )
 
     async def _rewind(self, spent_before: Decimal) -> None:
         """Make this actor what a new one would be before the program starts: a replay index
