@@ -18,7 +18,8 @@ instead for this, so its figures are the bar nodus's overhead is judged against:
 Both are measured the same way: wall time of the workload alone (Inspect's ``eval()`` call;
 nodus's group from creation to finished, the service already up) and the CPU seconds the whole
 machine spent in that window (/proc/stat), so Ray's and the sandboxes' processes count too.
-The systems alternate ``--repeat`` times. In the same invocation, on the same Ray head, the
+Inspect's CPU is also given net of the idle machine's rate (measured for 10 s before each
+Inspect run), because nodus's service idles beside it. The systems alternate ``--repeat`` times. In the same invocation, on the same Ray head, the
 script measures the floor of a process per run: a bare detached Ray actor's create, one call and
 kill, ``--floor`` times one after another, in CPU seconds each.
 
@@ -108,12 +109,28 @@ class Result:
     cpu: float
     right: int
     samples: int
+    background: float = 0.0  # what the idle machine (nodus's service up) spends over the same wall
+
+    @property
+    def net(self) -> float:
+        return self.cpu - self.background
 
     def row(self, n: int, c: int) -> str:
+        net = f" (net of {self.background:.1f} s idle: {self.net:.1f} s)" if self.background else ""
         return (
-            f"| {n} / {c} | {self.system} | {self.wall:.1f} s | {self.cpu:.1f} s "
-            f"| {self.cpu / self.samples:.2f} s | {self.right}/{self.samples} |"
+            f"| {n} / {c} | {self.system} | {self.wall:.1f} s | {self.cpu:.1f} s{net} "
+            f"| {self.net / self.samples:.2f} s | {self.right}/{self.samples} |"
         )
+
+
+def idle_rate(seconds: float) -> float:
+    """CPU seconds per second the machine spends with nothing of the workload running: nodus's
+    idle service and whoever else shares the machine. Inspect's window is charged net of it, so
+    nodus's service idling beside Inspect is not counted as Inspect's (other people's load
+    stays in nodus's figures: the comparison leans against nodus, never for it)."""
+    cpu = busy_cpu_seconds()
+    time.sleep(seconds)
+    return (busy_cpu_seconds() - cpu) / seconds
 
 
 def inspect_python(venv: Path) -> tuple[Path, str]:
@@ -133,7 +150,7 @@ def inspect_python(venv: Path) -> tuple[Path, str]:
     return python, found.stdout.strip()
 
 
-def run_inspect(python: Path, n: int, c: int, latency: float) -> Result:
+def run_inspect(python: Path, n: int, c: int, latency: float, idle: float) -> Result:
     with tempfile.TemporaryDirectory(prefix="nodus-bench-inspect-") as work:
         script = Path(work) / "task.py"
         script.write_text(_INSPECT_TASK)
@@ -151,7 +168,8 @@ def run_inspect(python: Path, n: int, c: int, latency: float) -> Result:
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     if figures["status"] != "success" or figures["model_calls"] != 2 * n:
         print(f"Inspect AI: {figures}", file=sys.stderr)
-    return Result("Inspect AI", figures["wall"], figures["cpu"], figures["right"], figures["samples"])
+    wall = figures["wall"]
+    return Result("Inspect AI", wall, figures["cpu"], figures["right"], figures["samples"], idle * wall)
 
 
 def nodus_agent(http: httpx.Client) -> None:
@@ -241,11 +259,14 @@ def report(results: list[Result], floor: float, floor_count: int, args: argparse
     for result in results:
         print(result.row(args.n, args.c))
     pairs = list(zip(results[0::2], results[1::2], strict=True))
-    print("\n| repeat | wall nodus / Inspect | CPU nodus / Inspect | nodus CPU per run / bare actor |")
+    print(
+        "\n| repeat | wall nodus / Inspect | CPU nodus / Inspect net (raw) | nodus CPU per run / bare actor |"
+    )
     print("| --- | --- | --- | --- |")
     for index, (inspect, ours) in enumerate(pairs, 1):
         print(
-            f"| {index} | {ours.wall / inspect.wall:.2f}x | {ours.cpu / inspect.cpu:.2f}x "
+            f"| {index} | {ours.wall / inspect.wall:.2f}x | {ours.cpu / inspect.net:.2f}x "
+            f"({ours.cpu / inspect.cpu:.2f}x) "
             f"| {ours.cpu / ours.samples:.2f} s / {floor:.2f} s = {ours.cpu / ours.samples / floor:.2f}x |"
         )
     print(f"\nbare Ray actor create + call + kill: {floor:.3f} CPU s each ({floor_count}, one after another)")
@@ -282,7 +303,9 @@ def main() -> None:
         with httpx.Client(base_url=base, headers=auth_headers(env), timeout=60) as http:
             nodus_agent(http)
             for repeat in range(args.repeat):
-                results.append(run_inspect(python, args.n, args.c, args.latency))
+                idle = idle_rate(10.0)
+                print(f"idle machine: {idle:.3f} CPU s per second", file=sys.stderr)
+                results.append(run_inspect(python, args.n, args.c, args.latency, idle))
                 print(results[-1].row(args.n, args.c), file=sys.stderr)
                 results.append(run_nodus(http, f"g{repeat}", args.n, args.c))
                 print(results[-1].row(args.n, args.c), file=sys.stderr)
