@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support import api_port, auth_headers, temporary_service, wait_until, words
+from support import auth_headers, nodus_up, temporary_service, wait_until, words
 
-NODUS = str(Path(sys.executable).parent / "nodus")
 V1 = "nodus.dev/v1"
 RESULTS = Path(__file__).with_name("RESULTS.md")
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
@@ -141,12 +139,7 @@ def _settled(runs: list[dict[str, Any]], count: int) -> bool:
 
 
 def _bench(env: dict[str, str], args: argparse.Namespace) -> Outcome:
-    port = api_port(env)
-    up = subprocess.run(
-        [NODUS, "up", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    if up.returncode != 0:
-        sys.exit(f"nodus up failed:\n{up.stdout}\n{up.stderr}")
+    port = nodus_up(env)
     outcome = Outcome()
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth_headers(env), timeout=60) as http:
         # The baseline: the same runs with no Budget; what they spend is the need.

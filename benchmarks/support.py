@@ -33,6 +33,7 @@ __all__ = [
     "api_port",
     "auth_headers",
     "kill_head",
+    "nodus_up",
     "ray_address",
     "recorded_cluster",
     "temporary_service",
@@ -81,6 +82,18 @@ def api_port(env: dict[str, str], offset: int = 0) -> int:
     """A free port for the API: in the service's own block, which Ray leaves unused (its base
     +20..+29 were checked free with the block; the tests' session uses the same port)."""
     return HeadPorts(int(env["NODUS_RAY_PORTS"])).api + offset
+
+
+def nodus_up(env: dict[str, str]) -> int:
+    """Start the service of ``env`` (`temporary_service`) with `nodus up`; its API port, or
+    exit saying why it did not start."""
+    port = api_port(env)
+    up = subprocess.run(
+        [NODUS, "up", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    if up.returncode != 0:
+        sys.exit(f"nodus up failed:\n{up.stdout}\n{up.stderr}")
+    return port
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:

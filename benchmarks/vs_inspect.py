@@ -43,7 +43,7 @@ from pathlib import Path
 
 import httpx
 import ray
-from support import NODUS, api_port, auth_headers, ray_address, temporary_service, wait_until
+from support import auth_headers, nodus_up, ray_address, temporary_service, wait_until
 
 V1 = "nodus.dev/v1"
 INSPECT_VERSION = "0.3.285"
@@ -288,17 +288,7 @@ def main() -> None:
     with temporary_service(
         "nodus-bench-vs-inspect-", NODUS_OFFLINE_LATENCY=str(args.latency), NODUS_INITIAL_CREDITS="1000"
     ) as env:
-        port = api_port(env)
-        up = subprocess.run(
-            [NODUS, "up", "--port", str(port)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if up.returncode != 0:
-            sys.exit(f"nodus up failed:\n{up.stdout}\n{up.stderr}")
+        port = nodus_up(env)
         base = f"http://127.0.0.1:{port}/v1/projects/default"
         with httpx.Client(base_url=base, headers=auth_headers(env), timeout=60) as http:
             nodus_agent(http)
