@@ -9,6 +9,12 @@ and nothing with an effect happens twice.
 The program is deterministic given its journal; all state the status shows (turns, tokens,
 cost) is recomputed from step results, so a replayed run reports exactly what it reported
 before its actor died.
+
+How it journals (issue 19): routing and reading the inbox are idempotent and internal, so each
+is one ``Completed`` record with no ``Started``; a model step's ``Completed`` and the assistant
+message it produced are one write, the message referring to the step's result
+(``contentOf``) instead of holding the answer again; likewise a message read from the inbox
+and the user message it becomes.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from decimal import Decimal
 from typing import Any
 
 from nodus.lifecycle import RunReason
-from nodus.resources import FAMILIES, Turn
+from nodus.schema_common import FAMILIES
+from nodus.schema_run import Turn
 from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, NonDeterministic, StepFailed, Steps
@@ -179,10 +186,18 @@ class Conversation:
             assert arrived is not None
             return arrived
 
+        def as_message(read: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+            # The user message the turn starts with (`_turn`), stored once: in this step's result.
+            if not isinstance(read.get("payload"), str):
+                return None
+            return len(self.messages), {"role": "user", "contentOf": step_id, "key": "payload"}
+
         return await self.steps.run(
             step_id,
             "inbox",
             read,
+            write_started=False,
+            message=as_message,
             summary_of=lambda m: (
                 f"message {m['seq']}" + (f" ({m['messageKey']})" if m.get("messageKey") else "")
             ),
@@ -280,6 +295,7 @@ class Conversation:
             step_id,
             "route",
             choose,
+            write_started=False,
             cost_of=lambda r: r["billedUSD"],
             summary_of=lambda r: f"{r['family']} ({r['routing']}) -> {r['model']}, ${r['billedUSD']}",
         )
@@ -404,6 +420,8 @@ class Conversation:
                     "boundUSD": str(bound),
                 },
                 cost_of=lambda r: r["billedUSD"],
+                # The assistant message `_turn` adds next, stored once: in this step's result.
+                message=lambda r: (len(self.messages), {"role": "assistant", "contentOf": step_id}),
                 summary_of=lambda r: (
                     f"{r['model']}: {r['stop_reason']}, "
                     f"{r['usage']['input_tokens']} in / {r['usage']['output_tokens']} out, "

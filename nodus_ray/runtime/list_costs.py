@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from nodus.resources import Turn
+from nodus.schema_run import Turn
 from nodus_ray.models.base import Usage
 from nodus_ray.money.billing import ACCESS_BYOK, list_cost
 from nodus_ray.money.prices import PriceTable

@@ -25,7 +25,7 @@ import ray
 
 from nodus.errors import NodusError
 from nodus.lifecycle import RunPhase, RunReason
-from nodus.resources import Turn
+from nodus.schema_run import Turn
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.fencing import Epoch, Fenced

@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from nodus.lifecycle import RunPhase, RunReason
-from nodus.resources import ANSWER_PREVIEW_BYTES
+from nodus.schema_common import ANSWER_PREVIEW_BYTES
 from nodus_ray.control.client import RunOutcome
 from nodus_ray.durable.steps import NeedsResolution
 from nodus_ray.money.sandbox_billing import cost_fields

@@ -40,6 +40,7 @@ from .view import View
 
 if TYPE_CHECKING:
     from .agent_map import AgentMap
+    from .group import AgentGroup
 
 # AgentRun, RunContext and View are re-exported: ``from nodus.agent import AgentRun`` keeps working.
 __all__ = [
@@ -465,6 +466,12 @@ class ClaudeAgent(Agent):
         raise _unsupported("ClaudeAgent.local", self._NOT_A_PROGRAM, "local")
 
 
-# The reference (000) documents AgentGroup in ``nodus.agent``; it lives in `group`, which builds
-# on this module, so it is imported last (every name group.py takes from here exists by now).
-from .group import AgentGroup  # noqa: E402
+def __getattr__(name: str) -> Any:
+    """The reference (000) documents AgentGroup in ``nodus.agent``; it lives in `group`, which
+    builds on this module, so it is loaded when first asked for here (whichever of the two
+    modules a program imports first)."""
+    if name == "AgentGroup":
+        from .group import AgentGroup
+
+        return AgentGroup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

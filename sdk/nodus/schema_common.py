@@ -68,13 +68,18 @@ class StrictModel(BaseModel):
     ``"5"`` is not 5 (nor is ``true`` 1), and a string field takes no number.
     """
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
+    # defer_build: a model's validator is built the first time it validates, not when its class
+    # is defined, so a process that imports the schemas for one or two models (a run actor)
+    # does not build them all (issue 19).
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, validate_assignment=False, defer_build=True
+    )
 
 
 class OpenModel(BaseModel):
     """Server-written parts (status) stay readable by older clients when fields are added."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
 
 class ObjectMeta(StrictModel):

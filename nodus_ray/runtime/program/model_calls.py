@@ -20,7 +20,8 @@ from decimal import Decimal
 from typing import Any
 
 from nodus._runtime import protocol as wire
-from nodus.resources import FAMILIES, Turn
+from nodus.schema_common import FAMILIES
+from nodus.schema_run import Turn
 from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, StepFailed, Steps

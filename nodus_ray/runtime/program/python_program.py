@@ -40,7 +40,7 @@ from typing import Any
 
 from nodus._runtime import protocol as wire
 from nodus.lifecycle import RunReason
-from nodus.resources import Turn
+from nodus.schema_run import Turn
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import CHARGE_KIND, Steps
 from nodus_ray.money.sandbox_billing import SandboxMeter

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, cast
 
-from nodus.resources import Turn
+from nodus.schema_run import Turn
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Steps
 from nodus_ray.models import ModelProvider
