@@ -12,6 +12,9 @@ its own, that calls
   written);
 * the control plane's ``create_runs`` of one run into a group whose one place is held, so the
   run is stored and queued and no actor starts (an admission with no process start),
+* and then creates ``--named`` named, detached actors with ``get_if_exists`` as
+  `RayRunActors.start` does on the control plane's event loop, timing each blocking call (a
+  resource no node has keeps them from starting a process),
 
 ``--inflight`` at once, and reads the callee process's CPU time (``/proc``, every thread) before
 and after (50 calls first, not counted): CPU per call in the process that serves it.
@@ -34,7 +37,7 @@ import asyncio, os, time
 import psutil, ray
 ray.init(address={address!r}, namespace="nodus", logging_level="ERROR", log_to_driver=False)
 from nodus_ray.settings import CONTROL_PLANE_NAME
-CALLS, INFLIGHT, P = {calls}, {inflight}, "bench"
+CALLS, INFLIGHT, NAMED, P = {calls}, {inflight}, {named}, "bench"
 V1 = "nodus.dev/v1"
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -90,6 +93,20 @@ async def main():
         item = doc("AgentRun", f"g-q{{i:05d}}", {{"agent": "w", "input": "q", "group": "g", "taskKey": f"q{{i:05d}}"}})
         return cp.create_runs.remote(P, {{"apiVersion": V1, "kind": "AgentRunList", "items": [item]}})
     await measure("control plane: create_runs of 1, queued", plane_pid, create, CALLS // 4)
+    # What `RayRunActors.start` does on the control plane's loop, synchronously: a named,
+    # detached actor created with get_if_exists. A resource no node has keeps each one pending
+    # (registered in the GCS, no process started); each is killed after.
+    seconds, created = [], []
+    for i in range(NAMED):
+        start = time.perf_counter()
+        created.append(Bare.options(name=f"bench-named-{{i}}", lifetime="detached", get_if_exists=True,
+                                    resources={{"nodus_bench_never": 1}}).remote())
+        seconds.append(time.perf_counter() - start)
+    for handle in created:
+        ray.kill(handle, no_restart=True)
+    seconds.sort()
+    print(f"\\nnamed detached actor created with get_if_exists (the caller blocks), {{NAMED}} of them: "
+          f"p50 {{seconds[len(seconds) // 2] * 1e3:.2f}} ms, p99 {{seconds[int(len(seconds) * 0.99)] * 1e3:.2f}} ms")
 
 asyncio.run(main())
 """
@@ -101,10 +118,13 @@ def main() -> None:
     )
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--inflight", type=int, default=16)
+    parser.add_argument("--named", type=int, default=200, help="named actors created (never scheduled)")
     args = parser.parse_args()
     with temporary_service("nodus-cp-calls-", NODUS_RUN_POOL="0", NODUS_OFFLINE_LATENCY="600") as env:
         nodus_up(env)
-        probe = _PROBE.format(address=ray_address(env), calls=args.calls, inflight=args.inflight)
+        probe = _PROBE.format(
+            address=ray_address(env), calls=args.calls, inflight=args.inflight, named=args.named
+        )
         done = subprocess.run([sys.executable, "-c", probe], env=env, check=False)
         if done.returncode != 0:
             sys.exit(f"the probe failed ({done.returncode})")
