@@ -1,38 +1,40 @@
-"""The journal's durable appends and bytes per step, beside SQLite doing the same inserts.
+"""The journal's durable writes and bytes per step, beside SQLite doing the same inserts.
 
-A run's journal writes every record durably before the run acts on it: one Arrow IPC segment
-per record, written to a temporary name, fsync'd and renamed into place (`Storage.write_bytes`),
-because storage may be S3, which cannot append. This measures what that costs for a whole
-keep-alive conversation of ``--turns`` turns (default 100), and what SQLite costs for the same
-records with the same guarantee, in the same run:
+A run's journal writes records durably before the run acts on them. On a local disk an actor
+appends to a log of its own (one ``write`` and one ``fdatasync`` per write, `durable.journal`);
+on S3, which cannot append, each write is one create-only Arrow object. This measures what that
+costs for a whole keep-alive conversation of ``--turns`` turns (default 100), and what SQLite
+costs for the same records with the same guarantee, in the same run:
 
-* **The record sequence** is what the real program writes. The real `Conversation` (over real
-  `Steps` and a real `Journal` on local storage, no Ray) runs a keep-alive conversation of
-  ``--turns`` turns: the first prompt, then one inbox message per further turn. Its model is a
-  seeded scripted provider with plausible sizes: per turn 0-2 rounds of ``bash`` tool calls
-  (1-2 commands each, a 60-250 byte preamble), then an answer of 300-800 bytes; usage follows
-  the conversation's bytes (mostly cache reads). Commands run in a stand-in sandbox whose output
-  is 100-300 bytes. Routing is the real jev router (three families allowed). So one turn writes
-  the user message, the inbox step (turns 2+), the route step, each model step's
-  ``Started`` / ``Completed`` (the whole response and its usage), the assistant message, each
-  command's ``Started`` / ``Completed`` (its output) and the tool-result message.
-* **Journal**: the captured records appended again, one by one, with `Journal.append` to a fresh
-  `Storage` directory (same step ids, kinds, states, attempts, payloads, costs).
+* **The writes** are what the real program writes. The real `Conversation` (over real `Steps`
+  and a real `Journal` on local storage, no Ray) runs a keep-alive conversation of ``--turns``
+  turns: the first prompt, then one inbox message per further turn. Its model is a seeded
+  scripted provider with plausible sizes: per turn 0-2 rounds of ``bash`` tool calls (1-2
+  commands each, a 60-250 byte preamble), then an answer of 300-800 bytes; usage follows the
+  conversation's bytes (mostly cache reads). Commands run in a stand-in sandbox whose output is
+  100-300 bytes. Routing is the real jev router (three families allowed). Each durable write
+  (`Journal.append_many`: one record, or a step's ``Completed`` with the message it produced)
+  is captured with its records.
+* **Journal**: the captured writes made again, one by one, with `Journal.append_many` on a fresh
+  `Storage` directory: the local log; the same with the epoch checked before each write, as a
+  run actor does (`durable.fencing`); and one create-only Arrow object per write, as on S3.
 * **SQLite** (the baseline), ``PRAGMA synchronous=FULL``, once with ``journal_mode=DELETE`` (the
   default) and once with ``WAL``: one table with the journal's columns (seq, step_id, kind,
   state, attempt, payload as JSON text, cost_usd, at), one database per run as the journal has
-  one directory per run, one committed transaction per record (durable before the next, like
-  `Journal.append`). The payload's ``json.dumps`` is inside the timing on both sides.
-* **Reference row**: the same segment bytes written with `Storage.write_bytes` without Arrow
-  encoding: what the I/O alone costs (a new file, its fsync, the rename, the directory's fsync).
+  one directory per run, one committed transaction per write (durable before the next, like
+  `Journal.append_many`). The payload's ``json.dumps`` is inside the timing on both sides.
+* **Reference row**: the same Arrow bytes written with `Storage.write_bytes`, one object per
+  write, without encoding: what that I/O alone costs (a new file, its fsync, the rename, the
+  directory's fsync).
 
-Bytes per step: the total size of the run's files (segments; database, plus the WAL file before
-it is checkpointed away) divided by the steps (distinct non-message step ids, as the API's
-``steps`` lists them) and by the records. "on disk" is the allocated size (``st_blocks``): on a
-local file system each segment occupies at least one block. Load: `Journal.load` on a fresh
-`Journal` (list the directory, read and decode every segment) beside a fresh SQLite connection
-selecting every row in seq order and decoding each into the same `JournalRecord`; the files were
-just written, so both read from the page cache.
+**Durable overhead per step** is the time of all the writes over the steps (distinct non-message
+step ids, as the API's ``steps`` lists them). Bytes per step: the total size of the run's files
+(log or objects; database, plus the WAL file before it is checkpointed away) over the steps; "on
+disk" is the allocated size (``st_blocks``). **Journal bytes after compaction / payload bytes**:
+the journal compacted at the end of every turn (as a parked keep-alive run's actor does), its
+objects' total size over the records' payloads as JSON (each message once). Load:
+`Journal.load` on a fresh `Journal` beside a fresh SQLite connection selecting every row in seq
+order and decoding each into the same `JournalRecord`; both from the page cache.
 
     .venv/bin/python benchmarks/journal.py
     .venv/bin/python benchmarks/journal.py --turns 100 --repeat 3 --dir /var/tmp/bench
@@ -221,8 +223,12 @@ async def _nothing(*_args: Any) -> None:
     return None
 
 
-async def conversation_records(turns: int, seed: int, storage: Storage) -> tuple[list[JournalRecord], float]:
-    """Run a keep-alive conversation of ``turns`` turns; its journal's records and its seconds."""
+Group = list[JournalRecord]  # the records of one durable write (`Journal.append_many`)
+
+
+async def conversation_records(turns: int, seed: int, storage: Storage) -> tuple[list[Group], float]:
+    """Run a keep-alive conversation of ``turns`` turns; its journal's writes (each the records
+    it wrote together, `Journal.append_many`) and its seconds."""
     rng = random.Random(seed)
     prompts = [_words(rng, 40, 300) + "?" for _ in range(turns)]
     sandbox = StandInSandbox(random.Random(f"{seed}:sandbox"), Path("/tmp/workspace"))
@@ -233,6 +239,15 @@ async def conversation_records(turns: int, seed: int, storage: Storage) -> tuple
         return {"seq": after + 1, "name": f"m-{after + 1}", "payload": prompts[after + 1], "messageKey": None}
 
     journal = Journal(storage, PREFIX)
+    groups: list[Group] = []
+    write = journal.append_many
+
+    def captured(entries: Any) -> list[JournalRecord]:
+        written = write(entries)
+        groups.append(list(written))
+        return written
+
+    journal.append_many = captured  # type: ignore[method-assign]
     conversation = Conversation(
         steps=Steps(journal),
         provider=ScriptedProvider(random.Random(f"{seed}:model")),
@@ -259,7 +274,9 @@ async def conversation_records(turns: int, seed: int, storage: Storage) -> tuple
     except AwaitingMessage as waiting:
         if waiting.turn != turns:
             raise RuntimeError(f"stopped after turn {waiting.turn}, not {turns}") from None
-    return journal.records, time.perf_counter() - started
+    if [r for g in groups for r in g] != journal.records:
+        raise RuntimeError("a record was written outside Journal.append_many")
+    return groups, time.perf_counter() - started
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,6 +292,7 @@ class Trial:
     compacted_load_seconds: float = float("nan")
     compacted_objects: int = 0
     compact_seconds: float = float("nan")
+    compacted_bytes: int = 0
 
 
 def _sizes(paths: list[Path]) -> tuple[int, int]:
@@ -282,10 +300,24 @@ def _sizes(paths: list[Path]) -> tuple[int, int]:
     return sum(s.st_size for s in stats), sum(s.st_blocks * 512 for s in stats)
 
 
-def journal_trial(records: list[JournalRecord], root: Path, fenced: bool = False) -> Trial:
-    """The journal as a run actor writes it; ``fenced``: with its epoch checked before every
-    append (`durable.fencing`), as an actor does, the unfenced one as a reader would write."""
-    storage = Storage(str(root))
+class ObjectStorage(Storage):
+    """A local directory the journal writes as it writes S3: one create-only object per write
+    (`Storage.create_bytes`), no log. The journal before issue 19 wrote one per record."""
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+
+def _entries(group: Group) -> list[Any]:
+    return [(r.step_id, r.kind, r.state, r.payload, r.attempt, r.cost_usd) for r in group]
+
+
+def journal_trial(groups: list[Group], root: Path, fenced: bool = False, objects: bool = False) -> Trial:
+    """The journal as a run actor writes it, write by write (`Journal.append_many`); ``fenced``:
+    with its epoch checked before every write (`durable.fencing`), as an actor does; ``objects``:
+    one create-only object per write, as on S3, instead of the local log."""
+    storage = (ObjectStorage if objects else Storage)(str(root))
     fence = None
     if fenced:
         epoch = Epoch(storage, PREFIX.rsplit("/", 1)[0], attempt=1)
@@ -293,48 +325,52 @@ def journal_trial(records: list[JournalRecord], root: Path, fenced: bool = False
         fence = epoch.check
     journal = Journal(storage, PREFIX, fence=fence)
     times = []
-    for r in records:
+    for group in groups:
         started = time.perf_counter()
-        journal.append(r.step_id, r.kind, r.state, r.payload, attempt=r.attempt, cost_usd=r.cost_usd)  # type: ignore[arg-type]
+        journal.append_many(_entries(group))
         times.append(time.perf_counter() - started)
-    files = sorted((root / PREFIX).glob("*.arrow"))
-    assert len(files) == len(records)
+    files = sorted((root / PREFIX).iterdir())
+    assert len(files) == (len(groups) if objects else 1)
     apparent, on_disk = _sizes(files)
     started = time.perf_counter()
     loaded = Journal(Storage(str(root)), PREFIX).load()
     load = time.perf_counter() - started
+    records = [r for g in groups for r in g]
     assert [(r.step_id, r.state, r.payload) for r in loaded] == [
         (r.step_id, r.state, r.payload) for r in records
     ]
-    compacted, compact_seconds, objects = compacted_trial(records, root / "compacted")
-    return Trial(times, load, apparent, on_disk, compacted, objects, compact_seconds)
+    compacted, compact_seconds, count, size = compacted_trial(groups, root / "compacted", objects)
+    return Trial(times, load, apparent, on_disk, compacted, count, compact_seconds, size)
 
 
-def compacted_trial(records: list[JournalRecord], root: Path) -> tuple[float, float, int]:
-    """The same appends with `Journal.compact` at the end of every turn, as a keep-alive run's
-    actor does when it parks for the next message: (load seconds, compaction seconds, objects)."""
-    journal = Journal(Storage(str(root)), PREFIX)
+def compacted_trial(groups: list[Group], root: Path, objects: bool = False) -> tuple[float, float, int, int]:
+    """The same writes with `Journal.compact` at the end of every turn, as a keep-alive run's
+    actor does when it parks for the next message: (load seconds, compaction seconds, objects,
+    their bytes)."""
+    journal = Journal((ObjectStorage if objects else Storage)(str(root)), PREFIX)
     compact_seconds = 0.0
     turn = None
-    for r in records:
+    for group in groups:
+        r = group[0]
         this_turn = r.step_id.split("/", 1)[0] if r.step_id.startswith("turn-") else turn
         if turn is not None and this_turn != turn:
             started = time.perf_counter()
             journal.compact()
             compact_seconds += time.perf_counter() - started
         turn = this_turn
-        journal.append(r.step_id, r.kind, r.state, r.payload, attempt=r.attempt, cost_usd=r.cost_usd)  # type: ignore[arg-type]
+        journal.append_many(_entries(group))
     journal.compact()
-    objects = len(list((root / PREFIX).glob("*.arrow")))
+    files = sorted((root / PREFIX).iterdir())
     started = time.perf_counter()
     loaded = Journal(Storage(str(root)), PREFIX).load()
     load = time.perf_counter() - started
-    assert [r.seq for r in loaded] == [r.seq for r in records]
-    return load, compact_seconds, objects
+    assert [r.seq for r in loaded] == [r.seq for g in groups for r in g]
+    return load, compact_seconds, len(files), _sizes(files)[0]
 
 
 def bytes_trial(segments: list[bytes], root: Path) -> Trial:
-    """The same segment bytes through `Storage.write_bytes`, with no encoding (the I/O alone)."""
+    """One object per write through `Storage.write_bytes` (temporary file, fsync, rename, the
+    directory's fsync), the bytes already encoded: that path's I/O alone."""
     storage = Storage(str(root))
     times = []
     for seq, data in enumerate(segments):
@@ -350,7 +386,8 @@ _SCHEMA = """CREATE TABLE journal (
     attempt INTEGER NOT NULL, payload TEXT, cost_usd TEXT, at INTEGER NOT NULL)"""
 
 
-def sqlite_trial(records: list[JournalRecord], root: Path, mode: str) -> Trial:
+def sqlite_trial(groups: list[Group], root: Path, mode: str) -> Trial:
+    """One committed transaction per write of the journal (its records, one row each)."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "journal.db"
     # Autocommit off in the module's sense: each `with db:` is one transaction, committed at its end.
@@ -360,23 +397,27 @@ def sqlite_trial(records: list[JournalRecord], root: Path, mode: str) -> Trial:
     with db:
         db.execute(_SCHEMA)
     times = []
-    for seq, r in enumerate(records):
+    records = [r for g in groups for r in g]
+    seq = 0
+    for group in groups:
         started = time.perf_counter()
         at = datetime.now(UTC)
         with db:
-            db.execute(
-                "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    seq,
-                    r.step_id,
-                    r.kind,
-                    r.state,
-                    r.attempt,
-                    json.dumps(r.payload, separators=(",", ":")),
-                    r.cost_usd,
-                    int(at.timestamp() * 1_000_000),
-                ),
-            )
+            for r in group:
+                db.execute(
+                    "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        seq,
+                        r.step_id,
+                        r.kind,
+                        r.state,
+                        r.attempt,
+                        json.dumps(r.payload, separators=(",", ":")),
+                        r.cost_usd,
+                        int(at.timestamp() * 1_000_000),
+                    ),
+                )
+                seq += 1
         times.append(time.perf_counter() - started)
     apparent, on_disk = _sizes([path, root / "journal.db-wal"])  # before close checkpoints the WAL away
     db.close()
@@ -428,6 +469,7 @@ class Row:
     compacted_load_ms: float = float("nan")
     compacted_objects: int = 0
     compact_ms: float = float("nan")
+    compacted_bytes: int = 0
 
 
 def summarize(name: str, trials: list[Trial]) -> Row:
@@ -448,6 +490,7 @@ def summarize(name: str, trials: list[Trial]) -> Row:
         compacted_load_ms=med(lambda t: t.compacted_load_seconds * 1000),
         compacted_objects=int(med(lambda t: t.compacted_objects)),
         compact_ms=med(lambda t: t.compact_seconds * 1000),
+        compacted_bytes=int(med(lambda t: t.compacted_bytes)),
     )
 
 
@@ -473,28 +516,31 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="nodus-bench-journal-", dir=args.dir))
     wall = time.perf_counter()
     try:
-        records, conversation_seconds = asyncio.run(
+        groups, conversation_seconds = asyncio.run(
             conversation_records(args.turns, args.seed, Storage(str(base / "conversation")))
         )
+        records = [r for g in groups for r in g]
         steps = len(step_views(records))
-        segments = [_encode_segment([r]) for r in records]
+        segments = [_encode_segment(g) for g in groups]
         trials: dict[str, list[Trial]] = {
             name: []
             for name in (
-                "nodus journal (Arrow segment per record)",
-                "nodus journal, fenced (epoch checked per append)",
+                "nodus journal (local log, one fdatasync per write)",
+                "nodus journal, fenced (epoch checked per write)",
+                "nodus journal, one Arrow object per write (as on S3)",
                 "SQLite FULL, journal_mode=DELETE",
                 "SQLite FULL, journal_mode=WAL",
-                "ref: same bytes, no encoding",
+                "ref: same bytes, no encoding, object per write",
             )
         }
         names = list(trials)
         for attempt in range(args.repeat):  # interleaved, so drift in the disk hits all alike
-            trials[names[0]].append(journal_trial(records, base / f"journal-{attempt}"))
-            trials[names[1]].append(journal_trial(records, base / f"fenced-{attempt}", fenced=True))
-            trials[names[2]].append(sqlite_trial(records, base / f"sqlite-delete-{attempt}", "DELETE"))
-            trials[names[3]].append(sqlite_trial(records, base / f"sqlite-wal-{attempt}", "WAL"))
-            trials[names[4]].append(bytes_trial(segments, base / f"bytes-{attempt}"))
+            trials[names[0]].append(journal_trial(groups, base / f"journal-{attempt}"))
+            trials[names[1]].append(journal_trial(groups, base / f"fenced-{attempt}", fenced=True))
+            trials[names[2]].append(journal_trial(groups, base / f"objects-{attempt}", objects=True))
+            trials[names[3]].append(sqlite_trial(groups, base / f"sqlite-delete-{attempt}", "DELETE"))
+            trials[names[4]].append(sqlite_trial(groups, base / f"sqlite-wal-{attempt}", "WAL"))
+            trials[names[5]].append(bytes_trial(segments, base / f"bytes-{attempt}"))
             for leftover in base.glob(f"*-{attempt}"):
                 shutil.rmtree(leftover, ignore_errors=True)
         rows = [summarize(name, found) for name, found in trials.items()]
@@ -504,54 +550,64 @@ def main() -> None:
 
     kinds = Counter(f"{r.kind}/{r.state}" for r in records)
     payload = [len(json.dumps(r.payload, separators=(",", ":"))) for r in records]
+    payload_bytes = sum(payload)
     out = sys.stderr
     print(
-        f"{args.turns} turns (seed {args.seed}): {len(records)} records, {steps} steps, "
-        f"{len(records) / args.turns:.1f} records per turn; conversation with its durable journal "
-        f"{conversation_seconds:.2f} s; whole benchmark {wall:.1f} s, {os.cpu_count()} cores",
+        f"{args.turns} turns (seed {args.seed}): {len(records)} records in {len(groups)} writes, {steps} steps, "
+        f"{len(records) / args.turns:.1f} records and {len(groups) / args.turns:.1f} writes per turn; "
+        f"conversation with its durable journal {conversation_seconds:.2f} s; whole benchmark {wall:.1f} s, "
+        f"{os.cpu_count()} cores",
         file=out,
     )
     print("  records: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), file=out)
     print(
         f"  payload JSON bytes per record: median {statistics.median(payload):.0f}, max {max(payload)}, "
-        f"total {sum(payload)}; Arrow segment bytes: median {statistics.median(map(len, segments)):.0f}",
+        f"total {payload_bytes}; Arrow object bytes per write: median {statistics.median(map(len, segments)):.0f}",
         file=out,
     )
     journal_row = rows[0]
     for row in rows:
         print(
-            f"  {row.name}: {row.appends_per_second:,.0f} appends/s (p50 {row.p50_ms:.2f} ms, p99 "
-            f"{row.p99_ms:.2f} ms), {row.total_seconds:.2f} s for the conversation, "
+            f"  {row.name}: {row.appends_per_second:,.0f} writes/s (p50 {row.p50_ms:.2f} ms, p99 "
+            f"{row.p99_ms:.2f} ms), {row.total_seconds:.2f} s for the conversation, durable overhead "
+            f"{row.total_seconds * 1000 / steps:.3f} ms per step, "
             f"{row.bytes_apparent / steps / 1024:.2f} KiB/step ({row.bytes_on_disk / steps / 1024:.2f} on disk)"
             + (f", load {row.load_ms:.1f} ms" if row.load_ms == row.load_ms else ""),
             file=out,
         )
     print(
-        f"  journal / SQLite DELETE, appends per second: "
-        f"{journal_row.appends_per_second / rows[2].appends_per_second:.2f}x; journal / WAL: "
-        f"{journal_row.appends_per_second / rows[3].appends_per_second:.2f}x; fenced / unfenced: "
+        f"  journal / SQLite DELETE, writes per second: "
+        f"{journal_row.appends_per_second / rows[3].appends_per_second:.2f}x; journal / WAL: "
+        f"{journal_row.appends_per_second / rows[4].appends_per_second:.2f}x; fenced / unfenced: "
         f"{rows[1].appends_per_second / journal_row.appends_per_second:.2f}x",
         file=out,
     )
 
     print(
-        f"| date | turns (records, steps) | store | durable appends/s | append p50 / p99 | all {len(records)} appends "
-        "| bytes / step (on disk) | bytes / record | load all |"
+        f"| date | turns (records, writes, steps) | store | durable writes/s | write p50 / p99 | all {len(groups)} writes "
+        "| durable overhead per step | bytes / step (on disk) | load all |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         load = f"{row.load_ms:.1f} ms" if row.load_ms == row.load_ms else "-"
         print(
-            f"| {time.strftime('%Y-%m-%d')} | {args.turns} ({len(records)}, {steps}) | {row.name} "
+            f"| {time.strftime('%Y-%m-%d')} | {args.turns} ({len(records)}, {len(groups)}, {steps}) | {row.name} "
             f"| {row.appends_per_second:,.0f} | {row.p50_ms:.2f} / {row.p99_ms:.2f} ms | {row.total_seconds:.2f} s "
-            f"| {row.bytes_apparent / steps:,.0f} ({row.bytes_on_disk / steps:,.0f}) "
-            f"| {row.bytes_apparent / len(records):,.0f} | {load} |"
+            f"| {row.total_seconds * 1000 / steps:.3f} ms "
+            f"| {row.bytes_apparent / steps:,.0f} ({row.bytes_on_disk / steps:,.0f}) | {load} |"
+        )
+    for row in rows[:3:2]:
+        print(
+            f"\n{row.name}, compacted at the end of every turn (as a parked keep-alive run's actor does): "
+            f"{row.compacted_objects} objects; load all {row.compacted_load_ms:.1f} ms instead of "
+            f"{row.load_ms:.1f} ms; compaction {row.compact_ms / args.turns:.1f} ms a turn; "
+            f"**journal bytes after compaction / payload bytes: {row.compacted_bytes:,} / {payload_bytes:,} "
+            f"= {row.compacted_bytes / payload_bytes:.2f}x** ({row.compacted_bytes / steps:,.0f} bytes a step)."
         )
     print(
-        f"\nCompacted at the end of every turn (as a parked keep-alive run's actor does): "
-        f"{journal_row.compacted_objects} objects instead of {len(records)}; load all "
-        f"{journal_row.compacted_load_ms:.1f} ms instead of {journal_row.load_ms:.1f} ms; compaction "
-        f"{journal_row.compact_ms / args.turns:.1f} ms a turn."
+        f"\n**Durable overhead per step** (all writes' time / {steps} steps): "
+        + "; ".join(f"{row.name} {row.total_seconds * 1000 / steps:.3f} ms" for row in rows)
+        + "."
     )
     if args.recovery_runs > 0:
         from recovery import main as recovery_main  # benchmarks/recovery.py, beside this file

@@ -28,8 +28,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -38,13 +37,15 @@ import pyarrow.ipc as ipc
 
 from nodus_ray import metrics
 from nodus_ray.durable.fencing import JournalConflict
+from nodus_ray.durable.journal_log import LOG_SUFFIX, MAGIC, JournalRecord, decode_log, encode_frames
 from nodus_ray.durable.step_activity import activity, in_progress
 from nodus_ray.store import layout
-from nodus_ray.store.storage import AlreadyExists, Storage
+from nodus_ray.store.storage import AlreadyExists, LocalLog, Storage
 from nodus_ray.store.timestamps import format_timestamp
 
 __all__ = [
     "StepState",
+    "Entry",
     "JournalRecord",
     "Journal",
     "JOURNAL_SCHEMA",
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 StepState = Literal["Started", "Completed", "Failed", "NeedsResolution", "Resolved", "NoEffect"]
+# One record to append: (step_id, kind, state, payload, attempt, cost_usd).
+Entry = tuple[str, str, StepState, Any, int, str]
 
 JOURNAL_SCHEMA = pa.schema(
     [
@@ -71,32 +74,8 @@ JOURNAL_SCHEMA = pa.schema(
     ]
 )
 
-_COMPACT_SEGMENTS = 8  # single-record segments that make a chunk
+_COMPACT_SEGMENTS = 8  # records outside chunks that make a chunk
 _MAX_CHUNKS = 16  # more chunks than this are merged into one
-
-
-@dataclass(frozen=True)
-class JournalRecord:
-    seq: int
-    step_id: str
-    kind: str
-    state: str
-    attempt: int
-    payload: Any
-    cost_usd: str
-    at: datetime
-
-    def to_row(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "step_id": self.step_id,
-            "kind": self.kind,
-            "state": self.state,
-            "attempt": self.attempt,
-            "payload": json.dumps(self.payload, separators=(",", ":")),
-            "cost_usd": self.cost_usd,
-            "at": self.at,
-        }
 
 
 class Journal:
@@ -124,6 +103,7 @@ class Journal:
         self._next_seq = first_seq
         self._lock = threading.Lock()
         self._fence = fence
+        self._log: LocalLog | None = None  # this writer's log on a local disk, once it appended
 
     def check_fence(self, where: str = "") -> None:
         """Raise (`durable.fencing.Fenced`) when a newer actor of the run has taken over."""
@@ -150,20 +130,26 @@ class Journal:
         with self._lock:
             self._records = records
             self._next_seq = records[-1].seq + 1 if records else self._first_seq
+            self._close_log()  # a loaded journal's writer appends to a log of its own
         return list(records)
 
     def records_from(self, seq: int) -> list[JournalRecord]:
         """The records from ``seq`` on, reading only the objects that hold them (a reader that
-        follows the journal, like the events stream, reads what is new). Changes nothing."""
+        follows the journal, like the events stream, reads what is new). Changes nothing.
+
+        A chunk holds the seqs its name says. A segment or log is named by its first seq only
+        and holds the records up to the next object's first seq: a record past that belongs to
+        the writer that began there (a zombie's log goes on after its replacement loaded it;
+        what the replacement did not load does not count, see `append_many`).
+        """
         for attempt in range(3):
             try:
                 by_seq: dict[int, JournalRecord] = {}
-                for name in _covering(self._storage.list_dir(self._prefix)):
-                    span = journal_object_span(name)
-                    if span is None or span[1] < seq:
+                for name, first, last in _holding(self._storage.list_dir(self._prefix)):
+                    if last < seq:
                         continue
-                    for record in _decode_segment(self._storage.read_bytes(f"{self._prefix}/{name}")):
-                        if record.seq >= seq:
+                    for record in self._read(name):
+                        if record.seq >= max(seq, first) and record.seq <= last:
                             by_seq.setdefault(record.seq, record)
                 return [by_seq[key] for key in sorted(by_seq)]
             except FileNotFoundError:
@@ -171,6 +157,10 @@ class Journal:
                     raise
                 # The writer compacted between our listing and our read: list again.
         return []
+
+    def _read(self, name: str) -> list[JournalRecord]:
+        data = self._storage.read_bytes(f"{self._prefix}/{name}")
+        return decode_log(data) if name.endswith(LOG_SUFFIX) else _decode_segment(data)
 
     def append(
         self,
@@ -183,63 +173,102 @@ class Journal:
         cost_usd: str = "0",
     ) -> JournalRecord:
         """Durably write one record before returning it: the caller may act on it at once."""
+        return self.append_many([(step_id, kind, state, payload, attempt, cost_usd)])[0]
+
+    def append_many(self, entries: Sequence[Entry]) -> list[JournalRecord]:
+        """Durably write consecutive records with one write (one fsync, or one object on S3).
+
+        For records that need no durability point between them (a step's ``Completed`` and the
+        message it produced). On a local disk they go to this writer's log (`journal_log`):
+        the first append creates ``{seq}.log`` create-only, later ones are a write and an
+        ``fdatasync``. Elsewhere (S3 cannot append) each call is one new object ``{seq}.arrow``
+        named by its first record. Either way two writers that both believe ``seq`` is next
+        collide on that name, and a writer's records past the first seq of a later writer's
+        object are not read: so a zombie's late appends never count (`durable.fencing`).
+        """
         with self._lock:
-            record = JournalRecord(
-                seq=self._next_seq,
-                step_id=step_id,
-                kind=kind,
-                state=state,
-                attempt=attempt,
-                payload=payload,
-                cost_usd=cost_usd,
-                at=datetime.now(UTC),
-            )
-            self.check_fence(f"before writing record {record.seq}, {step_id} {state}")
+            now = datetime.now(UTC)
+            records = [
+                JournalRecord(
+                    seq=self._next_seq + offset,
+                    step_id=step_id,
+                    kind=kind,
+                    state=state,
+                    attempt=attempt,
+                    payload=payload,
+                    cost_usd=cost_usd,
+                    at=now,
+                )
+                for offset, (step_id, kind, state, payload, attempt, cost_usd) in enumerate(entries)
+            ]
+            if not records:
+                return []
+            first = records[0]
+            self.check_fence(f"before writing record {first.seq}, {first.step_id} {first.state}")
             began = time.perf_counter()
             try:
-                self._storage.create_bytes(self._segment_key(record.seq), _encode_segment([record]))
+                if self._log is not None:
+                    self._log.append(encode_frames(records))
+                elif self._storage.is_local:
+                    key = _log_key(self._segment_key(first.seq))
+                    self._log = self._storage.create_log(key, MAGIC + encode_frames(records))
+                else:
+                    self._storage.create_bytes(self._segment_key(first.seq), _encode_segment(records))
             except AlreadyExists:
-                raise JournalConflict(self._prefix, record.seq) from None
+                raise JournalConflict(self._prefix, first.seq) from None
+            except BaseException:
+                self._close_log()  # the next append starts a new log after what is known
+                raise
             metrics.journal_write(time.perf_counter() - began)
-            self._records.append(record)
-            self._next_seq += 1
-            return record
+            self._records.extend(records)
+            self._next_seq += len(records)
+            return records
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def _segment_key(self, seq: int) -> str:
         return layout.journal_segment(self._prefix, seq)
 
     def compact(self) -> int:
-        """Merge single-record segments into a chunk, and many chunks into one; return how many
-        objects were replaced. Only the journal's writer calls this, when it appends no more."""
+        """Fold the segments and logs of records this writer holds into a chunk, and many chunks
+        into one; return how many objects were replaced. Only the journal's writer calls this,
+        when it appends no more; its next append starts a new log."""
         with self._lock:
             self.check_fence("before compacting")
+            known = self._next_seq - 1
             spans = {
                 name: span
                 for name in self._storage.list_dir(self._prefix)
-                if (span := _span(name)) is not None
+                if (span := _span(name)) is not None and span[0] <= known
             }
             singles = [name for name, (first, last) in spans.items() if first == last and "-" not in name]
             chunks = [name for name in spans if name not in singles]
             replaced = 0
-            if len(singles) >= _COMPACT_SEGMENTS:
+            if singles:
                 first = min(spans[name][0] for name in singles)
-                last = max(spans[name][1] for name in singles)
-                # A chunk inside the new one's range is left over from a crash mid-compaction.
-                inside = [c for c in chunks if first <= spans[c][0] and spans[c][1] <= last]
-                chunk = self._write_chunk(singles + inside, spans)
-                if chunk is not None:
-                    chunks = [c for c in chunks if c not in inside] + [chunk]
-                    spans[chunk] = (first, last)
-                    replaced += len(singles)
-            if len(chunks) > _MAX_CHUNKS and self._write_chunk(chunks, spans) is not None:
-                replaced += len(chunks)
+                # A chunk overlapping the new one's range is left over from a crash mid-compaction.
+                inside = [c for c in chunks if spans[c][1] >= first]
+                first = min([first] + [spans[c][0] for c in inside])
+                if known - first + 1 >= _COMPACT_SEGMENTS:
+                    self._close_log()
+                    chunk = self._write_chunk(singles + inside, first, known)
+                    if chunk is not None:
+                        chunks = [c for c in chunks if c not in inside] + [chunk]
+                        spans[chunk] = (first, known)
+                        replaced += len(singles)
+            if len(chunks) > _MAX_CHUNKS:
+                first = min(spans[name][0] for name in chunks)
+                last = max(spans[name][1] for name in chunks)
+                if self._write_chunk(chunks, first, last) is not None:
+                    replaced += len(chunks)
             return replaced
 
-    def _write_chunk(self, names: list[str], spans: dict[str, tuple[int, int]]) -> str | None:
-        """One object holding the records of ``names`` (from memory), then the old ones deleted;
-        None (nothing done) unless every record in their range is in memory."""
-        first = min(spans[name][0] for name in names)
-        last = max(spans[name][1] for name in names)
+    def _write_chunk(self, names: list[str], first: int, last: int) -> str | None:
+        """One object holding the records ``first``..``last`` (from memory), then ``names``
+        deleted; None (nothing done) unless every record in that range is in memory."""
         records = [record for record in self._records if first <= record.seq <= last]
         if [record.seq for record in records] != list(range(first, last + 1)):
             return None
@@ -255,8 +284,33 @@ class Journal:
         return name
 
 
+def _log_key(segment_key: str) -> str:
+    """A writer's log beside the segments: ``{seq}.log`` for the segment key ``{seq}.arrow``."""
+    return segment_key[: -len(".arrow")] + LOG_SUFFIX
+
+
+def _holding(names: list[str]) -> list[tuple[str, int, int]]:
+    """The objects to read (`_covering`) in seq order, each with the seqs it holds: a chunk's
+    or skeleton's own range; a segment or log's from its first seq to the next object's."""
+    chosen = sorted(
+        ((name, *span) for name in _covering(names) if (span := journal_object_span(name)) is not None),
+        key=lambda item: item[1],
+    )
+    held = []
+    for index, (name, first, last) in enumerate(chosen):
+        if first == last and "-" not in name:
+            later = [other[1] for other in chosen[index + 1 :] if other[1] > first]
+            last = min(later) - 1 if later else 2**62
+        held.append((name, first, last))
+    return held
+
+
 def _span(name: str) -> tuple[int, int] | None:
-    """The seq range an object holds: ``{seq}.arrow`` or a chunk ``{first}-{last}.arrow``."""
+    """The seqs an object's name gives: ``{seq}.arrow`` and ``{seq}.log`` (from ``seq``; where
+    they end, `_holding` says) or a chunk ``{first}-{last}.arrow``."""
+    if name.endswith(LOG_SUFFIX):
+        stem = name[: -len(LOG_SUFFIX)]
+        return (int(stem), int(stem)) if stem.isdigit() else None
     if not name.endswith(".arrow"):
         return None
     stem = name[: -len(".arrow")]

@@ -13,6 +13,9 @@ A journaled program (the Claude conversation today, durable Python agents later)
   ``pure`` step (and an ``idempotent`` one a program asks for without a ``Started`` payload,
   `begin` with ``write_started=False``) writes only its end: interrupted, it simply runs again,
   and the step costs one journal object instead of two.
+- A step's ``Completed`` and the conversation message it produced are one write
+  (``message`` of `run`): the message may then refer to the step's result (``contentOf``)
+  instead of holding the same text again, and the two share one fsync.
 - A person resolves an uncertain step (`control.resolution`): ``Resolved`` returns the result they
   recorded, ``NoEffect`` runs the step again as a new attempt.
 
@@ -38,10 +41,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nodus.lifecycle import RunReason
-from nodus_ray.durable.journal import Journal, JournalRecord, StepState
+from nodus_ray.durable.journal import Entry, Journal, JournalRecord, StepState
 from nodus_ray.faults import crash_point
 
-__all__ = ["CHARGE_KIND", "Effect", "StepFailed", "NeedsResolution", "NonDeterministic", "Begun", "Steps"]
+__all__ = [
+    "CHARGE_KIND",
+    "Effect",
+    "Message",
+    "StepFailed",
+    "NeedsResolution",
+    "NonDeterministic",
+    "Begun",
+    "Steps",
+    "message_content",
+]
 
 Effect = Literal["pure", "idempotent", "external"]
 # Records outside the sequence of steps the program asks for: conversation messages, and
@@ -49,6 +62,20 @@ Effect = Literal["pure", "idempotent", "external"]
 # writes when a process ends, not where the program's code asked for anything.
 CHARGE_KIND = "charge"
 _OUTSIDE_ORDER = frozenset({"message", CHARGE_KIND})
+
+Message = Callable[[dict[str, Any]], tuple[int, dict[str, Any]] | None]
+"""Given a step's result, the conversation message it produced: ``(index, message)``, or None."""
+
+
+def message_content(payload: Any, records: dict[str, JournalRecord]) -> Any:
+    """A message record's message: as stored, or, when it refers to a step's result
+    (``{"role", "contentOf": step_id, "key": field}``), with ``content`` taken from there."""
+    if not isinstance(payload, dict) or "contentOf" not in payload:
+        return payload
+    source = records.get(str(payload["contentOf"]))
+    result = source.payload.get("result") if source is not None and isinstance(source.payload, dict) else None
+    content = result.get(str(payload.get("key", "content"))) if isinstance(result, dict) else None
+    return {"role": payload.get("role"), "content": content}
 
 
 class StepFailed(Exception):
@@ -149,22 +176,25 @@ class Steps:
         return self._asked < len(self._order)
 
     def messages(self) -> list[dict[str, Any]]:
-        """The conversation so far, from the journal's message records, in order."""
-        return [r.payload for r in self.journal.records if r.kind == "message"]
+        """The conversation so far, from the journal's message records, in order (a message that
+        refers to a step's result, ``contentOf``, gets its content from there)."""
+        return [message_content(r.payload, self._last) for r in self.journal.records if r.kind == "message"]
 
     async def _append(
         self, step_id: str, kind: str, state: StepState, payload: Any, *, attempt: int, cost_usd: str = "0"
     ) -> JournalRecord:
+        return (await self._append_many([(step_id, kind, state, payload, attempt, cost_usd)]))[0]
+
+    async def _append_many(self, entries: list[Entry]) -> list[JournalRecord]:
         if self.journal.is_local:
-            # A local append is one small fsync'd file: a hop to a thread and back would cost a
+            # A local append is one small fsync'd write: a hop to a thread and back would cost a
             # third of it again on every step (`benchmarks/python_agents.py`).
-            record = self.journal.append(step_id, kind, state, payload, attempt=attempt, cost_usd=cost_usd)
+            records = self.journal.append_many(entries)
         else:  # a request to S3: the event loop must not wait on it
-            record = await asyncio.to_thread(
-                self.journal.append, step_id, kind, state, payload, attempt=attempt, cost_usd=cost_usd
-            )
-        self._index(record)
-        return record
+            records = await asyncio.to_thread(self.journal.append_many, entries)
+        for record in records:
+            self._index(record)
+        return records
 
     def _check_position(self, step_id: str, kind: str) -> None:
         position = self._asked
@@ -221,8 +251,14 @@ class Steps:
         summary_of: Callable[[dict[str, Any]], str] | None = None,
         retry_interrupted: Callable[[JournalRecord], bool] | None = None,
         evidence_of: Callable[[JournalRecord], dict[str, Any]] | None = None,
+        write_started: bool | None = None,
+        message: Message | None = None,
     ) -> dict[str, Any]:
         """Run ``action`` as the step ``step_id`` unless the journal already decided it.
+
+        ``write_started=False``: an ``idempotent`` step that needs no ``Started`` (routing,
+        reading the inbox) is one record, its end. ``message``: the conversation message the
+        result produces, journaled in the same write as ``Completed`` (`end`).
 
         ``retry_interrupted`` is asked about an ``external`` step found started and never
         ended: True means its effect was undone (a hermetic command's workspace put back), so
@@ -238,6 +274,7 @@ class Steps:
             kind,
             effect=effect,
             started=started,
+            write_started=write_started,
             retry_interrupted=retry_interrupted,
             evidence_of=evidence_of,
         )
@@ -253,7 +290,10 @@ class Steps:
         crash_point("step-effect-done", f"{self.journal.prefix}/{step_id}")
         summary = summary_of(result) if summary_of is not None else None
         cost = cost_of(result) if cost_of is not None else "0"
-        await self.end(step_id, kind, result, attempt=begun.attempt, summary=summary, cost_usd=cost)
+        produced = message(result) if message is not None else None
+        await self.end(
+            step_id, kind, result, attempt=begun.attempt, summary=summary, cost_usd=cost, message=produced
+        )
         return result
 
     async def begin(
@@ -334,12 +374,17 @@ class Steps:
         attempt: int,
         summary: str | None = None,
         cost_usd: str = "0",
+        message: tuple[int, dict[str, Any]] | None = None,
     ) -> None:
-        """Journal a step's result (``Completed``); replay returns it from now on."""
+        """Journal a step's result (``Completed``); replay returns it from now on. ``message``
+        (``(index, message)``) is journaled with it, in the same write, unless already there."""
         payload: dict[str, Any] = {"result": result}
         if summary is not None:
             payload["summary"] = summary
-        await self._append(step_id, kind, "Completed", payload, attempt=attempt, cost_usd=cost_usd)
+        entries: list[Entry] = [(step_id, kind, "Completed", payload, attempt, cost_usd)]
+        if message is not None and f"message-{message[0]}" not in self._last:
+            entries.append((f"message-{message[0]}", "message", "Completed", message[1], 1, "0"))
+        await self._append_many(entries)
         crash_point("step-recorded", f"{self.journal.prefix}/{step_id}")
 
     async def fail(self, step_id: str, kind: str, error: dict[str, Any], *, attempt: int) -> None:

@@ -10,11 +10,9 @@ The program is deterministic given its journal; all state the status shows (turn
 cost) is recomputed from step results, so a replayed run reports exactly what it reported
 before its actor died.
 
-How it journals (issue 19): routing and reading the inbox are idempotent and internal, so each
-is one ``Completed`` record with no ``Started``; a model step's ``Completed`` and the assistant
-message it produced are one write, the message referring to the step's result
-(``contentOf``) instead of holding the answer again; likewise a message read from the inbox
-and the user message it becomes.
+Routing and reading the inbox (idempotent, internal) are one ``Completed`` record each; a model
+answer or an inbox message is stored once, in its step's result, and the conversation message
+refers to it (``contentOf``), written in the same write as that ``Completed``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ fencing (`durable.fencing`) stop the older actor.
   URI (``endpoint_override``, ``scheme``, ``region``, ``access_key``/``secret_key`` in the
   query, else the standard AWS environment and files).
 * Any other filesystem: refused (`CreateOnlyUnsupported`): nodus cannot keep its promise there.
+
+On a local disk a journal also keeps an append-only log per writer (`LocalLog`): the file is
+created create-only, like any object, holding its first bytes; later records are appended to it,
+each with one ``fdatasync`` and no new name (so no directory fsync): a third of a new object's
+cost. Which records of a log count when another writer's log begins later is the journal's rule
+(`durable.journal`), not the file system's.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["AlreadyExists", "CreateOnlyUnsupported", "create_local", "write_local", "S3CreateOnly"]
+__all__ = [
+    "AlreadyExists",
+    "CreateOnlyUnsupported",
+    "LocalLog",
+    "create_local",
+    "write_local",
+    "S3CreateOnly",
+]
 
 # A concurrent conditional write to the same key may be answered 409 (AWS asks to retry).
 _CONFLICT_RETRIES = 5
@@ -78,6 +91,39 @@ def write_local(full: str, data: bytes, *, replace: bool) -> None:
 def create_local(full: str, data: bytes) -> None:
     """Create ``full`` with ``data``, durably, or raise `AlreadyExists` and leave it unchanged."""
     write_local(full, data, replace=False)
+
+
+class LocalLog:
+    """An append-only local file with one writer: created create-only (`create_local`, so it exists
+    whole with its first bytes, or not at all), then each `append` is one ``write`` and one
+    ``fdatasync`` (the data and the file's new size) before it returns."""
+
+    def __init__(self, full: str, first: bytes) -> None:
+        self.path = full
+        self._fd: int | None = None
+        create_local(full, first)  # raises AlreadyExists: the name is another writer's
+        self._fd = os.open(full, os.O_WRONLY | os.O_APPEND)
+
+    def append(self, data: bytes) -> None:
+        """Write ``data`` at the end and make it durable; raises OSError (the log is then closed)."""
+        if self._fd is None:
+            raise ValueError(f"log {self.path} is closed")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fdatasync(self._fd)
+        except BaseException:
+            self.close()  # what reached the file is unknown: the writer starts a new log
+            raise
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:  # a writer that wrote once and was dropped (a resolution)
+        self.close()
 
 
 @dataclass(frozen=True)

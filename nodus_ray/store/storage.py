@@ -6,9 +6,10 @@ journals and answers. Ray's own memory is a cache. The URI is whatever
 ``file:///...``) on one machine, ``s3://bucket/prefix`` on a cluster.
 
 Writes are whole-object and atomic: on a local disk through a temporary name and a rename,
-on S3 because a PUT is. Nothing appends in place, because S3 cannot. What must never be
-replaced once written (journal segments, fencing epochs) is written with `Storage.create_bytes`,
-which refuses when the object exists (`store.create_only`).
+on S3 because a PUT is. Nothing appends in place, because S3 cannot, except a run journal's
+log on a local disk (`Storage.create_log`), which the journal reads by its own rule. What must
+never be replaced once written (journal segments and logs, fencing epochs) is created with
+`Storage.create_bytes` or `create_log`, which refuse when the object exists (`store.create_only`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ import pyarrow.fs as pafs
 from nodus_ray.store.create_only import (
     AlreadyExists,
     CreateOnlyUnsupported,
+    LocalLog,
     S3CreateOnly,
     create_local,
     write_local,
 )
 
-__all__ = ["Storage", "AlreadyExists", "CreateOnlyUnsupported", "default_storage_uri", "redact_uri"]
+__all__ = [
+    "Storage",
+    "AlreadyExists",
+    "CreateOnlyUnsupported",
+    "LocalLog",
+    "default_storage_uri",
+    "redact_uri",
+]
 
 _SECRET_QUERY_KEYS = ("secret", "key", "token", "password", "credential", "session")
 
@@ -118,6 +127,14 @@ class Storage:
                 f"storage {redact_uri(self.uri)} cannot refuse to replace an object: use a local "
                 "directory or s3:// (NODUS_STORAGE)"
             )
+
+    def create_log(self, key: str, first: bytes) -> LocalLog:
+        """A new append-only log at ``key`` holding ``first`` (`create_only.LocalLog`); raise
+        `AlreadyExists` if the key exists. Only a local disk appends: elsewhere
+        `CreateOnlyUnsupported` (the journal writes one object per append there)."""
+        if not self._local:
+            raise CreateOnlyUnsupported(f"storage {redact_uri(self.uri)} cannot append")
+        return LocalLog(self._full(key), first)
 
     def read_bytes(self, key: str) -> bytes:
         """Raises FileNotFoundError when the object does not exist."""

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from nodus.lifecycle import PARKED_REASONS, RunReason
 from nodus.resources import FAMILIES, Turn
 from nodus_ray.durable.journal import JournalRecord
-from nodus_ray.durable.steps import NeedsResolution, Steps
+from nodus_ray.durable.steps import NeedsResolution, Steps, message_content
 from nodus_ray.models.base import BASH_TOOL, ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
 from nodus_ray.models.offline import OFFLINE_MODELS, OfflineProvider
 from nodus_ray.money.billing import (
@@ -912,7 +912,8 @@ def _settle(conversation: Conversation) -> Exception | None:
 def _cap_stop_needed(plan: Plan, records: list[JournalRecord]) -> tuple[Decimal, str]:
     """What the next call needed at its largest, recomputed from the journal where the run stopped:
     the turn's check when the stop came before its routing, else the routed model's next call."""
-    messages = [record.payload for record in records if record.kind == "message"]
+    by_step = {record.step_id: record for record in records}
+    messages = [message_content(record.payload, by_step) for record in records if record.kind == "message"]
     prompts = [m for m in messages if m["role"] == "user" and isinstance(m["content"], str)]
     routes = {r.step_id: r for r in records if r.kind == "route" and r.state == "Completed"}
     route = routes.get(f"turn-{len(prompts)}/route")

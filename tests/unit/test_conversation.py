@@ -262,10 +262,11 @@ def test_a_turn_routes_calls_the_model_runs_its_command_and_answers(rig: Rig) ->
         "workspace": str(rig.workspace),
         "note": sandbox.note,
     }
-    # The journal: each step Started then Completed, in program order, costs adding up.
+    # The journal: each step Started then Completed, in program order, costs adding up;
+    # routing, idempotent and internal, is one record (issue 19).
     assert rig.steps() == [
         ("sandbox", "sandbox", ["Started", "Completed"]),
-        ("turn-1/route", "route", ["Started", "Completed"]),
+        ("turn-1/route", "route", ["Completed"]),
         ("turn-1/model-1", "model", ["Started", "Completed"]),
         ("turn-1/command-1-1", "command", ["Started", "Completed"]),
         ("turn-1/model-2", "model", ["Started", "Completed"]),
@@ -280,6 +281,14 @@ def test_a_turn_routes_calls_the_model_runs_its_command_and_answers(rig: Rig) ->
     ]
     started = next(r for r in records if r.step_id == "turn-1/command-1-1")
     assert started.payload == {"command": "echo hello > note.txt && cat note.txt"}
+    # Each model answer is stored once: the assistant message, written with the model step's
+    # Completed (the record just after it), refers to that step's result.
+    for index, record in enumerate(records):
+        if record.kind == "message" and record.payload["role"] == "assistant":
+            assert "content" not in record.payload
+            source = records[index - 1]
+            assert (source.step_id, source.state) == (record.payload["contentOf"], "Completed")
+    assert Steps(rig.journal()).messages() == conversation.messages
 
 
 def test_an_unreachable_router_falls_back_to_sonnet_and_charges_nothing_for_routing(rig: Rig) -> None:

@@ -94,11 +94,11 @@ def test_a_zombie_woken_after_its_started_stops_before_the_effect_and_the_replac
     old.claim()
     zombie_journal = Journal(storage, JOURNAL, fence=old.check)
     zombie_journal.load()
-    real_append = zombie_journal.append
+    real_append = zombie_journal.append_many
 
     def append_then_freeze(*args: Any, **kwargs: Any) -> Any:
-        record = real_append(*args, **kwargs)
-        if record.state == "Started":  # frozen here; meanwhile the replacement does its work
+        written = real_append(*args, **kwargs)
+        if written[0].state == "Started":  # frozen here; meanwhile the replacement does its work
             new = Epoch(storage, RUN, 2)
             new.claim()
             journal = Journal(storage, JOURNAL, fence=new.check)
@@ -114,9 +114,9 @@ def test_a_zombie_woken_after_its_started_stops_before_the_effect_and_the_replac
                 replacement = Steps(journal).run("turn-1/model-1", "model", replacement_effect)
                 result = other.submit(asyncio.run, replacement).result()
             assert result == {"ok": True}
-        return record
+        return written
 
-    zombie_journal.append = append_then_freeze  # type: ignore[method-assign]
+    zombie_journal.append_many = append_then_freeze  # type: ignore[method-assign]
 
     async def zombie_effect() -> dict[str, Any]:
         effects.append("zombie")

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow.ipc as ipc
 import pytest
 
+from nodus_ray.durable.fencing import JournalConflict
 from nodus_ray.durable.journal import JOURNAL_SCHEMA, Journal, step_views
 from nodus_ray.durable.steps import NeedsResolution, StepFailed, Steps
 from nodus_ray.store.storage import Storage
@@ -38,14 +39,55 @@ def test_records_survive_a_reload_in_order(storage_uri: str) -> None:
     assert reloaded.append("b", "model", "Started").seq == 2
 
 
-def test_segments_are_arrow_ipc_streams_any_tool_can_read(tmp_path: Path) -> None:
+def test_compacted_chunks_are_arrow_ipc_streams_any_tool_can_read(tmp_path: Path) -> None:
+    journal = journal_at(tmp_path)
+    for i in range(8):
+        journal.append(f"a{i}", "command", "Started", {"command": "ls"})
+    folder = tmp_path / "store" / "projects/p/agentruns/r/journal"
+    assert [path.name for path in folder.iterdir()] == ["000000000000.log"], "a writer's hot log"
+    journal.compact()
+    [chunk] = sorted(folder.glob("*.arrow"))
+    table = ipc.open_stream(chunk.read_bytes()).read_all()
+    assert table.schema.equals(JOURNAL_SCHEMA)
+    assert table.column("step_id").to_pylist() == [f"a{i}" for i in range(8)]
+
+
+def test_a_local_writer_appends_to_one_log_and_a_torn_tail_is_not_read(tmp_path: Path) -> None:
     journal = journal_at(tmp_path)
     journal.append("a", "command", "Started", {"command": "ls"})
-    segments = sorted((tmp_path / "store" / "projects/p/agentruns/r/journal").glob("*.arrow"))
-    assert len(segments) == 1
-    table = ipc.open_stream(segments[0].read_bytes()).read_all()
-    assert table.schema.equals(JOURNAL_SCHEMA)
-    assert table.column("step_id").to_pylist() == ["a"]
+    journal.append_many(
+        [("a", "command", "Completed", {"result": 1}, 1, "0"), ("m", "message", "Completed", {}, 1, "0")]
+    )
+    log = tmp_path / "store" / PREFIX / "000000000000.log"
+    assert [path.name for path in log.parent.iterdir()] == [log.name]
+    whole = log.read_bytes()
+    log.write_bytes(whole + whole[-30:])  # a crash in the middle of the next append
+    assert [(r.seq, r.step_id, r.state) for r in journal_at(tmp_path).records] == [
+        (0, "a", "Started"),
+        (1, "a", "Completed"),
+        (2, "m", "Completed"),
+    ]
+
+
+def test_a_zombies_appends_past_where_its_replacement_began_do_not_count(storage_uri: str) -> None:
+    """Two writers that both believe seq N is next collide on its name on S3 (one object per
+    append); on a local disk each has its log, and a log is not read past the first seq of a
+    later writer's log (`Journal.append_many`): the replacement's records win."""
+    local = Storage(storage_uri).is_local
+    zombie = journal_at(storage_uri)
+    zombie.append("s0", "step", "Completed", {"by": "zombie"})
+    replacement = journal_at(storage_uri)  # loaded seq 0
+    zombie.append("s1", "step", "Started", {"by": "zombie"})  # after the replacement loaded
+    if local:
+        assert replacement.append("s1", "step", "Completed", {"by": "replacement"}).seq == 1
+        zombie.append("late", "step", "Started", {"by": "zombie"})  # its log goes on, unread
+        expected = [(0, "s0", "zombie"), (1, "s1", "replacement")]
+    else:
+        with pytest.raises(JournalConflict):
+            replacement.append("s1", "step", "Completed", {"by": "replacement"})
+        expected = [(0, "s0", "zombie"), (1, "s1", "zombie")]
+    assert [(r.seq, r.step_id, r.payload["by"]) for r in journal_at(storage_uri).records] == expected
+    assert [(r.seq, r.step_id) for r in Journal(Storage(storage_uri), PREFIX).records_from(1)] == [(1, "s1")]
 
 
 def test_step_views_fold_records_and_hide_messages(tmp_path: Path) -> None:
@@ -136,14 +178,16 @@ def test_compaction_makes_one_object_of_many_and_a_reload_reads_each_record_once
     journal = journal_at(storage_uri)
     for i in range(20):
         journal.append(f"s{i}", "route", "Completed", {"i": i})
-    assert journal.compact() == 20
     storage = Storage(storage_uri)
+    objects = len(storage.list_dir(PREFIX))  # a log on a local disk, 20 objects on S3
+    assert objects == (1 if storage.is_local else 20)
+    assert journal.compact() == objects
     assert storage.list_dir(PREFIX) == ["000000000000-000000000019.arrow"]
     reloaded = journal_at(storage_uri)
     assert [(r.seq, r.payload) for r in reloaded.records] == [(i, {"i": i}) for i in range(20)]
     for i in range(20, 28):
         assert reloaded.append(f"s{i}", "route", "Completed", {"i": i}).seq == i
-    assert reloaded.compact() == 8
+    assert reloaded.compact() == (1 if storage.is_local else 8)
     assert storage.list_dir(PREFIX) == ["000000000000-000000000019.arrow", "000000000020-000000000027.arrow"]
     assert [r.seq for r in journal_at(storage_uri).records] == list(range(28))
     assert journal_at(storage_uri).compact() == 0, "a few new records are left as they are"
@@ -185,5 +229,7 @@ def test_a_journal_missing_records_of_a_range_is_not_compacted_over_them(tmp_pat
         writer.append(f"s{i}", "route", "Completed", {})
     other = journal_at(tmp_path)  # another writer appended after this one loaded
     other.append("late", "resolution", "Resolved", {})
-    assert writer.compact() == 0, "the writer does not hold seq 9, so it leaves the segments"
+    assert writer.compact() == 1, "the writer folds the records it holds, 0-8, into a chunk"
+    storage = Storage(str(tmp_path / "store"))
+    assert storage.list_dir(PREFIX) == ["000000000000-000000000008.arrow", "000000000009.log"]
     assert len(journal_at(tmp_path).records) == 10

@@ -27,7 +27,16 @@ SECRET = "the-user-said-this-in-private"
 
 
 def _fill(journal: Journal) -> None:
-    """A small run's journal: a message, a model call, a command (with output), an answer."""
+    """A small run's journal: a message, a model call, a command (with output), an answer; each
+    record written by a writer that loaded the journal first (as a new actor does), so each is
+    an object of its own on a local disk (a log per writer) as on S3."""
+    real_append = journal.append
+
+    def append(*args: Any, **kwargs: Any) -> Any:
+        journal.load()
+        return real_append(*args, **kwargs)
+
+    journal.append = append  # type: ignore[method-assign]
     journal.append("m/1", "message", "Completed", {"role": "user", "content": SECRET})
     journal.append("t1/model", "model", "Started", {"summary": f"asking about {SECRET}"})
     journal.append(
