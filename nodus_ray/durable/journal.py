@@ -297,12 +297,13 @@ def _holding(names: list[str]) -> list[tuple[str, int, int]]:
         key=lambda item: item[1],
     )
     held = []
-    for index, (name, first, last) in enumerate(chosen):
+    following = 2**62  # the first seq of the next object up, scanning down
+    for name, first, last in reversed(chosen):
         if first == last and "-" not in name:
-            later = [other[1] for other in chosen[index + 1 :] if other[1] > first]
-            last = min(later) - 1 if later else 2**62
+            last = following - 1
         held.append((name, first, last))
-    return held
+        following = min(following, first)
+    return held[::-1]
 
 
 def _span(name: str) -> tuple[int, int] | None:
