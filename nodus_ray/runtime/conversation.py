@@ -12,7 +12,8 @@ before its actor died.
 
 Routing and reading the inbox (idempotent, internal) are one ``Completed`` record each; a model
 answer or an inbox message is stored once, in its step's result, and the conversation message
-refers to it (``contentOf``), written in the same write as that ``Completed``.
+refers to it (``contentOf``), in the same write as that ``Completed`` (so are a round's command
+results, with its last command's).
 """
 
 from __future__ import annotations
@@ -184,8 +185,7 @@ class Conversation:
             assert arrived is not None
             return arrived
 
-        def as_message(read: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
-            # The user message the turn starts with (`_turn`), stored once: in this step's result.
+        def as_message(read: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:  # the turn's prompt
             if not isinstance(read.get("payload"), str):
                 return None
             return len(self.messages), {"role": "user", "contentOf": step_id, "key": "payload"}
@@ -368,7 +368,9 @@ class Conversation:
                     continue
                 tool_calls += 1
                 turn.toolCalls = tool_calls
-                results.append(await self._command(f"{prefix}/command-{call}-{position}", use))
+                # The round's last command writes the tool results message with its Completed.
+                then = results if position == len(uses) else None
+                results.append(await self._command(f"{prefix}/command-{call}-{position}", use, then))
             await self._add_message({"role": "user", "content": results})
             await self.on_progress(self.turns)
 
@@ -435,7 +437,9 @@ class Conversation:
         self.spend.record(charged)
         return ModelResponse.from_dict(recorded), charged
 
-    async def _command(self, step_id: str, use: dict[str, Any]) -> dict[str, Any]:
+    async def _command(
+        self, step_id: str, use: dict[str, Any], then: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         command = use.get("input", {}).get("command") if isinstance(use.get("input"), dict) else None
         if use.get("name") != "bash" or not isinstance(command, str) or not command.strip():
             return _tool_error(use, "only the bash tool exists, and it needs a non-empty 'command' string")
@@ -472,16 +476,25 @@ class Conversation:
             evidence_of=(lambda record: evidence(record.seq)) if (evidence := self.egress_evidence) else None,
             started={"command": shown},
             summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
+            message=None
+            if then is None
+            else lambda r: (
+                len(self.messages),
+                {"role": "user", "content": [*then, _tool_result(use, CommandResult.from_dict(r))]},
+            ),
         )
         if (last := self.steps.recorded(step_id)) is not None and last.state == "Completed":
             meter.record(recorded)  # a value a person resolved it with carries no charge
-        result = CommandResult.from_dict(recorded)
-        return {
-            "type": "tool_result",
-            "tool_use_id": use.get("id", ""),
-            "content": result.for_model(),
-            "is_error": result.exit_code != 0,
-        }
+        return _tool_result(use, CommandResult.from_dict(recorded))
+
+
+def _tool_result(use: dict[str, Any], result: CommandResult) -> dict[str, Any]:
+    return {
+        "type": "tool_result",
+        "tool_use_id": use.get("id", ""),
+        "content": result.for_model(),
+        "is_error": result.exit_code != 0,
+    }
 
 
 def _tool_error(use: dict[str, Any], message: str) -> dict[str, Any]:
