@@ -17,14 +17,12 @@ import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import nodus_ray.control.plane as plane_module
 from nodus.lifecycle import RunPhase
 from nodus_ray.control.client import ControlPlaneClient, RideOutRestarts, RunOutcome, RunReport
-from nodus_ray.control.services import compose
 from nodus_ray.runtime.group_supervisor import GroupSupervisor
 from nodus_ray.runtime.run_actor import RunConfig
 from nodus_ray.settings import ServerSettings
@@ -338,17 +336,9 @@ async def make_sim(root: Path, script: Script) -> Sim:
     )
     calls: Counter[str] = Counter()
     run_actors, groups = SimRunActors(script, Counter()), SimGroupSupervisors(Counter())
-    # The seam the facade lacks: it composes its services with Ray's launchers, named in its
-    # module (and graders that a group's end releases through Ray), so they are swapped here.
-    saved = {name: getattr(plane_module, name) for name in ("RayRunActors", "RayGroupSupervisors", "compose")}
-    setattr(plane_module, "RayRunActors", lambda: run_actors)  # noqa: B010
-    setattr(plane_module, "RayGroupSupervisors", lambda: groups)  # noqa: B010
-    setattr(plane_module, "compose", partial(compose, graders=NoGraders()))  # noqa: B010
-    try:
-        plane = plane_module.ControlPlane(settings)
-    finally:
-        for name, value in saved.items():
-            setattr(plane_module, name, value)
+    plane = plane_module.ControlPlane(
+        settings, run_actors=run_actors, group_actors=groups, graders=NoGraders()
+    )
     sim = Sim(plane, run_actors, groups, StorageOps(plane.registry.storage), calls)
     run_actors.control = sim.client()
     groups.control = sim.client

@@ -12,10 +12,8 @@ import asyncio
 import inspect
 from pathlib import Path
 
-import pytest
 import ray
 
-from nodus_ray.control import plane as plane_module
 from nodus_ray.control.plane import ControlPlane
 from nodus_ray.control.recovery import RecoveryGate
 from nodus_ray.control.services import compose
@@ -160,15 +158,7 @@ def test_recovery_runs_once_for_every_waiting_call_and_again_only_after_a_failur
     asyncio.run(scenario())
 
 
-@pytest.fixture
-def no_ray_actors(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plane_module, "RayRunActors", FakeRunActors)
-    monkeypatch.setattr(plane_module, "RayGroupSupervisors", FakeGroupSupervisors)
-
-
-def test_calls_to_a_just_restarted_control_plane_wait_for_it_to_load(
-    tmp_path: Path, no_ray_actors: None
-) -> None:
+def test_calls_to_a_just_restarted_control_plane_wait_for_it_to_load(tmp_path: Path) -> None:
     settings = ServerSettings(
         storage_uri=str(tmp_path / "storage"),
         sandbox_root=str(tmp_path / "sandboxes"),
@@ -177,12 +167,13 @@ def test_calls_to_a_just_restarted_control_plane_wait_for_it_to_load(
     )
 
     async def scenario() -> None:
-        first = ControlPlane(settings)
+        first = ControlPlane(settings, run_actors=FakeRunActors(), group_actors=FakeGroupSupervisors())
         await first.apply_agent("demo", agent_doc())
         await first.apply_group("demo", group_doc("g"))
         await first.create_run("demo", run_doc("g-t1", group="g", taskKey="t1"))
 
-        restarted = ControlPlane(settings)  # recovery starts with the first call
+        # recovery starts with the first call
+        restarted = ControlPlane(settings, run_actors=FakeRunActors(), group_actors=FakeGroupSupervisors())
         # The first calls a supervisor and a run actor make, before anything else asked it:
         started, _ = await asyncio.gather(
             restarted.start_member("demo", "g-t1"),
