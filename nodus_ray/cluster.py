@@ -175,15 +175,22 @@ def _keep_operator_token(control_plane: Any, api_url: str) -> str:
     return str(credentials.credentials_file())
 
 
-def _deploy_api(port: int) -> None:
+def _deploy_api(port: int, port_base: int | None) -> None:
     from ray import serve
 
     from nodus_serve.deployment import build
+    from nodus_serve.ingress import controller_env
 
     # Serve narrates every step at INFO on the driver; `nodus up` prints its own summary.
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # HAProxy straight to the replicas where it can (`nodus_serve.ingress`, decision 52): the
+    # controller's environment, fixed when it starts (a running controller keeps its own).
+    env = controller_env(port_base)
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": port},
+        controller_options={"runtime_env": {"env_vars": env}} if env else None,
+    )
     serve.run(build(), name=SERVE_APP_NAME, route_prefix="/", blocking=False)
 
 
@@ -222,7 +229,7 @@ def up(address: str | None = None, port: int = 8000, storage: str | None = None)
         control_plane, info = _ensure_control_plane(settings)
         backend = _configure_model_key(control_plane)
         _ensure_router()
-        _deploy_api(port)
+        _deploy_api(port, head.port_base)
         api_url = f"http://127.0.0.1:{port}"
         token_file = _keep_operator_token(control_plane, api_url)
         _wait_ready(api_url)

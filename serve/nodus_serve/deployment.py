@@ -9,10 +9,12 @@ from __future__ import annotations
 from ray import serve
 
 from .app import create_app
+from .ingress import replica_env
 
 __all__ = ["NodusIngress", "app", "build"]
 
 fastapi_app = create_app()
+_REPLICA_ENV = replica_env()
 
 
 @serve.deployment(
@@ -21,7 +23,12 @@ fastapi_app = create_app()
     # Above the app's own limit (NODUS_API_MAX_INFLIGHT, default 128), which answers 429 past
     # it: Serve's queue would only hold requests longer, and event streams are not counted.
     max_ongoing_requests=1024,
-    ray_actor_options={"num_cpus": 0},
+    # HAProxy's direct ingress, when the controller runs it (`ingress`): Serve reads these
+    # when the replica's process starts.
+    ray_actor_options={
+        "num_cpus": 0,
+        **({"runtime_env": {"env_vars": _REPLICA_ENV}} if _REPLICA_ENV else {}),
+    },
 )
 @serve.ingress(fastapi_app)
 class NodusIngress:
