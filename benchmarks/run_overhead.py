@@ -11,6 +11,10 @@ processes count too).
 
     python benchmarks/run_overhead.py --runs 20
 
+``--memory K`` also measures what an active run holds: K runs each in a ``sleep`` command at
+once, the proportional set size (PSS, /proc/PID/smaps_rollup) of each run actor process while
+its command runs, beside K bare actors alive at once (created and called once), each one's PSS.
+
 It starts nodus with `nodus up` on a temporary home, storage and Ray head of its own (or uses
 NODUS_API_URL's server, and the Ray at RAY_ADDRESS, when --reuse is given) and prints a Markdown
 row for benchmarks/RESULTS.md.
@@ -76,6 +80,68 @@ class _Bare:
     def ping(self) -> int:
         return 1
 
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _pss_bytes(pid: int) -> int:
+    """A process's proportional set size: its private pages plus its share of shared ones."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _bare_pss(count: int) -> list[int]:
+    """Each of ``count`` bare actors' PSS, all alive at once (created, called once)."""
+    actors = [
+        _Bare.options(
+            name=f"bench-mem-{os.getpid()}-{i}", namespace="nodus-bench", lifetime="detached"
+        ).remote()
+        for i in range(count)
+    ]
+    pids = ray.get([actor.pid.remote() for actor in actors])
+    sizes = [_pss_bytes(pid) for pid in pids]
+    for actor in actors:
+        ray.kill(actor)
+    return sizes
+
+
+def _actor_pid(actor_name: str) -> int | None:
+    """The process of a named actor: Ray titles it ``ray::<actor name>:<class>.<method>``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue
+        if command.startswith(f"ray::{actor_name}:"):
+            return int(entry.name)
+    return None
+
+
+def _runs_pss(agent: nodus.ClaudeAgent, count: int, tag: str) -> list[int]:
+    """Each of ``count`` active runs' actor PSS, measured while every one runs ``sleep``."""
+    runs = [agent.submit("run: sleep 30", name=f"bench-mem-{tag}-{i}") for i in range(count)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until every run's command has started
+        started = [r for r in runs if any(s.state == "Started" and s.kind == "command" for s in r.steps())]
+        if len(started) == count:
+            break
+        time.sleep(0.2)
+    pids = [_actor_pid(str(run.status().get("actorName"))) for run in runs]
+    sizes = [_pss_bytes(pid) for pid in pids if pid is not None]
+    for run in runs:
+        run.cancel()
+    for run in runs:
+        try:
+            run.wait(timeout=120)
+        except nodus.errors.AgentRunFailed:
+            pass  # cancelled, as asked
+        run.delete()
+    return sizes
+
 
 def _bare_ray(index: int) -> float:
     started = time.perf_counter()
@@ -125,6 +191,9 @@ def main() -> None:
     parser.add_argument(
         "--reuse", action="store_true", help="use the server at NODUS_API_URL on the Ray at RAY_ADDRESS"
     )
+    parser.add_argument(
+        "--memory", type=int, default=0, help="also compare K active runs' PSS with K bare actors'"
+    )
     args = parser.parse_args()
 
     if args.reuse:
@@ -168,6 +237,16 @@ def _bench(args: argparse.Namespace, env: dict[str, str]) -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print(_row(measured, bare, args.runs, args.concurrency, server))
+    if args.memory:
+        bare_sizes = _bare_pss(args.memory)
+        run_sizes = _runs_pss(agent, args.memory, tag)
+        mib = lambda sizes: statistics.median(sizes) / 2**20  # noqa: E731
+        print("\n| date | active at once | run actor PSS (median) | bare actor PSS (median) | ratio |")
+        print("| --- | --- | --- | --- | --- |")
+        print(
+            f"| {time.strftime('%Y-%m-%d')} | {args.memory} | {mib(run_sizes):.1f} MiB ({len(run_sizes)} processes) "
+            f"| {mib(bare_sizes):.1f} MiB | {mib(run_sizes) / mib(bare_sizes):.2f}x |"
+        )
     ray.shutdown()  # temporary_service's `nodus down` stops the service and its head
 
 

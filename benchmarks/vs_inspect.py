@@ -43,6 +43,7 @@ from pathlib import Path
 
 import httpx
 import ray
+from process_cpu import ProcessCpu
 from support import auth_headers, nodus_up, ray_address, temporary_service, wait_until
 
 V1 = "nodus.dev/v1"
@@ -252,6 +253,16 @@ def ray_floor(count: int) -> float:
     return (busy_cpu_seconds() - cpu) / count
 
 
+def print_where(sampler: ProcessCpu, n: int) -> None:
+    """nodus's CPU in the window by process role, per run (`process_cpu`)."""
+    print(f"\nwhere nodus's CPU went ({sampler.total():.1f} s sampled, {n} runs):")
+    print("| role | processes | CPU | per run |")
+    print("| --- | --- | --- | --- |")
+    for role, cpu, count in sampler.by_role():
+        if cpu >= 0.05:
+            print(f"| {role} | {count} | {cpu:.2f} s | {cpu / n * 1000:.0f} ms |")
+
+
 def report(results: list[Result], floor: float, floor_count: int, args: argparse.Namespace) -> None:
     print(f"\nload before: {args.load_before}; {os.cpu_count()} cores; Inspect AI {args.inspect_version}")
     print("\n| samples / at once | system | wall | machine CPU | CPU per sample | right |")
@@ -280,6 +291,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--floor", type=int, default=20, help="bare actors for the Ray floor")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="Inspect AI's virtualenv")
+    parser.add_argument(
+        "--where",
+        action="store_true",
+        help="also sample nodus's processes (every 50 ms, which costs CPU itself) and print its CPU by role",
+    )
     args = parser.parse_args()
     args.load_before = Path("/proc/loadavg").read_text().split()[:3]
     python, args.inspect_version = inspect_python(args.venv)
@@ -297,7 +313,12 @@ def main() -> None:
                 print(f"idle machine: {idle:.3f} CPU s per second", file=sys.stderr)
                 results.append(run_inspect(python, args.n, args.c, args.latency, idle))
                 print(results[-1].row(args.n, args.c), file=sys.stderr)
-                results.append(run_nodus(http, f"g{repeat}", args.n, args.c))
+                if args.where:
+                    with ProcessCpu(env["NODUS_RAY_TEMP_DIR"]) as sampler:
+                        results.append(run_nodus(http, f"g{repeat}", args.n, args.c))
+                    print_where(sampler, args.n)
+                else:
+                    results.append(run_nodus(http, f"g{repeat}", args.n, args.c))
                 print(results[-1].row(args.n, args.c), file=sys.stderr)
         ray.init(
             address=ray_address(env), namespace="nodus-bench", logging_level="ERROR", log_to_driver=False

@@ -1,7 +1,7 @@
 """`benchmarks/control_plane_sim.py` keeps running against the current control plane.
 
-The simulation swaps the control plane's Ray launchers for in-process ones by the names the
-facade's module uses and gives each real `GroupSupervisor` its client after construction; if
+The simulation gives the control plane in-process launchers instead of Ray's (the facade's
+constructor arguments) and each real `GroupSupervisor` its client after construction; if
 either seam moves, the benchmark would stop running (or, worse, start a Ray of its own) and
 nothing would notice. A few runs through every phase here fail the suite instead. The figures
 are the benchmark's business (benchmarks/RESULTS.md), not this test's.
