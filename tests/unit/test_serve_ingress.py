@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from nodus_ray.local_head import HeadPorts
 from nodus_serve import ingress
@@ -51,3 +54,11 @@ def test_the_python_proxy_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODUS_SERVE_INGRESS", "proxy")
     assert not ingress.haproxy_ingress()
     assert ingress.replica_env() == {} and ingress.controller_env(23000) == {}
+
+
+def test_the_cluster_config_sets_what_nodus_up_sets(with_haproxy: None) -> None:
+    """`serve deploy serve/config.yaml` (a cluster) runs the ingress `nodus up` runs."""
+    config = yaml.safe_load((Path(__file__).parents[2] / "serve" / "config.yaml").read_text())
+    deployed = config["controller_options"]["runtime_env"]["env_vars"]
+    expected = {k: v for k, v in ingress.controller_env(None).items() if k != "RAY_SERVE_HAPROXY_NBTHREAD"}
+    assert deployed == expected
