@@ -145,7 +145,7 @@ class Grader:
         if local_seq is not None and local_seq >= (stored_seq if stored_seq is not None else NO_COMMAND):
             shutil.copytree(local.workspace, into, symlinks=True, copy_function=_copy_regular)
         elif stored_seq is not None:
-            _unpack(self._storage.read_bytes(local.snapshot_key(stored_seq)), into)
+            local.unpack(stored_seq, into)  # refuses what would write outside ``into``
         elif int(case.get("commands") or 0) > 0:
             into.mkdir(parents=True, mode=0o700)
             return _MissingWorkspace(into, hidden_paths=self._hidden, uid=case.get("uid"))

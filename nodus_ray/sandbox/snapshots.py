@@ -11,8 +11,17 @@ actor writes
 
 * a marker beside the workspace (``.<run>.workspace``, outside the sandbox's reach) naming the
   command's journal sequence number: "this directory holds the effects up to that command";
-* a snapshot of the whole workspace to storage, ``<run prefix>/workspace/<seq>.tar.gz``
-  (once the new one is stored, all but it and the one before it are deleted).
+* a snapshot of the workspace to storage: a small manifest, ``<run prefix>/workspace/
+  <seq>.manifest.json``, listing every directory, file (size, mode, mtime, sha256 of its
+  content) and symlink (its target), and each file content once, under ``workspace/blobs/
+  <sha256>`` (`workspace_manifest`). Only content no kept manifest holds is uploaded, and a
+  file whose size, mtime, inode and ctime are those of the previous manifest is not even read,
+  so a command that changed one small file of a 50 MB repository uploads that file and a
+  manifest, and a command that changed nothing uploads only the manifest (it is still written:
+  the state must be restorable by its seq on another node). Once the new manifest is stored,
+  all manifests but it and the one before it are deleted, and then the blobs that only the
+  deleted ones referenced. A crash between the two only leaks blobs: they go with the whole
+  ``workspace`` folder when the run is forgotten or its retention is up.
 
 Because both happen before ``Completed``, every completed command's effects are in the
 snapshot. When an actor opens the sandbox of a run that has run commands, `WorkspaceSnapshots.
@@ -32,12 +41,20 @@ so when its command was interrupted, `restore_state` puts back the workspace as 
 that command (never the local copy, which the command may have half changed) and the command
 simply runs again, as if it ran once.
 
-A workspace over ``limit_bytes`` is not snapshotted (the local directory still works; only a
-move to another node then fails with `WorkspaceLost`, naming the limit).
+A workspace over ``limit_bytes`` (its files' sizes together) is not snapshotted (the local
+directory still works; only a move to another node then fails with `WorkspaceLost`, naming the
+limit).
+
+A restore (`ensure`, `restore_state`, the grader's `WorkspaceSnapshots.unpack`) refuses what
+could write outside the directory or through a link (`workspace_manifest.unpack`): the
+manifest describes a directory that sandboxed code controlled, and the actor runs on the host.
+Storage written before manifests holds ``<seq>.tar.gz`` snapshots of the whole workspace; they
+are still restored (with ``tarfile``'s ``filter="data"``) and count as stored states.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -46,12 +63,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodus_ray.sandbox.workspace_manifest import Manifest, Scan, TooLarge, UnsafeManifest, scan
+from nodus_ray.sandbox.workspace_manifest import unpack as unpack_manifest
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
 __all__ = [
     "WorkspaceLost",
     "WorkspaceSnapshots",
+    "UnsafeManifest",
     "DEFAULT_SNAPSHOT_LIMIT_BYTES",
     "NO_COMMAND",
     "accepted_states",
@@ -87,10 +107,6 @@ class WorkspaceLost(Exception):
     """The workspace this run's journal describes is neither here nor in a snapshot."""
 
 
-class _TooLarge(Exception):
-    pass
-
-
 @dataclass
 class WorkspaceSnapshots:
     storage: Storage
@@ -101,9 +117,16 @@ class WorkspaceSnapshots:
     seeded: bool = False  # the run starts from ``seed.tar.gz`` instead of an empty workspace
     skipped_for_size: bool = False
     # Raises when a newer actor of the run took over (`durable.fencing`): checked before the
-    # snapshot is stored and before older ones are deleted, so a zombie never replaces them.
+    # snapshot is stored and before older ones (and their blobs) are deleted, so a zombie never
+    # replaces them.
     fence: Callable[[str], None] | None = None
-    _stored: list[int] | None = field(default=None, init=False, repr=False)  # the snapshots in storage
+    last_read: list[str] = field(default_factory=list, init=False)  # files the last snapshot read
+    # What is in storage, read once per actor (an earlier actor may have left several), then
+    # known, so a command costs its new blobs, one manifest and the deletes, not a listing too:
+    # each stored seq's form ("manifest" or an old "tar"), the stored manifests, the blobs they hold.
+    _stored: dict[int, str] | None = field(default=None, init=False, repr=False)
+    _manifests: dict[int, Manifest] = field(default_factory=dict, init=False, repr=False)
+    _known: set[str] = field(default_factory=set, init=False, repr=False)
 
     @staticmethod
     def marker_of(workspace: Path) -> Path:
@@ -130,40 +153,97 @@ class WorkspaceSnapshots:
         except (OSError, ValueError):
             return None
 
+    def _list(self) -> dict[int, str]:
+        """The stored states by seq: a manifest, or a tar.gz from before manifests."""
+        stored: dict[int, str] = {}
+        for name in self.storage.list_dir(self._folder):
+            number, _, rest = name.partition(".")
+            if number.isdigit() and rest in ("manifest.json", "tar.gz"):
+                if rest == "manifest.json" or int(number) not in stored:
+                    stored[int(number)] = "manifest" if rest == "manifest.json" else "tar"
+        return stored
+
     def stored_seq(self) -> int | None:
-        """The command the newest snapshot in storage was taken after."""
-        names = [n for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")]
-        return int(names[-1].split(".", 1)[0]) if names else None
+        """The command the newest snapshot in storage (a manifest or an old tar.gz) was taken after."""
+        return max(self._list(), default=None)
+
+    def _load(self) -> dict[int, str]:
+        if self._stored is None:
+            self._stored = self._list()
+            self._manifests = {
+                seq: self._read_manifest(seq) for seq, form in self._stored.items() if form == "manifest"
+            }
+            self._known = set().union(*(m.digests() for m in self._manifests.values()))
+        return self._stored
+
+    def _read_manifest(self, seq: int) -> Manifest:
+        return Manifest.from_json(self.storage.read_json(layout.workspace_manifest(self.prefix, seq)))
 
     def after_command(self, seq: int) -> None:
         """Record that the workspace now holds the effects of command ``seq`` (see the module)."""
         _write_durably(self._marker, str(seq))
         if not self.enabled:
             return
-        try:
-            data = _pack(self.workspace, self.limit_bytes)
-        except _TooLarge:
-            self.skipped_for_size = True
-            return
-        self.skipped_for_size = False
-        if self.fence is not None:
-            self.fence(f"before the snapshot after command {seq}")
-        self.storage.write_bytes(self._key(seq), data)
-        # The snapshots in storage: listed once per actor (an earlier actor may have left
-        # several), then known, so a command costs one write and one delete, not a listing too.
-        if self._stored is None:
-            self._stored = [
-                int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")
-            ]
-        kept = sorted({*self._stored, seq})
-        for stale in kept[:-2]:  # this one and the one before it stay (`restore_state`)
-            self.storage.delete(self._key(stale))
-        self._stored = kept[-2:]
+        stored = self._load()
+        previous = max((s for s in self._manifests if s < seq), default=None)
+        for _attempt in range(3):  # again if a file changed while it was read (nothing should run)
+            try:
+                found = scan(
+                    self.workspace,
+                    self._manifests.get(previous) if previous is not None else None,
+                    self._known,
+                    self.limit_bytes,
+                )
+            except TooLarge:
+                self.skipped_for_size = True
+                return
+            self.skipped_for_size = False
+            if self.fence is not None:
+                self.fence(f"before the snapshot after command {seq}")
+            self.last_read = found.read
+            if self._upload(found):
+                break
+        else:
+            raise RuntimeError(
+                f"the workspace kept changing while its snapshot after command {seq} was taken"
+            )
+        self.storage.write_json(layout.workspace_manifest(self.prefix, seq), found.manifest.to_json(seq))
+        if stored.get(seq) == "tar":  # an older actor's snapshot of the same seq
+            self.storage.delete(layout.workspace_snapshot(self.prefix, seq))
+        stored[seq] = "manifest"
+        self._manifests[seq] = found.manifest
+        kept = sorted(stored)[-2:]  # this one and the one before it stay (`restore_state`)
+        self._drop([s for s in stored if s not in kept], f"after the snapshot after command {seq}")
 
-    def _key(self, seq: int) -> str:
-        return layout.workspace_snapshot(self.prefix, seq)
+    def _upload(self, found: Scan) -> bool:
+        """Store the blobs the scan found new; False if a file no longer has the digest it had."""
+        for digest, path in found.to_upload.items():
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                return False
+            if hashlib.sha256(data).hexdigest() != digest:
+                return False
+            self.storage.write_bytes(layout.workspace_blob(self.prefix, digest), data)
+            self._known.add(digest)
+        return True
 
-    snapshot_key = _key
+    def _drop(self, seqs: list[int], where: str) -> None:
+        """Delete these stored states, then the blobs that no remaining manifest references."""
+        stored = self._load()
+        for seq in seqs:
+            form = stored.pop(seq)
+            key = layout.workspace_manifest if form == "manifest" else layout.workspace_snapshot
+            self.storage.delete(key(self.prefix, seq))
+        dropped = [self._manifests.pop(s) for s in seqs if s in self._manifests]
+        garbage = set().union(*(m.digests() for m in dropped)) - set().union(
+            *(m.digests() for m in self._manifests.values())
+        )
+        if garbage and self.fence is not None:
+            self.fence(f"before deleting blobs {where}")
+        for digest in sorted(garbage):
+            self.storage.delete(layout.workspace_blob(self.prefix, digest))
+        self._known -= garbage
 
     def _seed(self) -> None:
         data = self.storage.read_bytes(seed_key(self.prefix))
@@ -203,14 +283,43 @@ class WorkspaceSnapshots:
             f"journal seq {max(accepted)}) and cannot be restored: {why}"
         )
 
+    def unpack(self, seq: int, into: Path) -> None:
+        """Create ``into`` (removed first if it exists) holding the stored state after command
+        ``seq``; FileNotFoundError when it is not stored, `UnsafeManifest` (or ``tarfile``'s
+        filter error) when it would write outside ``into`` or through a link."""
+        shutil.rmtree(into, ignore_errors=True)
+        into.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            document = self.storage.read_json(layout.workspace_manifest(self.prefix, seq))
+        except FileNotFoundError:
+            data = self.storage.read_bytes(layout.workspace_snapshot(self.prefix, seq))
+            into.mkdir(mode=0o700)
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+                # "data": no absolute paths, no links out of the directory, no device files.
+                archive.extractall(into, filter="data")
+            return
+        unpack_manifest(
+            Manifest.from_json(document),
+            into,
+            lambda digest: self.storage.read_bytes(layout.workspace_blob(self.prefix, digest)),
+        )
+
     def _restore(self, seq: int) -> None:
-        data = self.storage.read_bytes(self._key(seq))
-        shutil.rmtree(self.workspace, ignore_errors=True)
-        self.workspace.mkdir(parents=True, mode=0o700)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-            # "data": no absolute paths, no links out of the directory, no device files.
-            archive.extractall(self.workspace, filter="data")
+        # Built beside the workspace, then swapped in: a crash mid-restore leaves the old
+        # directory or none, never half of one under the old marker.
+        staging = self.workspace.with_name(f".{self.workspace.name}.restoring")
+        trash = self.workspace.with_name(f".{self.workspace.name}.replaced")
+        shutil.rmtree(trash, ignore_errors=True)
+        try:
+            self.unpack(seq, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        if self.workspace.exists():
+            os.rename(self.workspace, trash)
+        os.rename(staging, self.workspace)
         _write_durably(self._marker, str(seq))
+        shutil.rmtree(trash, ignore_errors=True)
 
     def restore_state(self, seq: int) -> bool:
         """Make the workspace what it was after command ``seq`` (`NO_COMMAND`: before any), from
@@ -222,7 +331,7 @@ class WorkspaceSnapshots:
                 self._seed()
             else:
                 self.workspace.mkdir(parents=True, mode=0o700)
-        elif not self.enabled or not self.storage.exists(self._key(seq)):
+        elif not self.enabled or seq not in self._list():
             return False
         else:
             self._restore(seq)
@@ -230,34 +339,15 @@ class WorkspaceSnapshots:
         # restored, nor push the state restored here out of the two kept (`after_command`).
         if self.fence is not None:
             self.fence(f"before dropping snapshots after {seq}")
-        stored = [
-            int(n.split(".", 1)[0]) for n in self.storage.list_dir(self._folder) if n.endswith(".tar.gz")
-        ]
-        for undone in (s for s in stored if s > seq):
-            self.storage.delete(self._key(undone))
-        self._stored = [s for s in stored if s <= seq]
+        self._stored = None  # read again: an earlier actor may have left more than this one knows
+        self._drop([s for s in self._load() if s > seq], f"after restoring {seq}")
         return True
 
     def forget(self) -> None:
         """The run is gone: its marker and snapshots too (the caller deletes the directory)."""
         self._marker.unlink(missing_ok=True)
         self.storage.delete_tree(self._folder)
-
-
-def _pack(workspace: Path, limit_bytes: int) -> bytes:
-    total = 0
-    for root, _dirs, files in os.walk(workspace):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-            if total > limit_bytes:
-                raise _TooLarge
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
-        archive.add(workspace, arcname=".", recursive=True)
-    return buffer.getvalue()
+        self._stored = None
 
 
 def _write_durably(path: Path, text: str) -> None:

@@ -22,6 +22,8 @@ test checks this list against it)::
     projects/{project}/agentruns/{name}/generations/{generation:06d}.json     run_generation
     projects/{project}/agentruns/{name}/answer.txt                            run_answer
     projects/{project}/agentruns/{name}/messages/{seq:08d}.json               message
+    projects/{project}/agentruns/{name}/workspace/{seq:012d}.manifest.json    workspace_manifest
+    projects/{project}/agentruns/{name}/workspace/blobs/{digest}              workspace_blob
     projects/{project}/agentruns/{name}/workspace/{seq:012d}.tar.gz           workspace_snapshot
     projects/{project}/agentruns/{name}/seed.tar.gz                           seed
     projects/{project}/agentruns/{name}/epochs/{attempt:09d}                  run_epoch
@@ -73,6 +75,9 @@ __all__ = [
     "messages_folder",
     "message",
     "workspace_folder",
+    "workspace_manifest",
+    "workspace_blobs_folder",
+    "workspace_blob",
     "workspace_snapshot",
     "seed",
     "epochs_folder",
@@ -112,7 +117,7 @@ _PROJECTS = "projects"
 _SYSTEM = "system"
 _GENERATION_DIGITS = 6  # a Python run's journal generations: ``journal-g{n:06d}``
 _JOURNAL_DIGITS = 12  # journal segments and chunks: ``{seq:012d}.arrow``, ``{a:012d}-{b:012d}.arrow``
-_WORKSPACE_DIGITS = 12  # workspace snapshots: ``{seq:012d}.tar.gz``
+_WORKSPACE_DIGITS = 12  # workspace snapshots: ``{seq:012d}.manifest.json`` (``.tar.gz`` before)
 _EPOCH_DIGITS = 9  # run epochs: ``{attempt:09d}``
 _MESSAGE_DIGITS = 8  # a keep-alive run's inbox: ``{seq:08d}.json``
 _REVISION_DIGITS = 6  # an agent's revisions: ``{rev:06d}.json``
@@ -225,8 +230,24 @@ def workspace_folder(prefix: str) -> str:
     return f"{prefix}/workspace"
 
 
+def workspace_manifest(prefix: str, seq: int) -> str:
+    """The run's workspace as it was after command ``seq``: its entries, files by sha256."""
+    return f"{workspace_folder(prefix)}/{seq:0{_WORKSPACE_DIGITS}d}.manifest.json"
+
+
+def workspace_blobs_folder(prefix: str) -> str:
+    """The contents of the files the run's workspace manifests list, each stored once."""
+    return f"{workspace_folder(prefix)}/blobs"
+
+
+def workspace_blob(prefix: str, digest: str) -> str:
+    """One file content of the run's workspace, by its sha256 (hex)."""
+    return f"{workspace_blobs_folder(prefix)}/{digest}"
+
+
 def workspace_snapshot(prefix: str, seq: int) -> str:
-    """The run's workspace as it was after command ``seq`` (a tar.gz)."""
+    """The run's workspace as it was after command ``seq``, as a whole tar.gz: what was written
+    before manifests (`workspace_manifest`); still read, no longer written."""
     return f"{workspace_folder(prefix)}/{seq:0{_WORKSPACE_DIGITS}d}.tar.gz"
 
 

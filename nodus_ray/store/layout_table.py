@@ -41,6 +41,8 @@ from nodus_ray.store.layout import (
     seed,
     server_model_key,
     token,
+    workspace_blob,
+    workspace_manifest,
     workspace_snapshot,
 )
 
@@ -109,9 +111,21 @@ LAYOUT: tuple[Key, ...] = (
     Key(f"{_RUN}/answer.txt", "the full answer", "run actor", run_answer),
     Key(f"{_RUN}/messages/{{seq:08d}}.json", "a keep-alive run's inbox", "control plane (messages)", message),
     Key(
-        f"{_RUN}/workspace/{{seq:012d}}.tar.gz",
-        "the workspace after command {seq}",
+        f"{_RUN}/workspace/{{seq:012d}}.manifest.json",
+        "the workspace after command {seq}: its dirs, files (sha256) and symlinks; the newest two are kept",
         "run actor (workspace snapshots)",
+        workspace_manifest,
+    ),
+    Key(
+        f"{_RUN}/workspace/blobs/{{digest}}",
+        "a file content of the kept manifests, stored once by its sha256",
+        "run actor (workspace snapshots)",
+        workspace_blob,
+    ),
+    Key(
+        f"{_RUN}/workspace/{{seq:012d}}.tar.gz",
+        "the whole workspace after command {seq}, as written before manifests (still read)",
+        "run actor (before manifests)",
         workspace_snapshot,
     ),
     Key(

@@ -59,6 +59,12 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
     "messages_folder": (lambda: layout.messages_folder("p", "n"), f"{RUN}/messages"),
     "message": (lambda: layout.message("p", "n", 7), f"{RUN}/messages/00000007.json"),
     "workspace_folder": (lambda: layout.workspace_folder(RUN), f"{RUN}/workspace"),
+    "workspace_manifest": (
+        lambda: layout.workspace_manifest(RUN, 7),
+        f"{RUN}/workspace/000000000007.manifest.json",
+    ),
+    "workspace_blobs_folder": (lambda: layout.workspace_blobs_folder(RUN), f"{RUN}/workspace/blobs"),
+    "workspace_blob": (lambda: layout.workspace_blob(RUN, "ab12"), f"{RUN}/workspace/blobs/ab12"),
     "workspace_snapshot": (
         lambda: layout.workspace_snapshot(RUN, 7),
         f"{RUN}/workspace/000000000007.tar.gz",

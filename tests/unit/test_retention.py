@@ -190,7 +190,9 @@ async def _finished_run(plane: Plane, name: str, phase: str = "Succeeded", **spe
     storage.write_json(layout.message("demo", name, 1), {"seq": 1, "payload": SECRET})
     storage.write_bytes(layout.run_output("demo", name, "report.txt"), SECRET.encode())
     prefix = layout.run_prefix("demo", name)
-    storage.write_bytes(layout.workspace_snapshot(prefix, 4), b"tar")
+    storage.write_bytes(layout.workspace_snapshot(prefix, 4), b"tar")  # as written before manifests
+    storage.write_json(layout.workspace_manifest(prefix, 5), {"version": 1, "entries": []})
+    storage.write_bytes(layout.workspace_blob(prefix, "ab" * 32), SECRET.encode())
     workspace = Path(plane.services.supervisor.workspace("demo", name))
     workspace.mkdir(parents=True)
     (workspace / "notes.txt").write_text(SECRET)
@@ -229,6 +231,7 @@ def test_the_workspace_goes_first_then_the_payloads_and_the_run_and_its_totals_s
         workspace = Path(plane.services.supervisor.workspace("demo", "r1"))
 
         assert (await sweeper.sweep(_later(run, timedelta(hours=23)))).workspaces == []
+        assert storage.exists(layout.workspace_blob(prefix, "ab" * 32)), "kept until its time is up"
         report = await sweeper.sweep(_later(run, timedelta(hours=25)))
         assert report.workspaces == [("demo", "r1")] and report.payloads == []
         assert not workspace.exists() and storage.list_dir(layout.workspace_folder(prefix)) == []

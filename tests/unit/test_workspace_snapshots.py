@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from nodus_ray.sandbox.snapshots import NO_COMMAND, WorkspaceLost, WorkspaceSnapshots, accepted_states
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _blobs(snapshots: WorkspaceSnapshots) -> set[str]:
+    return set(snapshots.storage.list_dir(layout.workspace_blobs_folder(snapshots.prefix)))
 
 
 def _snapshots(tmp_path: Path, node: str, **options: object) -> WorkspaceSnapshots:
@@ -28,8 +38,9 @@ def test_a_run_moved_to_a_node_without_its_workspace_gets_the_snapshot_of_its_la
     assert first.stored_seq() == 12
     # The one before the newest stays, so an interrupted next command can be undone.
     assert first.storage.list_dir("projects/p/agentruns/r/workspace") == [
-        "000000000007.tar.gz",
-        "000000000012.tar.gz",
+        "000000000007.manifest.json",
+        "000000000012.manifest.json",
+        "blobs",
     ]
 
     moved = _snapshots(tmp_path, "node-b")
@@ -104,8 +115,9 @@ def test_an_interrupted_command_is_undone_from_storage_not_from_the_half_changed
     (here.workspace / "b.txt").write_text("half")
     here.after_command(15)  # it even got as far as its snapshot, then died before Completed
     assert here.storage.list_dir("projects/p/agentruns/r/workspace") == [
-        "000000000012.tar.gz",
-        "000000000015.tar.gz",
+        "000000000012.manifest.json",
+        "000000000015.manifest.json",
+        "blobs",
     ], "all but the newest two go"
 
     assert here.restore_state(12) is True
@@ -115,9 +127,11 @@ def test_an_interrupted_command_is_undone_from_storage_not_from_the_half_changed
     assert here.stored_seq() == 12, "the undone command's snapshot is gone"
     here.after_command(18)  # the command again, as its next attempt: the state before it stays
     assert here.storage.list_dir("projects/p/agentruns/r/workspace") == [
-        "000000000012.tar.gz",
-        "000000000018.tar.gz",
+        "000000000012.manifest.json",
+        "000000000018.manifest.json",
+        "blobs",
     ]
+    assert _blobs(here) == {_sha(b"one\ntwo\n")}, "the undone command's blobs went with it"
     assert here.restore_state(12) is True
     assert here.restore_state(7) is False, "a state no longer stored cannot be restored"
     assert here.restore_state(NO_COMMAND) is True
