@@ -292,17 +292,23 @@ class WorkspaceSnapshots:
         try:
             document = self.storage.read_json(layout.workspace_manifest(self.prefix, seq))
         except FileNotFoundError:
+            document = None
             data = self.storage.read_bytes(layout.workspace_snapshot(self.prefix, seq))
-            into.mkdir(mode=0o700)
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-                # "data": no absolute paths, no links out of the directory, no device files.
-                archive.extractall(into, filter="data")
-            return
-        unpack_manifest(
-            Manifest.from_json(document),
-            into,
-            lambda digest: self.storage.read_bytes(layout.workspace_blob(self.prefix, digest)),
-        )
+        try:
+            if document is None:  # stored before manifests
+                into.mkdir(mode=0o700)
+                with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+                    # "data": no absolute paths, no links out of the directory, no device files.
+                    archive.extractall(into, filter="data")
+            else:
+                unpack_manifest(
+                    Manifest.from_json(document),
+                    into,
+                    lambda digest: self.storage.read_bytes(layout.workspace_blob(self.prefix, digest)),
+                )
+        except BaseException:
+            shutil.rmtree(into, ignore_errors=True)  # never leave a link that was refused
+            raise
 
     def _restore(self, seq: int) -> None:
         # Built beside the workspace, then swapped in: a crash mid-restore leaves the old
@@ -310,11 +316,7 @@ class WorkspaceSnapshots:
         staging = self.workspace.with_name(f".{self.workspace.name}.restoring")
         trash = self.workspace.with_name(f".{self.workspace.name}.replaced")
         shutil.rmtree(trash, ignore_errors=True)
-        try:
-            self.unpack(seq, staging)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        self.unpack(seq, staging)
         if self.workspace.exists():
             os.rename(self.workspace, trash)
         os.rename(staging, self.workspace)
