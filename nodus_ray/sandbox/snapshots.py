@@ -60,10 +60,19 @@ import os
 import shutil
 import tarfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodus_ray.sandbox.workspace_manifest import Manifest, Scan, TooLarge, UnsafeManifest, scan
+from nodus_ray.sandbox.workspace_manifest import (
+    TRANSFERS,
+    Manifest,
+    Scan,
+    TooLarge,
+    UnsafeManifest,
+    encode_blob,
+    scan,
+)
 from nodus_ray.sandbox.workspace_manifest import unpack as unpack_manifest
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
@@ -216,17 +225,28 @@ class WorkspaceSnapshots:
         self._drop([s for s in stored if s not in kept], f"after the snapshot after command {seq}")
 
     def _upload(self, found: Scan) -> bool:
-        """Store the blobs the scan found new; False if a file no longer has the digest it had."""
-        for digest, path in found.to_upload.items():
+        """Store the blobs the scan found new, a few at once (on S3 each is a request); False if
+        a file no longer has the digest it had when it was scanned."""
+
+        def upload(item: tuple[str, Path]) -> bool:
+            digest, path = item
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
                 return False
             if hashlib.sha256(data).hexdigest() != digest:
                 return False
-            self.storage.write_bytes(layout.workspace_blob(self.prefix, digest), data)
-            self._known.add(digest)
-        return True
+            self.storage.write_bytes(layout.workspace_blob(self.prefix, digest), encode_blob(data))
+            return True
+
+        items = list(found.to_upload.items())
+        if len(items) <= 1:
+            stored = [upload(item) for item in items]
+        else:
+            with ThreadPoolExecutor(max_workers=TRANSFERS) as pool:
+                stored = list(pool.map(upload, items))
+        self._known.update(digest for (digest, _), done in zip(items, stored, strict=True) if done)
+        return all(stored)
 
     def _drop(self, seqs: list[int], where: str) -> None:
         """Delete these stored states, then the blobs that no remaining manifest references."""

@@ -20,6 +20,7 @@ from nodus_ray.sandbox.snapshots import (
     WorkspaceSnapshots,
     accepted_states,
 )
+from nodus_ray.sandbox.workspace_manifest import encode_blob
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
@@ -289,7 +290,7 @@ def _forged(
     """A manifest as a compromised workspace (or storage) could make it; unpacked on the host."""
     snapshots = _snapshots(tmp_path, "node-b")
     for digest, data in (blobs or {}).items():
-        snapshots.storage.write_bytes(layout.workspace_blob(snapshots.prefix, digest), data)
+        snapshots.storage.write_bytes(layout.workspace_blob(snapshots.prefix, digest), encode_blob(data))
     defaults = {"mode": 0o644, "size": 0, "mtime_ns": 0}
     document = {"version": 1, "seq": 3, "takenNs": 0, "entries": [{**defaults, **e} for e in entries]}
     snapshots.storage.write_json(layout.workspace_manifest(snapshots.prefix, 3), document)
@@ -356,8 +357,10 @@ def test_an_entry_under_a_symlink_is_refused_and_nothing_is_written_through_it(t
     assert list(outside.iterdir()) == []
 
 
-def test_a_blob_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
-    _forged(tmp_path, [{"path": "f", "type": "file", "sha256": _sha(b"good")}], {_sha(b"good"): b"evil"})
+def test_a_blob_that_does_not_match_its_digest_or_size_is_refused(tmp_path: Path) -> None:
+    good = [{"path": "f", "type": "file", "sha256": _sha(b"good"), "size": 4}]
+    _forged(tmp_path / "evil", good, {_sha(b"good"): b"evil"})
+    _forged(tmp_path / "bomb", good, {_sha(b"good"): b"good" * 10_000_000})  # never inflated whole
 
 
 def test_a_snapshot_stored_as_a_tar_gz_before_manifests_still_restores(tmp_path: Path) -> None:
