@@ -118,7 +118,7 @@ LAYOUT: tuple[Key, ...] = (
     ),
     Key(
         f"{_RUN}/workspace/blobs/{{digest}}",
-        "a file content of the kept manifests, stored once by its sha256",
+        "a file content of the kept manifests (zlib), stored once by its sha256",
         "run actor (workspace snapshots)",
         workspace_blob,
     ),
