@@ -10,7 +10,8 @@ import pytest
 
 from nodus_ray.environments import GraderError, resolve
 from nodus_ray.runtime.grader import Grader
-from nodus_ray.sandbox.snapshots import WorkspaceSnapshots, pack_files, seed_key
+from nodus_ray.sandbox.snapshots import UnsafeManifest, WorkspaceSnapshots, pack_files, seed_key
+from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 
 PREFIX = "projects/p/agentruns/r"
@@ -119,3 +120,26 @@ def test_a_crashing_grader_is_a_failure_that_names_only_the_error_type(
         "seconds": outcome["seconds"],
         "cpuSeconds": 0.0,  # no sandboxed command ran: nothing billed to the group
     }
+
+
+def test_a_snapshot_stored_as_a_tar_gz_before_manifests_is_graded(storage: Storage, tmp_path: Path) -> None:
+    storage.write_bytes(layout.workspace_snapshot(PREFIX, 4), pack_files({"out.txt": "from the old format"}))
+    copy = _grader(storage, tmp_path)._workspace(_case(tmp_path, commands=1), tmp_path / "copy")
+    assert copy.read_text("out.txt") == "from the old format"
+
+
+def test_the_newest_snapshot_is_graded_with_its_symlinks_and_nothing_outside(
+    storage: Storage, tmp_path: Path
+) -> None:
+    source = tmp_path / "snap"
+    (source / "src").mkdir(parents=True)
+    (source / "src" / "out.txt").write_text("linked")
+    (source / "out.txt").symlink_to("src/out.txt")
+    WorkspaceSnapshots(storage, PREFIX, source).after_command(6)
+    copy = _grader(storage, tmp_path)._workspace(_case(tmp_path, commands=1), tmp_path / "copy")
+    assert copy.read_text("out.txt") == "linked"
+    (source / "escape").symlink_to("/etc/passwd")
+    WorkspaceSnapshots(storage, PREFIX, source).after_command(7)
+    with pytest.raises(UnsafeManifest, match="absolute"):
+        _grader(storage, tmp_path)._workspace(_case(tmp_path, commands=2), tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
