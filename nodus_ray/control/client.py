@@ -21,8 +21,8 @@ Callers differ only in what they do when the control plane is away, and that is 
 Either way the handle is looked up once, not per call (every step of a run reports, and a
 lookup is a round trip to Ray's GCS), and forgotten when the actor it named died.
 
-What a run actor reports is a :class:`RunReport`, a typed partial status; it reaches the
-control plane as the dict ``merge_status`` merges (only the fields that were set).
+What a run actor reports is a :class:`RunReport`, a typed partial status (`run_reports`); it
+reaches the control plane as the dict ``merge_status`` merges (only the fields that were set).
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
-from pydantic import BaseModel, ConfigDict
 from ray.exceptions import RayActorError, RayTaskError
 
 from nodus.errors import NodusError, Unavailable
-from nodus.lifecycle import RunPhase
+from nodus_ray.control.run_reports import RunOutcome, RunReport
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 
 if TYPE_CHECKING:  # the run actor's module imports this one
@@ -67,71 +66,6 @@ class RideOutRestarts:
 
 
 CallPolicy = FailFast | RideOutRestarts
-
-
-class RunReport(BaseModel):
-    """A run actor's progress: the fields of the run's status it changes, and only those.
-
-    ``reason=None`` set on purpose clears the reason (a run that starts); a field never set is
-    not sent. Nested objects (``sandbox``, ``cost``) are merged into the stored ones.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    phase: RunPhase | None = None
-    reason: str | None = None
-    message: str | None = None
-    startedAt: str | None = None
-    turns: list[dict[str, Any]] | None = None
-    cost: dict[str, Any] | None = None
-    sandbox: dict[str, Any] | None = None
-    # The reporting actor's attempt (its fencing epoch): a report of an older attempt than the
-    # run's is a zombie's, and is dropped. Not a status field: `RunService.report` takes it out.
-    attempt: int | None = None
-
-    def to_patch(self) -> dict[str, Any]:
-        """The status patch as stored: the set fields, the phase as its plain string."""
-        patch = {
-            field: getattr(self, field) for field in type(self).model_fields if field in self.model_fields_set
-        }
-        if patch.get("phase") is not None:
-            patch["phase"] = str(patch["phase"])
-        return patch
-
-
-class RunOutcome(BaseModel):
-    """How a run's program ended, as its actor answers ``run()``: the other half of the seam.
-
-    A terminal phase, or Waiting with the reason it parked on (and what resuming needs:
-    ``step`` to resolve, ``messages.read``, ``creditsNeededUSD``). The supervisor checks the
-    phase change against the lifecycle and merges `to_patch` into the run's status.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    phase: RunPhase
-    reason: str
-    message: str | None = None
-    turns: list[dict[str, Any]] | None = None
-    cost: dict[str, Any] | None = None
-    answer: dict[str, Any] | None = None
-    finishedAt: str | None = None
-    step: str | None = None  # NeedsResolution: the step a person resolves
-    messages: dict[str, int] | None = None  # AwaitingMessage: {"read": seq of the last message read}
-    creditsNeededUSD: str | None = None  # InsufficientCredits: what the next call needs
-    budgetNeededUSD: str | None = None  # BudgetExceeded: what the next step needs of the Budget
-    # A Python program parked: when a timer starts it again (Sleeping, a message wait's
-    # timeout), and what else does (``{"message": name, "after": seq}``, ``{"children": [...]}``).
-    wakeAt: str | None = None
-    waitingFor: dict[str, Any] | None = None
-
-    def to_patch(self) -> dict[str, Any]:
-        """The outcome as the status patch the supervisor merges (set fields, plain strings)."""
-        patch = {
-            field: getattr(self, field) for field in type(self).model_fields if field in self.model_fields_set
-        }
-        patch["phase"] = str(self.phase)
-        return patch
 
 
 def _locate_control_plane() -> Any:

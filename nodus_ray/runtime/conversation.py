@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from nodus.contract import FAMILIES
 from nodus.lifecycle import RunReason
-from nodus.schema_common import FAMILIES
-from nodus.schema_run import Turn
 from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, NonDeterministic, StepFailed, Steps
@@ -40,6 +39,7 @@ from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.list_costs import add_list_cost
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from nodus_ray.runtime.sandbox_charges import command_charge, hold, limits_of, open_meter
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.sandbox import CommandResult, Sandbox
 from nodus_ray.store.timestamps import utc_now
 
@@ -98,10 +98,10 @@ class Conversation:
     spend: RunSpend
     router: Router
     open_sandbox: Callable[[], Sandbox]
-    on_progress: Callable[[list[Turn]], Awaitable[None]]
+    on_progress: Callable[[list[TurnRecord]], Awaitable[None]]
     sandbox: Sandbox | None = None
     sandbox_info: dict[str, Any] = field(default_factory=dict)
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str | None = None
     next_message: Inbox | None = None
@@ -304,7 +304,7 @@ class Conversation:
         prefix = f"turn-{index}"
         await self._add_message({"role": "user", "content": prompt})
         routed = await self._route(f"{prefix}/route", prompt)
-        turn = Turn(
+        turn = TurnRecord(
             index=index,
             prompt=prompt[:_PROMPT_PREVIEW],
             family=routed["family"],

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from nodus.schema_run import Turn
 from nodus_ray.models.base import Usage
 from nodus_ray.money.billing import ACCESS_BYOK, list_cost
 from nodus_ray.money.prices import PriceTable
+from nodus_ray.runtime.turn_record import TurnRecord
 
 __all__ = ["add_list_cost", "list_cost_fields", "unpriced_note"]
 
@@ -38,7 +38,7 @@ def unpriced_note(models: Sequence[str]) -> str:
     )
 
 
-def add_list_cost(turn: Turn, prices: PriceTable, access: str, model: str, usage: Usage) -> None:
+def add_list_cost(turn: TurnRecord, prices: PriceTable, access: str, model: str, usage: Usage) -> None:
     """Add one model call of ``turn`` to its list cost (BYOK only; a Nodus turn is left as is).
 
     A call on an unpriced model makes the turn's figure None for good: part of it is unknown.
@@ -56,7 +56,7 @@ def add_list_cost(turn: Turn, prices: PriceTable, access: str, model: str, usage
     turn.listCostUSD = str(Decimal(turn.listCostUSD or "0") + (cost or Decimal(0)))
 
 
-def list_cost_fields(turns: Sequence[Turn], access: str) -> dict[str, Any]:
+def list_cost_fields(turns: Sequence[TurnRecord], access: str) -> dict[str, Any]:
     """The ``status.cost`` fields of a BYOK run's list cost; ``{}`` on Nodus access."""
     if access != ACCESS_BYOK:
         return {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nodus.schema_common import FAMILIES
+from nodus.contract import FAMILIES
 from nodus_ray.money.prices import ROUTER_MAX_OUTPUT_TOKENS
 
 __all__ = [

@@ -19,19 +19,17 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from nodus.errors import NodusError
 from nodus.lifecycle import RunPhase, RunReason
-from nodus.schema_run import Turn
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.fencing import Epoch, Fenced
 from nodus_ray.durable.journal import Journal
 from nodus_ray.durable.steps import Steps
-from nodus_ray.egress.run_egress import RunEgress
 from nodus_ray.faults import crash_point
 from nodus_ray.models import ModelProvider, provider_for
 from nodus_ray.money.billing import RunBudget
@@ -39,12 +37,11 @@ from nodus_ray.money.prices import PriceTable
 from nodus_ray.money.spend import BudgetExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import Conversation, ConversationSpec
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
-from nodus_ray.runtime.program.python_program import PythonProgram
-from nodus_ray.runtime.program.server import ContinuedAsNew
-from nodus_ray.runtime.program.wiring import build_program, ensure_program_workspace, is_program
+from nodus_ray.runtime.program.ends import ContinuedAsNew, is_program
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.runtime.run_config import RunConfig
 from nodus_ray.runtime.run_outcomes import RUN_STOPS, answered_outcome, run_cost, run_outcome, stopped_outcome
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.runtime.waiting import command_evidence
 from nodus_ray.sandbox import Sandbox, bwrap_available, create_sandbox
 from nodus_ray.sandbox.images import ImageError, ImageRoot, run_image
@@ -53,6 +50,10 @@ from nodus_ray.settings import NAMESPACE
 from nodus_ray.store import layout
 from nodus_ray.store.storage import Storage
 from nodus_ray.store.timestamps import parse_timestamp, utc_now
+
+if TYPE_CHECKING:  # loaded by the runs that use them: a program's, one that reaches hosts
+    from nodus_ray.egress.run_egress import RunEgress
+    from nodus_ray.runtime.program.python_program import PythonProgram
 
 __all__ = ["RunConfig", "RunActor", "run_actor_name"]
 
@@ -104,16 +105,16 @@ class RunActor:
         self._allowed_hosts: list[str] = list(allowed)
         # With storage, the proxy writes each command's connections as they happen: the
         # evidence a person needs when that command is interrupted (`runtime.waiting`).
-        self._egress = (
-            RunEgress(
+        self._egress: RunEgress | None = None
+        if allowed:
+            from nodus_ray.egress.run_egress import RunEgress
+
+            self._egress = RunEgress(
                 allowed,
                 config.egress_private_networks,
                 storage=self._storage,
                 run_prefix=layout.run_prefix(config.project, config.name),
             )
-            if allowed
-            else None
-        )
 
     @staticmethod
     def _claim(slot: str, warm_anthropic: bool) -> RunConfig:
@@ -180,6 +181,8 @@ class RunActor:
             # before it holds is the workspace now, and the command runs again.
             self._workspace_origin, self._undone = "restored", self._undo[0]
         elif is_program(self.config.agent_spec):  # its snapshots follow its steps, not commands
+            from nodus_ray.runtime.program.wiring import ensure_program_workspace
+
             self._workspace_origin = ensure_program_workspace(self._workspace)
         else:
             # The journal's commands happened in a workspace that may be on another node's
@@ -326,7 +329,9 @@ class RunActor:
         redact = Redactor({**secrets["redact"], **own_key})
         conversation: Conversation | PythonProgram
         if is_program(agent):  # the Agent is a Python program: it runs in the sandbox, served here
-            conversation = build_program(
+            from nodus_ray.runtime.program.wiring import build_program
+
+            program = build_program(
                 config=config,
                 steps=steps,
                 storage=self._storage,
@@ -339,6 +344,8 @@ class RunActor:
                 workspace=self._workspace,
                 redact=redact,
             )
+            program.logs = self._program_logs  # one log per attempt, over its generations
+            conversation = program
         else:
             conversation = Conversation(
                 steps=steps,
@@ -369,8 +376,6 @@ class RunActor:
                 ),
                 restored_before=lambda seq: seq == self._undone,
             )
-        if isinstance(conversation, PythonProgram):  # one log per attempt, over its generations
-            conversation.logs = self._program_logs
         self._env = secrets["env"]
         self._conversation = conversation
         if self.phase == RunPhase.RUNNING:  # a later generation: the run has been Running since
@@ -449,7 +454,7 @@ class RunActor:
             raise TimeoutError
         return await asyncio.wait_for(program, timeout=remaining)
 
-    async def _on_progress(self, turns: list[Turn]) -> None:
+    async def _on_progress(self, turns: list[TurnRecord]) -> None:
         # While replaying, the turns and the cost rebuilt so far are less than what the run
         # already reported: a report now would lower status.cost (and the spend the project's
         # credits and Budget derive from it) until the replay caught up. Report once it has.
@@ -458,7 +463,7 @@ class RunActor:
         conversation = self._conversation
         await self._report(
             RunReport(
-                turns=[turn.model_dump() for turn in turns],
+                turns=[turn.to_status() for turn in turns],
                 cost=run_cost(self.config, conversation),
                 sandbox={
                     "backend": conversation.sandbox_info.get("backend"),

@@ -10,22 +10,24 @@ of steps it runs.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nodus.contract import ANSWER_PREVIEW_BYTES
 from nodus.lifecycle import RunPhase, RunReason
-from nodus.schema_common import ANSWER_PREVIEW_BYTES
 from nodus_ray.control.client import RunOutcome
 from nodus_ray.durable.steps import NeedsResolution
 from nodus_ray.money.sandbox_billing import cost_fields
 from nodus_ray.money.spend import BudgetExceeded, CapExceeded, CreditsExhausted
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, RunFailure
 from nodus_ray.runtime.list_costs import list_cost_fields
-from nodus_ray.runtime.program.python_program import PythonProgram
-from nodus_ray.runtime.program.server import Parked
+from nodus_ray.runtime.program.ends import Parked
 from nodus_ray.runtime.run_config import RunConfig
 from nodus_ray.runtime.waiting import needs_resolution_message
 from nodus_ray.sandbox.snapshots import WorkspaceLost
 from nodus_ray.store.timestamps import utc_now
+
+if TYPE_CHECKING:  # a program's run only: loaded then (`program.ends`)
+    from nodus_ray.runtime.program.python_program import PythonProgram
 
 __all__ = ["RUN_STOPS", "answered_outcome", "run_cost", "run_outcome", "stopped_outcome"]
 
@@ -69,7 +71,7 @@ def run_outcome(
 ) -> RunOutcome:
     """The outcome with the run's turns and cost, and what resuming a Waiting run needs."""
     fields: dict[str, Any] = {
-        "turns": [turn.model_dump() for turn in conversation.turns],
+        "turns": [turn.to_status() for turn in conversation.turns],
         "cost": run_cost(config, conversation),
     }
     if phase != RunPhase.WAITING:

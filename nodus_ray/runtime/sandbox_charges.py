@@ -23,7 +23,6 @@ from nodus_ray.money.spend import RunSpend
 from nodus_ray.sandbox import CommandResult, Sandbox, SandboxLimits
 from nodus_ray.sandbox.disk_usage import disk_usage
 from nodus_ray.sandbox.metered import cpu_seconds_of
-from nodus_ray.sandbox.program import release_program, stop_program
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +116,9 @@ async def charge_process(
     Best effort once the process is gone: a charge that cannot be written (a newer actor fenced
     this one) is logged, never the run's end; the reservation bounded it either way.
     """
+    # A program's run only (a Claude run's process never loads the program's wire protocol).
+    from nodus_ray.sandbox.program import release_program, stop_program
+
     try:
         await asyncio.to_thread(stop_program, proc)  # reaped (it is, by now, as a rule)
         cpu = cpu_seconds_of(proc)

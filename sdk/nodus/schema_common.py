@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Annotated, Final, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+
+from .contract import ANSWER_PREVIEW_BYTES, API_VERSION, FAMILIES, MAX_INPUT_BYTES
 
 __all__ = [
     "API_VERSION",
@@ -24,11 +26,6 @@ __all__ = [
     "OpenModel",
     "ObjectMeta",
 ]
-
-API_VERSION: Final = "nodus.dev/v1"
-FAMILIES: tuple[str, ...] = ("haiku", "sonnet", "opus", "fable")
-MAX_INPUT_BYTES = 256 * 1024
-ANSWER_PREVIEW_BYTES = 4 * 1024
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DECIMAL = re.compile(r"^\d{1,7}(\.\d{1,6})?$")

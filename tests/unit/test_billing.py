@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from nodus.lifecycle import PARKED_REASONS, RunReason
-from nodus.resources import FAMILIES, Turn
+from nodus.resources import FAMILIES
 from nodus_ray.durable.journal import JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps, message_content
 from nodus_ray.models.base import BASH_TOOL, ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
@@ -52,6 +52,7 @@ from nodus_ray.money.prices import (
 from nodus_ray.money.spend import CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import AwaitingMessage, Conversation, ConversationSpec, Router, RunFailure
 from nodus_ray.runtime.router import router_input_tokens
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.sandbox import CommandResult, Sandbox
 from nodus_ray.settings import ServerSettings
 from tests.unit.test_conversation import Crash, Rig
@@ -735,7 +736,7 @@ class ScriptedRouter:
         return {"family": allowed[pick % len(allowed)], "inputTokens": tokens}
 
 
-async def _no_progress(turns: list[Turn]) -> None:
+async def _no_progress(turns: list[TurnRecord]) -> None:
     return None
 
 

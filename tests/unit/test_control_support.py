@@ -80,7 +80,7 @@ class FakeRunActor:
             await self._report(self.config.project, self.config.name, patch)
         # What crosses from the actor is a RunOutcome, as from the real one: a test's outcome
         # that is not one fails here.
-        return RunOutcome.model_validate(await asyncio.shield(self._outcome))
+        return RunOutcome(**await asyncio.shield(self._outcome))
 
     async def _cancel(self) -> None:
         self.cancelled = True

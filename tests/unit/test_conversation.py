@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from nodus.resources import Turn
 from nodus_ray.durable.journal import Journal, JournalRecord
 from nodus_ray.durable.steps import NeedsResolution, Steps
 from nodus_ray.models.base import ModelError, ModelRequest, ModelResponse, Usage
@@ -30,6 +29,7 @@ from nodus_ray.money.prices import DEFAULT_PRICE_TABLE
 from nodus_ray.money.spend import CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import Conversation, ConversationSpec, RunFailure
 from nodus_ray.runtime.router import JevRouter
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.sandbox import Sandbox, SandboxLimits, create_sandbox
 from nodus_ray.store.storage import Storage
 from tests.conftest import NO_BWRAP_ENV
@@ -140,7 +140,7 @@ class Rig:
         self.storage = Storage(str(root / "store"))
         self.workspace = root / "workspace"
         self.sandboxes: list[Sandbox] = []
-        self.progress: list[list[Turn]] = []
+        self.progress: list[list[TurnRecord]] = []
 
     def journal(self) -> Journal:
         journal = Journal(self.storage, PREFIX)
@@ -163,8 +163,8 @@ class Rig:
         self.sandboxes.append(sandbox)
         return sandbox
 
-    async def _on_progress(self, turns: list[Turn]) -> None:
-        self.progress.append([turn.model_copy() for turn in turns])
+    async def _on_progress(self, turns: list[TurnRecord]) -> None:
+        self.progress.append([replace(turn) for turn in turns])
 
     def conversation(
         self,

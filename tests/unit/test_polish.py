@@ -26,13 +26,13 @@ from nodus.cli import root as cli_root
 from nodus.cli.output import format_running, step_summary
 from nodus.client import Client
 from nodus.errors import Invalid
-from nodus.resources import Turn
 from nodus_ray.durable.journal import Journal, record_view, step_views
 from nodus_ray.durable.step_activity import activity, running_time
 from nodus_ray.models.catalog import family_of_model
 from nodus_ray.money.billing import billed_cost, billed_worst_case, list_cost
 from nodus_ray.money.prices import DEFAULT_PRICE_TABLE, UnpricedModel
 from nodus_ray.runtime.list_costs import add_list_cost, list_cost_fields
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.store.storage import Storage
 from tests.unit.test_control_support import agent_doc, make_plane
 from tests.unit.test_conversation import USAGE, Rig, ScriptedProvider, bash, run, text
@@ -90,18 +90,18 @@ def test_the_family_of_a_pinned_model_never_fails() -> None:
 
 
 def test_a_turns_list_cost_adds_up_and_an_unpriced_call_makes_it_unknown() -> None:
-    turn = Turn(index=1)
+    turn = TurnRecord(index=1)
     add_list_cost(turn, PRICES, "BYOK", "claude-haiku-5-5", USAGE)
     add_list_cost(turn, PRICES, "BYOK", "claude-haiku-5-5", USAGE)
     assert turn.listCostUSD == "0.000400" and turn.unpricedModels is None
     assert list_cost_fields([turn], "BYOK") == {"listUSD": "0.000400", "listNote": None}
-    other = Turn(index=2)
+    other = TurnRecord(index=2)
     add_list_cost(other, PRICES, "BYOK", UNPRICED, USAGE)
     add_list_cost(other, PRICES, "BYOK", "claude-haiku-5-5", USAGE)  # unknown stays unknown
     assert other.listCostUSD is None and other.unpricedModels == [UNPRICED]
     fields = list_cost_fields([turn, other], "BYOK")
     assert fields["listUSD"] is None and UNPRICED in fields["listNote"] and "BYOK" in fields["listNote"]
-    nodus = Turn(index=1)
+    nodus = TurnRecord(index=1)
     add_list_cost(nodus, PRICES, "Nodus", "claude-haiku-5-5", USAGE)
     assert nodus.listCostUSD is None and list_cost_fields([nodus], "Nodus") == {}
 
@@ -152,7 +152,7 @@ def test_a_byok_runs_status_cost_carries_its_list_cost_a_nodus_runs_does_not(tmp
     from nodus.lifecycle import RunPhase
     from tests.unit.test_run_outcome import _actor
 
-    turns = [Turn(index=1, listCostUSD="0.000200"), Turn(index=2, listCostUSD="0.000100")]
+    turns = [TurnRecord(index=1, listCostUSD="0.000200"), TurnRecord(index=2, listCostUSD="0.000100")]
     conversation = SimpleNamespace(turns=turns, cost_usd=Decimal(0), sandbox_usd=Decimal(0))
     actor = _actor(tmp_path)
     nodus = actor._outcome(RunPhase.SUCCEEDED, "Completed", None, conversation, answer="4")  # type: ignore[arg-type]

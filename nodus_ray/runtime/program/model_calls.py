@@ -20,8 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from nodus._runtime import protocol as wire
-from nodus.schema_common import FAMILIES
-from nodus.schema_run import Turn
+from nodus.contract import FAMILIES
 from nodus_ray import metrics
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, StepFailed, Steps
@@ -33,6 +32,7 @@ from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.conversation import Router
 from nodus_ray.runtime.list_costs import add_list_cost
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.store.timestamps import utc_now
 
 __all__ = ["ModelCalls", "anthropic_error"]
@@ -90,8 +90,8 @@ class ModelCalls:
     families: list[str] | None
     model_name: str | None = None  # the Agent's pinned model (spec.model.name)
     redact: Redactor = field(default_factory=lambda: Redactor({}))
-    on_progress: Callable[[list[Turn]], Awaitable[None]] | None = None
-    turns: list[Turn] = field(default_factory=list)
+    on_progress: Callable[[list[TurnRecord]], Awaitable[None]] | None = None
+    turns: list[TurnRecord] = field(default_factory=list)
 
     def _allowed(self) -> list[str]:
         allowed = self.families or list(FAMILIES)
@@ -221,7 +221,7 @@ class ModelCalls:
         self.spend.record(charged)
         usage = Usage.from_dict(recorded.get("usage") or {})
         routing = recorded.get("routing")
-        turn = Turn(
+        turn = TurnRecord(
             index=len(self.turns) + 1,
             prompt=str(recorded.get("prompt") or ""),
             family=recorded.get("family"),

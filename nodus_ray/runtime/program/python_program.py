@@ -40,7 +40,6 @@ from typing import Any
 
 from nodus._runtime import protocol as wire
 from nodus.lifecycle import RunReason
-from nodus.schema_run import Turn
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import CHARGE_KIND, Steps
 from nodus_ray.money.sandbox_billing import SandboxMeter
@@ -50,6 +49,7 @@ from nodus_ray.runtime.program.process_output import LOG_LIMIT, TAIL_LINES, Proc
 from nodus_ray.runtime.program.server import ProgramEnd, ProgramServer
 from nodus_ray.runtime.program.waits import ProgramWaits, decoded_input
 from nodus_ray.runtime.sandbox_charges import charge_process, command_charge, hold, journal_meter, limits_of
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.sandbox import Sandbox, SandboxLimits
 from nodus_ray.sandbox.program import ProgramLaunch, start_program, stop_program
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
@@ -127,7 +127,7 @@ class PythonProgram:
     _processes: int = 0
 
     @property
-    def turns(self) -> list[Turn]:
+    def turns(self) -> list[TurnRecord]:
         return self.models.turns
 
     @property

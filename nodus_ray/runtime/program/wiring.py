@@ -11,25 +11,21 @@ from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, cast
 
-from nodus.schema_run import Turn
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Steps
 from nodus_ray.models import ModelProvider
 from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.conversation import Router
+from nodus_ray.runtime.program.ends import is_program
 from nodus_ray.runtime.program.model_calls import ModelCalls
 from nodus_ray.runtime.program.python_program import ProgramSpec, PythonProgram
 from nodus_ray.runtime.program.waits import ProgramControlPlane, ProgramWaits
+from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.sandbox import Sandbox
 from nodus_ray.sandbox.snapshots import WorkspaceSnapshots
 from nodus_ray.store.storage import Storage
 
 __all__ = ["is_program", "build_program", "ensure_program_workspace"]
-
-
-def is_program(agent_spec: dict[str, Any]) -> bool:
-    """Whether the Agent is a Python program (it has an entrypoint) rather than a Claude agent."""
-    return bool(agent_spec.get("entrypoint"))
 
 
 def ensure_program_workspace(workspace: WorkspaceSnapshots) -> str:
@@ -55,7 +51,7 @@ def build_program(
     spend: RunSpend,
     router: Router,
     open_sandbox: Callable[[], Sandbox],
-    on_progress: Callable[[list[Turn]], Awaitable[None]],
+    on_progress: Callable[[list[TurnRecord]], Awaitable[None]],
     workspace: WorkspaceSnapshots,
     redact: Redactor,
 ) -> PythonProgram:
