@@ -130,8 +130,11 @@ def _runs_pss(agent: nodus.ClaudeAgent, count: int, tag: str) -> list[int]:
         if len(started) == count:
             break
         time.sleep(0.2)
-    pids = [_actor_pid(str(run.status().get("actorName"))) for run in runs]
+    names = [str(run.status()["status"].get("actorName")) for run in runs]  # the whole resource
+    pids = [_actor_pid(name) for name in names]
     sizes = [_pss_bytes(pid) for pid in pids if pid is not None]
+    if len(sizes) != count:
+        print(f"found {len(sizes)} of {count} run actor processes ({names})", file=sys.stderr)
     for run in runs:
         run.cancel()
     for run in runs:
@@ -240,7 +243,7 @@ def _bench(args: argparse.Namespace, env: dict[str, str]) -> None:
     if args.memory:
         bare_sizes = _bare_pss(args.memory)
         run_sizes = _runs_pss(agent, args.memory, tag)
-        mib = lambda sizes: statistics.median(sizes) / 2**20  # noqa: E731
+        mib = lambda sizes: statistics.median(sizes) / 2**20 if sizes else float("nan")  # noqa: E731
         print("\n| date | active at once | run actor PSS (median) | bare actor PSS (median) | ratio |")
         print("| --- | --- | --- | --- | --- |")
         print(
