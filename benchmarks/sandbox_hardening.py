@@ -1,7 +1,13 @@
 """What the sandbox's hardening costs per command, beside the same sandbox without it.
 
-Three configurations of one `BubblewrapSandbox`, run one after the other in this process, each
-for the same commands:
+Five ways to run the same commands, one after the other in this process:
+
+- **plain subprocess**: ``subprocess.run(["sh", "-c", cmd])`` in the workspace, no isolation;
+- **bare bubblewrap**: ``bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all
+  --die-with-parent sh -c cmd`` (no seccomp, no uid drop, no limits, no cgroup): the floor of
+  a command in fresh namespaces;
+
+and three configurations of one `BubblewrapSandbox`:
 
 - **baseline**: bubblewrap's namespaces, mounts, uid drop and limits, with the seccomp filter
   and the disk watch switched off (monkeypatched here, for this measurement only);
@@ -11,7 +17,8 @@ for the same commands:
 
     python benchmarks/sandbox_hardening.py --commands 40
 
-Prints a Markdown table for benchmarks/RESULTS.md: median and p90 wall time per command.
+Prints a Markdown table for benchmarks/RESULTS.md: median and p90 wall time per command, and
+for the hardened rows the ratio of their median to bare bubblewrap's.
 
 ``--stops`` measures instead how long a stopped command takes to come back, which the unit tests
 no longer time (they check *what* stopped it): a timeout, a cancel, the output cap, a fork bomb
@@ -28,6 +35,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -52,6 +60,7 @@ COMMANDS = {
 class _NoDiskWatch:
     def __init__(self, *_: object, **__: object) -> None:
         self.killed = False
+        self.baseline = self.usage = 0
 
     def measure_baseline(self) -> None: ...
 
@@ -72,24 +81,72 @@ def _no_seccomp() -> Iterator[None]:
 def _baseline() -> Iterator[None]:
     # Patched where they are looked up: the bubblewrap backend opens the filter, the runner
     # makes the disk watch.
-    saved = sandbox_bubblewrap._seccomp_fd, sandbox_runner.DiskWatch
-    sandbox_bubblewrap._seccomp_fd, sandbox_runner.DiskWatch = _no_seccomp, _NoDiskWatch  # type: ignore[assignment]
+    runner_names = vars(sandbox_runner)
+    saved = sandbox_bubblewrap._seccomp_fd, runner_names["DiskWatch"]
+    sandbox_bubblewrap._seccomp_fd = _no_seccomp
+    runner_names["DiskWatch"] = _NoDiskWatch
     try:
         yield
     finally:
-        sandbox_bubblewrap._seccomp_fd, sandbox_runner.DiskWatch = saved
+        sandbox_bubblewrap._seccomp_fd, runner_names["DiskWatch"] = saved
 
 
 def _times(box: BubblewrapSandbox, command: str, count: int) -> list[float]:
-    box.run(command)  # warm the page cache for this command
+    def run() -> tuple[int | None, str]:
+        result = box.run(command)
+        return result.exit_code, result.output
+
+    return _timed(run, command, count)
+
+
+def _timed(run: Callable[[], tuple[int | None, str]], command: str, count: int) -> list[float]:
+    run()  # warm the page cache for this command
     times = []
     for _ in range(count):
         began = time.perf_counter()
-        result = box.run(command)
+        exit_code, output = run()
         times.append(time.perf_counter() - began)
-        if result.exit_code != 0:
-            sys.exit(f"{command!r} failed in the benchmark: {result.output[:200]}")
+        if exit_code != 0:
+            sys.exit(f"{command!r} failed in the benchmark: {output[:200]}")
     return times
+
+
+_BARE_BWRAP = [
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--unshare-all",
+    "--die-with-parent",
+]
+
+
+def _plain_times(workspace: Path, command: str, count: int, *, bwrap: bool) -> list[float]:
+    """``sh -c command`` as a plain subprocess, or under bare bubblewrap, output captured alike."""
+    workspace.mkdir(exist_ok=True)
+    argv = ["sh", "-c", command]
+    if bwrap:
+        argv = [
+            "bwrap",
+            *_BARE_BWRAP,
+            "--bind",
+            str(workspace),
+            str(workspace),
+            "--chdir",
+            str(workspace),
+            *argv,
+        ]
+
+    def run() -> tuple[int | None, str]:
+        proc = subprocess.run(
+            argv, cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        return proc.returncode, proc.stdout.decode("utf-8", "replace")
+
+    return _timed(run, command, count)
 
 
 def _timed_run(box: Sandbox, command: str, **kwargs: float) -> tuple[float, str | None]:
@@ -188,6 +245,8 @@ def main() -> None:
         root / "egress.sock", EgressPolicy.from_settings(["example.com"], ""), lambda _: None
     ) as proxy:
         for label, command in COMMANDS.items():
+            plain = _plain_times(root / "plain", command, args.commands, bwrap=False)
+            bare = _plain_times(root / "bare", command, args.commands, bwrap=True)
             with _baseline():
                 base = _times(BubblewrapSandbox(root / "baseline", uid=uid), command, args.commands)
             hardened = _times(BubblewrapSandbox(root / "hardened", uid=uid), command, args.commands)
@@ -196,19 +255,22 @@ def main() -> None:
                 command,
                 args.commands,
             )
-            for name, times in (("baseline", base), ("hardened", hardened), ("hardened + egress", egress)):
-                rows.append(
-                    (
-                        label,
-                        name,
-                        statistics.median(times) * 1000,
-                        sorted(times)[int(0.9 * len(times))] * 1000,
-                    )
-                )
+            bare_median = statistics.median(bare)
+            for name, times in (
+                ("plain subprocess", plain),
+                ("bare bubblewrap", bare),
+                ("baseline", base),
+                ("hardened", hardened),
+                ("hardened + egress", egress),
+            ):
+                median = statistics.median(times)
+                ratio = f"{median / bare_median:.2f}x" if name.startswith("hardened") else ""
+                rows.append((label, name, median * 1000, sorted(times)[int(0.9 * len(times))] * 1000, ratio))
                 print(f"{label} / {name}: median {rows[-1][2]:.1f} ms", file=sys.stderr)
-    print("| date | command | sandbox | median | p90 |\n| --- | --- | --- | --- | --- |")
-    for label, name, median, p90 in rows:
-        print(f"| {date.today()} | `{label}` | {name} | {median:.1f} ms | {p90:.1f} ms |")
+    print("| date | command | sandbox | median | p90 | median / bare bwrap |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, name, median, p90, ratio in rows:
+        print(f"| {date.today()} | `{label}` | {name} | {median:.1f} ms | {p90:.1f} ms | {ratio} |")
 
 
 if __name__ == "__main__":
