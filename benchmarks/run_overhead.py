@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import ray
 from support import NODUS, api_port, ray_address, temporary_service
@@ -125,12 +126,13 @@ def _runs_pss(agent: nodus.ClaudeAgent, count: int, tag: str) -> list[int]:
     """Each of ``count`` active runs' actor PSS, measured while every one runs ``sleep``."""
     runs = [agent.submit("run: sleep 30", name=f"bench-mem-{tag}-{i}") for i in range(count)]
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until every run's command has started
-        started = [r for r in runs if any(s.state == "Started" and s.kind == "command" for s in r.steps())]
-        if len(started) == count:
+    statuses: list[Any] = []
+    while time.monotonic() < deadline:  # every run Running on its actor, past its first step
+        statuses = [run.status()["status"] for run in runs]
+        if all(s.get("phase") == "Running" and s.get("actorName") and s.get("turns") for s in statuses):
             break
         time.sleep(0.2)
-    names = [str(run.status()["status"].get("actorName")) for run in runs]  # the whole resource
+    names = [str(status.get("actorName")) for status in statuses]
     pids = [_actor_pid(name) for name in names]
     sizes = [_pss_bytes(pid) for pid in pids if pid is not None]
     if len(sizes) != count:
