@@ -28,7 +28,8 @@ from nodus_ray.sandbox.api import _SANDBOX_PATH, SANDBOX_WORKSPACE, SandboxLimit
 from nodus_ray.sandbox.hidden import _NETWORK_FILES, _hide_args, _keep_tmp_args
 from nodus_ray.sandbox.image_mounts import host_tool, image_root_args
 from nodus_ray.sandbox.images import ImageError, ImageRoot
-from nodus_ray.sandbox.limits import _shell_argv
+from nodus_ray.sandbox.limits import _command_argv, _launcher_argv, _shell_argv
+from nodus_ray.sandbox.metered import CpuGroup
 from nodus_ray.sandbox.runner import _SandboxBase
 
 __all__ = ["BubblewrapSandbox", "_bwrap_argv", "_seccomp_fd"]
@@ -216,11 +217,16 @@ class BubblewrapSandbox(_SandboxBase):
         self._setpriv = shutil.which("setpriv") if self.host_uid is not None else None
 
     def _argv(self, command: str, seccomp_fd: int | None = None) -> list[str]:
+        # As root the launcher sets the limits before bubblewrap (`_launch`); else the prologue.
+        if self.host_uid is not None:
+            shell_argv = _command_argv(command, shell=self.shell)
+        else:
+            shell_argv = _shell_argv(command, self.limits, shell=self.shell)
         return _bwrap_argv(
             self._bwrap,
             self._setpriv,
             self.workspace,
-            _shell_argv(command, self.limits, shell=self.shell),
+            shell_argv,
             self.limits,
             allow_network=self.allow_network,
             host_uid=self.host_uid,
@@ -251,3 +257,9 @@ class BubblewrapSandbox(_SandboxBase):
 
     def _popen_kwargs(self) -> dict[str, Any]:
         return {"env": self.command_env(), "cwd": "/"}
+
+    def _launch(self, argv: list[str], group: CpuGroup | None) -> list[str]:
+        """As root, one host shell joins the cgroup and sets the limits (`limits._launcher_argv`)."""
+        if self.host_uid is None:
+            return super()._launch(argv, group)
+        return _launcher_argv(self.limits, group.procs_file if group is not None else None, argv)

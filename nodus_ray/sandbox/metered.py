@@ -140,10 +140,15 @@ class CpuGroup:
         self.path = root.path / uuid.uuid4().hex
         self.path.mkdir()
 
+    @property
+    def procs_file(self) -> Path:
+        """The file a process writes its pid to in order to join the cgroup."""
+        return self.path / "cgroup.procs"
+
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` started from a shell that first joins the cgroup (a failed join runs it anyway)."""
         join = 'echo $$ > "$0" 2>/dev/null; exec "$@"'
-        return ["/bin/sh", "-c", join, str(self.path / "cgroup.procs"), *argv]
+        return ["/bin/sh", "-c", join, str(self.procs_file), *argv]
 
     def seconds(self) -> float:
         """CPU seconds (user + system) every process of the cgroup used so far."""

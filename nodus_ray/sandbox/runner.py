@@ -131,6 +131,10 @@ class _SandboxBase:
         """argv and extra Popen arguments for one command, valid until the process is started."""
         yield self._argv(command), self._popen_kwargs()
 
+    def _launch(self, argv: list[str], group: CpuGroup | None) -> list[str]:
+        """The command line actually started: ``argv`` joining ``group`` first, if any."""
+        return argv if group is None else group.wrap(argv)
+
     def _reap_leftovers(self) -> None:
         """Kill whatever the command left behind once it is over; bubblewrap's PID namespace does it."""
 
@@ -210,7 +214,7 @@ class _SandboxBase:
         deadline = started + wall
         with self._spawn_args(command) as (argv, extra):
             proc = MeteredPopen(
-                argv if group is None else group.wrap(argv),
+                self._launch(argv, group),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
