@@ -49,6 +49,7 @@ from nodus_ray.egress.proxy import EgressProxy
 from nodus_ray.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox, SandboxLimits, bwrap_available
 from nodus_ray.sandbox import bubblewrap as sandbox_bubblewrap
 from nodus_ray.sandbox import runner as sandbox_runner
+from nodus_ray.sandbox.api import _SANDBOX_PATH
 
 COMMANDS = {
     "true": "true",
@@ -125,8 +126,10 @@ _BARE_BWRAP = [
 
 
 def _plain_times(workspace: Path, command: str, count: int, *, bwrap: bool) -> list[float]:
-    """``sh -c command`` as a plain subprocess, or under bare bubblewrap, output captured alike."""
+    """``sh -c command`` as a plain subprocess, or under bare bubblewrap, output captured alike,
+    with the sandbox's environment (its PATH finds the same ``python3`` as the sandbox's)."""
     workspace.mkdir(exist_ok=True)
+    env = {"PATH": _SANDBOX_PATH, "HOME": str(workspace), "LANG": "C.UTF-8", "TERM": "dumb"}
     argv = ["sh", "-c", command]
     if bwrap:
         argv = [
@@ -142,7 +145,12 @@ def _plain_times(workspace: Path, command: str, count: int, *, bwrap: bool) -> l
 
     def run() -> tuple[int | None, str]:
         proc = subprocess.run(
-            argv, cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            argv,
+            cwd=workspace,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         return proc.returncode, proc.stdout.decode("utf-8", "replace")
 
