@@ -109,17 +109,11 @@ def _bare_pss(count: int) -> list[int]:
 
 
 def _actor_pid(actor_name: str) -> int | None:
-    """The process of a named actor: Ray titles it ``ray::<actor name>:<class>.<method>``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-        except OSError:
-            continue
-        if command.startswith(f"ray::{actor_name}:"):
-            return int(entry.name)
-    return None
+    """The process of a named actor, from Ray's state API (its title names its method, not it)."""
+    from ray.util.state import list_actors
+
+    found = list_actors(filters=[("name", "=", actor_name), ("state", "=", "ALIVE")], detail=True)
+    return int(found[0].pid) if found and found[0].pid else None
 
 
 def _runs_pss(agent: nodus.ClaudeAgent, count: int, tag: str) -> list[int]:
