@@ -11,7 +11,8 @@ process).
 
 A process's role is its Ray title (``ray::ControlPlane``, ``ray::runslot`` for a pooled run
 actor, ``ray::run`` for one started for its run, ``ray::GroupSupervisor``...) or the program
-(``gcs_server``, ``raylet``, ``bwrap``...). `by_role` sums the window by role.
+(``gcs_server``, ``raylet``, ``bwrap``...); a worker still ``ray::IDLE`` is looked at again until it
+names what it runs. `by_role` sums the window by role.
 
     with ProcessCpu(env["NODUS_RAY_TEMP_DIR"]) as sampler:
         ...workload...
@@ -28,6 +29,8 @@ from types import TracebackType
 __all__ = ["ProcessCpu"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+# What a worker is called before it knows what it will run: looked at again until it does.
+_UNNAMED = ("worker (starting)", "ray::IDLE")
 _PROGRAMS = ("gcs_server", "raylet", "dashboard/agent", "dashboard.py", "log_monitor", "monitor.py")
 
 
@@ -98,7 +101,7 @@ class ProcessCpu:
                 continue
             parent, cpu, name = stat
             role = self._roles.get(pid)
-            if role is None or role == "worker (starting)":
+            if role is None or role in _UNNAMED:
                 command = _cmdline(pid)
                 if pid not in self._roles and not (self._marker in command or parent in self._roles):
                     continue
