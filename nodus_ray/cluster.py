@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nodus import credentials
 from nodus.errors import NodusError, Unavailable
-from nodus_ray.local_head import start_head, stop_head
+from nodus_ray.local_head import settle_ray_auth_mode, start_head, stop_head
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE, SERVE_APP_NAME, HeadSettings, ServerSettings
 from nodus_ray.store.secret_box import install_configured_key
 
@@ -46,6 +46,7 @@ class UpInfo:
 
 
 def _init(address: str) -> Any:
+    settle_ray_auth_mode()
     return ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
 
 
@@ -109,8 +110,22 @@ def _connect(address: str | None, head: HeadSettings) -> tuple[bool, Any]:
             return False, _init(recorded)
         except ConnectionError:
             pass
+    settle_ray_auth_mode()  # before the head starts: it and this driver must agree
     start_head(head)
-    return True, _init(_started_head_address(head))
+    try:
+        return True, _init(_started_head_address(head))
+    except BaseException:
+        # A head this call started and cannot join is stopped again, not left running with no
+        # state file to say so (`up` does the same for a head that does not serve).
+        _stop_started_head(head)
+        raise
+
+
+def _stop_started_head(head: HeadSettings) -> None:
+    temp_dir = Path(head.temp_dir or os.path.join(os.environ.get("RAY_TMPDIR") or "/tmp", "ray"))
+    session = temp_dir / "session_latest"
+    if session.exists():
+        stop_head(str(session.resolve()), _started_head_address(head), force=True)
 
 
 def _ensure_control_plane(settings: ServerSettings) -> tuple[Any, dict[str, object]]:
@@ -299,7 +314,7 @@ def down() -> str:
         _STATE_FILE.unlink(missing_ok=True)
         return "no Ray cluster is running; nothing to stop"
     try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
+        _init(address)
     except ConnectionError:
         _STATE_FILE.unlink(missing_ok=True)
         return "no Ray cluster is running; nothing to stop"

@@ -27,7 +27,14 @@ import psutil
 from nodus.errors import Unavailable
 from nodus_ray.settings import HeadSettings
 
-__all__ = ["HeadPorts", "free_port_block", "start_head", "stop_head", "head_processes"]
+__all__ = [
+    "settle_ray_auth_mode",
+    "HeadPorts",
+    "free_port_block",
+    "start_head",
+    "stop_head",
+    "head_processes",
+]
 
 # The server's secrets reach the control plane over RPC; no Ray worker inherits them.
 _WITHHELD_FROM_WORKERS = ("ANTHROPIC_API_KEY", "NODUS_SECRET_KEY")
@@ -101,6 +108,27 @@ def free_port_block(low: int = 20000, high: int = 32000) -> int:
 def _ray_executable() -> str:
     candidate = Path(sys.executable).parent / "ray"
     return str(candidate) if candidate.exists() else "ray"
+
+
+def settle_ray_auth_mode() -> None:
+    """Say Ray's token-auth mode once, for the head this service starts and every driver of it.
+
+    Ray 2.60's ``ray start --head`` turns token auth on when it finds a token (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, which any local ``ray.init()`` writes), but a
+    driver that joins a running cluster sends the token only when ``RAY_AUTH_MODE=token`` says
+    so: on a machine where someone once ran ``ray.init()``, `nodus up` started a head it could not
+    join. With a token there and no mode set, the mode is "token" for this process and the head
+    (whose workers inherit it); an explicit ``RAY_AUTH_MODE`` is left as it is.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    # Ray's own rule, as ``ray start`` applies it; it also reloads Ray's config in this process,
+    # which read the mode when Ray was imported (setting the variable alone is not enough).
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def start_head(head: HeadSettings) -> None:

@@ -3,7 +3,8 @@
 A user runs `make demo` (which leaves their service up) and then `make test`, or runs the tests
 while they work. The session's service must not join, reconfigure or stop theirs, and theirs
 must not be stopped by anything the session does. Here a second service plays the user's: it is
-started with `nodus up` as a user would (its own HOME, storage and Ray), runs the hello example,
+started with `nodus up` as a user would (its own HOME, storage and Ray, and a Ray token in that
+HOME, as a local `ray.init()` leaves one), runs the hello example,
 sees the session's service restarted next to it, and is stopped with `nodus down`, which must
 leave the session's cluster exactly as it was.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -74,6 +76,10 @@ def users_service(server: Server) -> Iterator[Service]:
         NODUS_RUN_POOL="0",
         NODUS_API_URL=f"http://127.0.0.1:{HeadPorts(block).api}",
     )
+    # A user who once ran `ray.init()` on this machine has a Ray token in their HOME: Ray's
+    # `ray start` then turns token auth on, and `nodus up` must join the head it started.
+    (base / "home" / ".ray").mkdir(mode=0o700)
+    (base / "home" / ".ray" / "auth_token").write_text(secrets.token_hex(32))
     service = Service(env=env, home=base / "home")
     up = service.cli("up", "--port", str(HeadPorts(block).api))
     assert up.returncode == 0, up.stdout + up.stderr
