@@ -13,6 +13,7 @@ import importlib
 import logging
 import shutil
 import socket
+import threading
 from collections.abc import Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -78,6 +79,8 @@ class RunActor:
         self.phase: RunPhase = RunPhase.PENDING
         self._task: asyncio.Task[RunOutcome] | None = None
         self._sandbox: Sandbox | None = None
+        self._sandbox_lock = threading.Lock()  # an open and the deletion, one at a time
+        self._sandbox_deleted = False
         self._cancelled = False
         self._storage = Storage(config.storage_uri)
         self._control_plane = ControlPlaneClient.for_engine(_CONTROL_PLANE_PATIENCE_SECONDS)
@@ -165,17 +168,28 @@ class RunActor:
         self.phase = RunPhase.CANCELLED
 
     def _delete_sandbox(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.delete()
-        else:  # never opened by this actor (a replacement): the directory is all there is
-            shutil.rmtree(self.config.workspace, ignore_errors=True)
-        self._workspace.forget()
+        # An open still going on in its thread (the program's task was cancelled while it
+        # awaited it: a cancel, a passed deadline) is waited for, and no open starts after this:
+        # otherwise it created the workspace after the deletion, and the ended run left it.
+        with self._sandbox_lock:
+            self._sandbox_deleted = True
+            if self._sandbox is not None:
+                self._sandbox.delete()
+            else:  # never opened by this actor (a replacement): the directory is all there is
+                shutil.rmtree(self.config.workspace, ignore_errors=True)
+            self._workspace.forget()
 
     async def _report(self, report: RunReport) -> None:
         report.attempt = self.config.attempt  # a zombie's reports are dropped (`RunService.report`)
         await self._control_plane.report(self.config.project, self.config.name, report)
 
     def _open_sandbox(self) -> Sandbox:
+        with self._sandbox_lock:
+            if self._sandbox_deleted:
+                raise RuntimeError(f"run {self.config.name} has ended: its sandbox was deleted")
+            return self._open_sandbox_locked()
+
+    def _open_sandbox_locked(self) -> Sandbox:
         if self._undo is not None and self._undone is None and self._workspace.restore_state(self._undo[1]):
             # The interrupted command may have half changed the local copy: what the snapshot
             # before it holds is the workspace now, and the command runs again.

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 from nodus.lifecycle import RunPhase
 from nodus.resources import ANSWER_PREVIEW_BYTES
@@ -50,3 +53,36 @@ def test_short_answers_are_whole(tmp_path: Path) -> None:
 
 def test_the_actor_names_itself_for_the_dashboard(tmp_path: Path) -> None:
     assert repr(_actor(tmp_path)) == "RunActor(run=p/r, agent=a@1, phase=Pending)"
+
+
+def test_a_sandbox_still_opening_when_the_run_ends_is_deleted_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel or a passed deadline cancels the program while its sandbox opens in a thread;
+    the deletion waits for that open, so the ended run leaves no workspace behind."""
+    import threading
+
+    from nodus_ray.runtime import run_actor as run_actor_module
+    from nodus_ray.sandbox import create_sandbox
+
+    actor = _actor(tmp_path)
+    opening, release = threading.Event(), threading.Event()
+
+    def slow_create(*args: Any, **kwargs: Any) -> Any:
+        opening.set()
+        assert release.wait(30)
+        return create_sandbox(*args, **kwargs)  # creates the workspace directory
+
+    monkeypatch.setattr(run_actor_module, "create_sandbox", slow_create)
+    opener = threading.Thread(target=actor._open_sandbox)
+    opener.start()
+    assert opening.wait(30)
+    deleter = threading.Thread(target=actor._delete_sandbox)
+    deleter.start()
+    release.set()
+    opener.join(30)
+    deleter.join(30)
+    assert not (tmp_path / "w").exists(), "the workspace the open created was deleted after it"
+    with pytest.raises(RuntimeError, match="has ended"):
+        actor._open_sandbox()
+    assert not (tmp_path / "w").exists()
