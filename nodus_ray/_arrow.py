@@ -7,7 +7,7 @@ lists, none of which needs numpy; pyarrow (16 and later) treats numpy as optiona
 without it. So in a Ray worker, pyarrow is loaded first with numpy hidden for the length of that
 import (`load_pyarrow`), and numpy is importable again right after: code that wants it still
 gets it, only pyarrow's numpy conversions (``to_numpy``) are off in that process. Drivers (the
-CLI, tests, a user's script) are left alone. Decision 51.
+CLI, tests, a user's script) are left alone. Decision 54.
 """
 
 from __future__ import annotations

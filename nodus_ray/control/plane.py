@@ -28,7 +28,7 @@ from nodus_ray.store.storage import redact_uri
 # The services are imported where the facade is built (`ControlPlane.__init__`), not here: every
 # process that holds a handle to this actor (each run actor, each group supervisor, the API)
 # has Ray load this module to learn the actor's methods, and importing every service there cost
-# each run about 0.3 CPU-seconds (issue 19, decision 51).
+# each run about 0.3 CPU-seconds (issue 19, decision 54).
 if TYPE_CHECKING:
     from nodus_ray.control.group_actors import Graders, GroupSupervisors
     from nodus_ray.control.run_launcher import RunActorLauncher

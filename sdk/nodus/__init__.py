@@ -7,7 +7,7 @@ SDK can define agents, submit runs and read their answers; the server parts live
 The public names are loaded on first use (PEP 562), not when the package is imported: the
 engine's processes import ``nodus.errors``, ``nodus.lifecycle`` and the resource schemas from
 here, and a run actor (a fresh process per run) should not pay for the HTTP client, the CLI's
-libraries and every schema to get them (issue 19, decision 51).
+libraries and every schema to get them (issue 19, decision 54).
 """
 
 from __future__ import annotations
