@@ -85,11 +85,15 @@ def _answers(address: str) -> bool:
     return True
 
 
+def _head_temp_dir(head: HeadSettings) -> Path:
+    """Where the head `nodus up` starts keeps its sessions (Ray's default unless set)."""
+    return Path(head.temp_dir or os.path.join(os.environ.get("RAY_TMPDIR") or "/tmp", "ray"))
+
+
 def _started_head_address(head: HeadSettings) -> str:
     """The GCS address of the head just started: Ray writes it into the head's temp dir."""
-    temp_dir = Path(head.temp_dir or os.path.join(os.environ.get("RAY_TMPDIR") or "/tmp", "ray"))
     try:
-        return (temp_dir / "ray_current_cluster").read_text().strip()
+        return (_head_temp_dir(head) / "ray_current_cluster").read_text().strip()
     except OSError:
         return f"127.0.0.1:{head.port_base or 6379}"
 
@@ -122,8 +126,7 @@ def _connect(address: str | None, head: HeadSettings) -> tuple[bool, Any]:
 
 
 def _stop_started_head(head: HeadSettings) -> None:
-    temp_dir = Path(head.temp_dir or os.path.join(os.environ.get("RAY_TMPDIR") or "/tmp", "ray"))
-    session = temp_dir / "session_latest"
+    session = _head_temp_dir(head) / "session_latest"
     if session.exists():
         stop_head(str(session.resolve()), _started_head_address(head), force=True)
 

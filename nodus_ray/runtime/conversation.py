@@ -39,6 +39,7 @@ from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.list_costs import add_list_cost
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from nodus_ray.runtime.sandbox_charges import command_charge, hold, limits_of, open_meter
+from nodus_ray.runtime.tool_results import command_summary, tool_error, tool_result
 from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.sandbox import CommandResult, Sandbox
 from nodus_ray.store.timestamps import utc_now
@@ -359,7 +360,7 @@ class Conversation:
                 if tool_calls >= self.spec.max_tool_calls:
                     limit_warned = True
                     results.append(
-                        _tool_error(
+                        tool_error(
                             use,
                             f"maxToolCalls ({self.spec.max_tool_calls}) reached "
                             "for this turn: answer now with what you have.",
@@ -442,7 +443,7 @@ class Conversation:
     ) -> dict[str, Any]:
         command = use.get("input", {}).get("command") if isinstance(use.get("input"), dict) else None
         if use.get("name") != "bash" or not isinstance(command, str) or not command.strip():
-            return _tool_error(use, "only the bash tool exists, and it needs a non-empty 'command' string")
+            return tool_error(use, "only the bash tool exists, and it needs a non-empty 'command' string")
         sandbox = self.sandbox
         assert sandbox is not None
         meter = self.meter or open_meter(self.spend, self.steps)
@@ -475,40 +476,14 @@ class Conversation:
             retry_interrupted=(lambda record: restored_before(record.seq)) if restored_before else None,
             evidence_of=(lambda record: evidence(record.seq)) if (evidence := self.egress_evidence) else None,
             started={"command": shown},
-            summary_of=lambda r: _command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
+            summary_of=lambda r: command_summary(shown, CommandResult.from_dict(r), r.get("egress") or []),
             message=None
             if then is None
             else lambda r: (
                 len(self.messages),
-                {"role": "user", "content": [*then, _tool_result(use, CommandResult.from_dict(r))]},
+                {"role": "user", "content": [*then, tool_result(use, CommandResult.from_dict(r))]},
             ),
         )
         if (last := self.steps.recorded(step_id)) is not None and last.state == "Completed":
             meter.record(recorded)  # a value a person resolved it with carries no charge
-        return _tool_result(use, CommandResult.from_dict(recorded))
-
-
-def _tool_result(use: dict[str, Any], result: CommandResult) -> dict[str, Any]:
-    return {
-        "type": "tool_result",
-        "tool_use_id": use.get("id", ""),
-        "content": result.for_model(),
-        "is_error": result.exit_code != 0,
-    }
-
-
-def _tool_error(use: dict[str, Any], message: str) -> dict[str, Any]:
-    return {"type": "tool_result", "tool_use_id": use.get("id", ""), "content": message, "is_error": True}
-
-
-def _command_summary(command: str, result: CommandResult, egress: list[dict[str, Any]]) -> str:
-    shown = command if len(command) <= 80 else command[:77] + "..."
-    ended = (
-        f"stopped ({result.limit or 'killed'})" if result.exit_code is None else f"exit {result.exit_code}"
-    )
-    if egress:
-        refused = sum(1 for connection in egress if connection.get("outcome") != "allowed")
-        ended += f", {len(egress)} connection{'s' * (len(egress) != 1)}" + (
-            f" ({refused} refused)" if refused else ""
-        )
-    return f"{shown} -> {ended}"
+        return tool_result(use, CommandResult.from_dict(recorded))
