@@ -37,6 +37,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from nodus.errors import NodusError, Unavailable
+from nodus_ray.control.list_query import ListPage, ListQuery
 from nodus_ray.control.run_reports import RunOutcome, RunReport
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 
@@ -185,6 +186,10 @@ class ControlPlaneClient:
         self, project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
     ) -> list[dict[str, Any]]:
         return await self._call(lambda h: h.list_runs.remote(project, agent, group, parent))
+
+    async def list_page(self, query: ListQuery) -> ListPage:
+        """One filtered page of agents, runs or groups (`listing`): only the page crosses Ray."""
+        return await self._call(lambda h: h.list_page.remote(query))
 
     async def create_run(
         self, project: str, document: dict[str, Any], mode: str = "create"

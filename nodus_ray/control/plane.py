@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from nodus_ray.control.plane_listing import ListingFacade
 from nodus_ray.control.recovery import RecoveryGate, after_recovery
 from nodus_ray.store.storage import redact_uri
 
@@ -40,7 +41,7 @@ __all__ = ["ControlPlane", "RemoteControlPlane"]
 _VERSION = "0.1.0"
 
 
-class ControlPlane:
+class ControlPlane(ListingFacade):
     """The facade: composes the services, recovers once, delegates each call to one service."""
 
     def __init__(

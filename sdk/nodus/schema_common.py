@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from .contract import ANSWER_PREVIEW_BYTES, API_VERSION, FAMILIES, MAX_INPUT_BYTES
+from .selectors import validate_labels
 
 __all__ = [
     "API_VERSION",
@@ -86,4 +87,5 @@ class ObjectMeta(StrictModel):
     generation: StrictInt | None = None
     resourceVersion: StrictInt | None = None  # the server's count of writes (a run's, for resolve)
     creationTimestamp: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    # Kubernetes' label rules, so every label can be named by a selector (`selectors`).
+    labels: Annotated[dict[str, str], AfterValidator(validate_labels)] = Field(default_factory=dict)

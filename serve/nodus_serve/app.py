@@ -27,6 +27,7 @@ from nodus_ray.control.tokens import Principal
 
 from .auth import Authenticator, PrincipalCache
 from .events import parse_cursor, run_events
+from .listing_routes import install_listing_routes
 from .load_shedding import LoadShedder, max_inflight_from_env
 from .openapi import install as install_openapi
 from .program_routes import install_program_routes
@@ -261,9 +262,8 @@ def create_app(
 
     # -- agents -----------------------------------------------------------------------------
 
-    @app.get("/v1/projects/{project}/agents")
-    async def list_agents(project: str) -> dict[str, Any]:
-        return _listing("AgentList", await cp.list_agents(_project(project)))
+    # The lists of agents, runs and groups: selectors and pages (`listing_routes`).
+    install_listing_routes(app, cp, _project)
 
     _resource_routes(app, "agents", apply=cp.apply_agent, get=cp.get_agent, delete=cp.delete_agent)
 
@@ -272,13 +272,6 @@ def create_app(
         return _applied(await cp.patch_agent(_project(project), name, await _body(request)))
 
     # -- runs: the generic routes, plus a filtered list and the run's own verbs ---------------
-
-    @app.get("/v1/projects/{project}/agentruns")
-    async def list_runs(
-        project: str, agent: str | None = None, group: str | None = None, parent: str | None = None
-    ) -> dict[str, Any]:
-        """The project's runs; ``agent``, ``group`` and ``parent`` (a Python run's children) filter."""
-        return _listing("AgentRunList", await cp.list_runs(_project(project), agent, group, parent))
 
     _resource_routes(
         app,
@@ -348,10 +341,6 @@ def create_app(
     install_program_routes(app, cp, _project)  # sources, a run's outputs and program log
 
     # -- groups -----------------------------------------------------------------------------
-
-    @app.get("/v1/projects/{project}/agentgroups")
-    async def list_groups(project: str) -> dict[str, Any]:
-        return _listing("AgentGroupList", await cp.list_groups(_project(project)))
 
     _resource_routes(app, "agentgroups", apply=cp.apply_group, get=cp.get_group, delete=cp.delete_group)
 

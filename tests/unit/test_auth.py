@@ -14,6 +14,7 @@ from nodus import credentials
 from nodus.config import load_settings
 from nodus.errors import Conflict
 from nodus.resources import Token
+from nodus_ray.control.list_query import ListPage
 from nodus_ray.control.tokens import LOCAL_ADMIN, OPERATOR, TokenStore, token_digest
 from nodus_ray.store.storage import Storage
 from nodus_serve.app import create_app
@@ -47,6 +48,8 @@ class _Gateway:
             return self.store.revoke(*args)
         if method == "list_tokens":
             return self.store.list(*args)
+        if method == "list_page":
+            return ListPage()
         if method.startswith("list_"):
             return []
         return {"metadata": {"name": args[-1] if args else ""}}

@@ -14,6 +14,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from nodus.errors import NotFound, Unavailable
 from nodus.lifecycle import RunPhase, RunReason
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RideOutRestarts, RunReport
+from nodus_ray.control.list_query import ListKind, ListQuery
 
 _FAST = RideOutRestarts(patience_seconds=5.0, first_delay_seconds=0.001, max_delay_seconds=0.004)
 
@@ -54,6 +55,8 @@ def _client(handle: Any, policy: Any = None, lookups: list[int] | None = None) -
     return ControlPlaneClient(policy or FailFast(), locate=locate)
 
 
+_QUERY = ListQuery(ListKind.AGENT_RUNS, "p", label_selector="team=a", limit=7)
+
 # (client method, its arguments, the actor method, the arguments the actor receives)
 _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("ready", (), "ready", ()),
@@ -67,6 +70,7 @@ _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("list_runs", ("p", "ag", "gr"), "list_runs", ("p", "ag", "gr", None)),
     ("list_runs", ("p",), "list_runs", ("p", None, None, None)),
     ("list_runs", ("p", None, None, "parent"), "list_runs", ("p", None, None, "parent")),
+    ("list_page", (_QUERY,), "list_page", (_QUERY,)),
     ("create_run", ("p", {"d": 1}), "create_run", ("p", {"d": 1}, "create")),
     ("create_runs", ("p", {"items": []}, "key"), "create_runs", ("p", {"items": []}, "key")),
     ("get_run", ("p", "r"), "get_run", ("p", "r")),

@@ -44,6 +44,7 @@ FACADE = {
     "get_run": "(self, project: 'str', name: 'str')",
     "list_runs": "(self, project: 'str', agent: 'str | None' = None, group: 'str | None' = None, "
     "parent: 'str | None' = None)",
+    "list_page": "(self, query: 'ListQuery')",
     "run_steps": "(self, project: 'str', name: 'str')",
     "run_events": "(self, project: 'str', name: 'str', after_seq: 'int')",
     "run_answer": "(self, project: 'str', name: 'str')",

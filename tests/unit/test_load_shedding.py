@@ -10,6 +10,7 @@ import pytest
 
 from nodus.client import Client
 from nodus.errors import TooManyRequests
+from nodus_ray.control.list_query import ListPage
 from nodus_serve.app import create_app
 from nodus_serve.load_shedding import max_inflight_from_env
 from tests.fakes.control_plane import client_over
@@ -28,6 +29,8 @@ class _HeldControlPlane:
             return {"name": "t", "project": "default", "role": "read"}
         self.calls += 1
         await self.release.wait()
+        if method == "list_page":
+            return ListPage()
         return [] if method.startswith("list_") else {"status": "ready"}
 
 

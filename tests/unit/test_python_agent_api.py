@@ -22,6 +22,7 @@ import nodus
 from nodus.client import Client
 from nodus.config import Settings
 from nodus.schema_agent import source_digest, source_ref
+from nodus_ray.control.listing import ListingService
 from nodus_ray.control.run_files import RunFiles
 from nodus_ray.control.tokens import token_digest
 from nodus_ray.store import layout
@@ -48,6 +49,7 @@ def _call(plane: Plane) -> Callable[..., Awaitable[Any]]:
         "run_output": files.run_output,
         "run_logs": files.run_logs,
         "list_runs": services.runs.list_runs,
+        "list_page": ListingService(services.agents, services.runs, services.groups).page,
         "suspend_run": services.controls.suspend_run,
         "resume_run": services.controls.resume_run,
         "retry_run": services.controls.retry_run,
