@@ -16,6 +16,7 @@ from pathlib import Path
 from nodus.egress_policy import PRIVATE_NETWORKS_ENV, parse_private_networks
 from nodus_ray.money.prices import PriceTable
 from nodus_ray.store.storage import default_storage_uri, redact_uri
+from nodus_ray.tracing.attributes import redacted_telemetry, telemetry_from_env
 
 __all__ = ["NAMESPACE", "CONTROL_PLANE_NAME", "SERVE_APP_NAME", "HeadSettings", "ServerSettings"]
 
@@ -99,6 +100,9 @@ class ServerSettings:
     # service by default), so no token can make the server read any other path of its disk as
     # an image; registry images (docker://) need none.
     image_paths: str = ""
+    # The OTEL_* variables of `nodus up` when OTEL_EXPORTER_OTLP_ENDPOINT is set, handed to run
+    # actors, which then export traces over OTLP/HTTP (`nodus_ray.tracing`); () is off.
+    telemetry: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -166,6 +170,7 @@ class ServerSettings:
             payload_retention=payload_retention,
             workspace_retention=workspace_retention,
             image_paths=image_paths,
+            telemetry=telemetry_from_env(os.environ),  # a bad endpoint is refused here, naming it
         )
 
     def digest(self) -> str:
@@ -174,4 +179,8 @@ class ServerSettings:
 
     def describe(self) -> dict[str, object]:
         """The settings as they may be shown: credentials in the storage URI redacted."""
-        return {**asdict(self), "storage_uri": redact_uri(self.storage_uri)}
+        return {
+            **asdict(self),
+            "storage_uri": redact_uri(self.storage_uri),
+            "telemetry": redacted_telemetry(self.telemetry),
+        }

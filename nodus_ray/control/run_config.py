@@ -63,4 +63,6 @@ async def run_config(
         messages_read={str(k): int(v) for k, v in ((started or {}).get("read") or {}).items()},
         image=run["status"].get("sandbox", {}).get("image"),
         images_cache=str(images_cache(settings.sandbox_root)),
+        uid=str(run["metadata"].get("uid") or ""),
+        telemetry=settings.telemetry,
     )

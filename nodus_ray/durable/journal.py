@@ -35,7 +35,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from nodus_ray import metrics
+from nodus_ray import metrics, tracing
 from nodus_ray.durable.fencing import JournalConflict
 from nodus_ray.durable.journal_log import LOG_SUFFIX, MAGIC, JournalRecord, decode_log, encode_frames
 from nodus_ray.durable.step_activity import activity, in_progress
@@ -206,14 +206,16 @@ class Journal:
             first = records[0]
             self.check_fence(f"before writing record {first.seq}, {first.step_id} {first.state}")
             began = time.perf_counter()
+            backend = "log" if self._storage.is_local else "object"
             try:
-                if self._log is not None:
-                    self._log.append(encode_frames(records))
-                elif self._storage.is_local:
-                    key = _log_key(self._segment_key(first.seq))
-                    self._log = self._storage.create_log(key, MAGIC + encode_frames(records))
-                else:
-                    self._storage.create_bytes(self._segment_key(first.seq), _encode_segment(records))
+                with tracing.journal_write(first.seq, len(records), first.step_id, first.state, backend):
+                    if self._log is not None:
+                        self._log.append(encode_frames(records))
+                    elif self._storage.is_local:
+                        key = _log_key(self._segment_key(first.seq))
+                        self._log = self._storage.create_log(key, MAGIC + encode_frames(records))
+                    else:
+                        self._storage.create_bytes(self._segment_key(first.seq), _encode_segment(records))
             except AlreadyExists:
                 raise JournalConflict(self._prefix, first.seq) from None
             except BaseException:

@@ -27,7 +27,7 @@ from typing import Any
 
 from nodus.contract import FAMILIES
 from nodus.lifecycle import RunReason
-from nodus_ray import metrics
+from nodus_ray import metrics, tracing
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, NonDeterministic, StepFailed, Steps
 from nodus_ray.models.base import ModelError, ModelProvider, ModelRequest, ModelResponse, Usage
@@ -301,6 +301,7 @@ class Conversation:
         self.spend.record(Decimal(routed.get("billedUSD", "0")))
         return routed
 
+    @tracing.traced_turn
     async def _turn(self, index: int, prompt: str) -> str:
         prefix = f"turn-{index}"
         await self._add_message({"role": "user", "content": prompt})
@@ -385,7 +386,9 @@ class Conversation:
         async def call() -> dict[str, Any]:
             began = time.monotonic()
             try:
-                response = await asyncio.to_thread(self.provider.complete, request)
+                with tracing.model_call(self.provider.name, model, request.max_tokens, step_id) as traced:
+                    response = await asyncio.to_thread(self.provider.complete, request)
+                    traced.reply(response)
             except ModelError as error:
                 raise StepFailed(step_id, {"reason": error.reason, "message": str(error)}) from error
             charged = self.spend.price(model, response.usage, bound)
@@ -456,7 +459,9 @@ class Conversation:
             started = self.steps.recorded(step_id)
             if self.begin_egress is not None and started is not None:
                 await asyncio.to_thread(self.begin_egress, started.seq)
-            result = await asyncio.to_thread(sandbox.run, command)
+            with tracing.command(shown, step_id) as traced:
+                result = await asyncio.to_thread(sandbox.run, command)
+                traced.result(result)
             metrics.command_ran(result.duration_seconds, result.exit_code)
             if self.after_command is not None and started is not None:
                 await asyncio.to_thread(self.after_command, started.seq)

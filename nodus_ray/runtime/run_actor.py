@@ -26,6 +26,7 @@ import ray
 
 from nodus.errors import NodusError
 from nodus.lifecycle import RunPhase, RunReason
+from nodus_ray import tracing
 from nodus_ray.control.client import ControlPlaneClient, FailFast, RunOutcome, RunReport
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.fencing import Epoch, Fenced
@@ -147,7 +148,7 @@ class RunActor:
     async def run(self) -> RunOutcome:
         """Start the program if it has not started, and return its outcome when it ends."""
         if self._task is None:
-            self._task = asyncio.create_task(self._execute())
+            self._task = asyncio.create_task(tracing.traced_run(self.config, self._execute()))
         return await asyncio.shield(self._task)
 
     async def cancel(self) -> None:

@@ -49,6 +49,10 @@ class RunConfig:
     # node under ``images_cache`` (`nodus_ray.sandbox.images`); None: commands run on the host's root.
     image: dict[str, str] | None = None
     images_cache: str = ""
+    # The run's ``metadata.uid`` (its trace id) and the server's ``OTEL_*`` settings: empty,
+    # no tracing (`nodus_ray.tracing`, decision 57).
+    uid: str = ""
+    telemetry: tuple[tuple[str, str], ...] = ()
 
 
 def actor_resources(agent_spec: dict[str, Any]) -> dict[str, float]:

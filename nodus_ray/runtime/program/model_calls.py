@@ -21,7 +21,7 @@ from typing import Any
 
 from nodus._runtime import protocol as wire
 from nodus.contract import FAMILIES
-from nodus_ray import metrics
+from nodus_ray import metrics, tracing
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import Effect, StepFailed, Steps
 from nodus_ray.faults import crash_point
@@ -159,7 +159,9 @@ class ModelCalls:
         call = ModelRequest(model=model, system=system, messages=messages, max_tokens=max_tokens, tools=tools)
         began = time.monotonic()
         try:
-            response = await asyncio.to_thread(self.provider.complete, call)
+            with tracing.model_call(self.provider.name, model, max_tokens, step_id) as traced:
+                response = await asyncio.to_thread(self.provider.complete, call)
+                traced.reply(response)
         except ModelError as error:
             failure = anthropic_error(error.reason, str(error))
             await self.steps.fail(step_id, "model", failure, attempt=begun.attempt)

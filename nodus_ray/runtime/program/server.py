@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from nodus._runtime import protocol as wire
 from nodus.lifecycle import RunReason
+from nodus_ray import tracing
 from nodus_ray.core.redaction import Redactor
 from nodus_ray.durable.steps import NeedsResolution, NonDeterministic, StepFailed, Steps
 from nodus_ray.faults import crash_point
@@ -107,6 +108,7 @@ class _Open:
     effect: str
     attempt: int
     calls: int = 0  # model calls made inside it
+    span: tracing.Span = tracing.NOOP  # its ``nodus.step`` span, the parent of its model calls
 
 
 class ProgramServer:
@@ -335,7 +337,10 @@ class ProgramServer:
                     wire.Outcome.RECORDED, error=error_info(begun.error), replaying=self._replaying()
                 )
             return self._value(begun.value)
-        self._open = _Open(name=request.name, step_id=step_id, effect=effect, attempt=begun.attempt)
+        span = tracing.step(request.name, step_id, effect).__enter__()
+        self._open = _Open(
+            name=request.name, step_id=step_id, effect=effect, attempt=begun.attempt, span=span
+        )
         return wire.Reply(wire.Outcome.EXECUTE, replaying=self._replaying())
 
     async def _step_end(self, request: wire.StepEnd | wire.StepFail) -> wire.Reply | None:
@@ -343,6 +348,9 @@ class ProgramServer:
         if running is None or running.name != request.name:
             raise wire.ProtocolError(f"step {request.name!r} ended but was not running")
         self._open = None
+        if isinstance(request, wire.StepFail):
+            running.span.failed(request.error.type)
+        running.span.__exit__(None, None, None)
         if running.effect == "external":  # its effect is in the workspace: keep it before the end
             await self.ops.after_external(running.step_id)
         crash_point("step-effect-done", f"{self.steps.journal.prefix}/{running.step_id}")
