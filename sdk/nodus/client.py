@@ -16,6 +16,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
+from .client_export import ExportCalls
+from .client_fork import ForkCalls
+from .client_listing import ListingCalls
+from .client_statistics import StatisticsCalls
 from .config import Settings, load_settings
 from .errors import Invalid, NodusError, Unavailable, error_from_response
 from .events import RunEvent, follow_events
@@ -98,7 +102,7 @@ def _name(value: str) -> str:
     return value
 
 
-class Client:
+class Client(ListingCalls, ForkCalls, ExportCalls, StatisticsCalls):
     """A synchronous client for one nodus API and a default project.
 
     ``collection`` arguments are the REST plurals (``"agents"``, ``"agentruns"``); every method
@@ -292,13 +296,7 @@ class Client:
 
     # -- generic resources ------------------------------------------------------------------
 
-    def list(
-        self, collection: str, *, project: str | None = None, params: Mapping[str, str] | None = None
-    ) -> builtins.list[dict[str, Any]]:
-        """The items of a collection (``?agent=NAME`` filters agentruns server-side)."""
-        body = self._json(self._request("GET", self._path(collection, project), params=params))
-        items = body.get("items") if isinstance(body, dict) else None
-        return list(items or [])
+    # ``list`` (and its pages): `client_listing.ListingCalls`.
 
     def get(self, collection: str, name: str, *, project: str | None = None) -> dict[str, Any]:
         return self._object(self._request("GET", self._path(collection, project, name)))

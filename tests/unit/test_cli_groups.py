@@ -345,12 +345,16 @@ def test_get_runs_by_group_asks_the_server_and_still_filters(api: GroupAPI) -> N
         "parallel-agents-b",
     ]
     method, path, params, _ = api.requests[-1]
-    assert (method, path, params) == ("GET", "/v1/projects/default/agentruns", {"group": "parallel-agents"})
-    # Both server filters together; a != selector is left to the client.
+    # The server filters (a field selector it selects on, a page of 500 at a time); this fake
+    # server does not, so the output shows the CLI still checks every item itself.
+    wanted = {"fieldSelector": "spec.group=parallel-agents", "limit": "500"}
+    assert (method, path, params) == ("GET", "/v1/projects/default/agentruns", wanted)
+    # Both server filters together, and a != selector (the server selects on it too, decision 61).
     invoke("get", "ar", "--field-selector", "spec.group=parallel-agents,spec.agent=parallel-agents-worker")
-    assert api.requests[-1][2] == {"group": "parallel-agents", "agent": "parallel-agents-worker"}
+    selector = "spec.group=parallel-agents,spec.agent=parallel-agents-worker"
+    assert api.requests[-1][2] == {"fieldSelector": selector, "limit": "500"}
     result = invoke("get", "ar", "--field-selector", "spec.group!=parallel-agents", "-o", "name")
-    assert api.requests[-1][2] == {}
+    assert api.requests[-1][2] == {"fieldSelector": "spec.group!=parallel-agents", "limit": "500"}
     assert result.stdout == "agentrun/other-x\n"
 
 

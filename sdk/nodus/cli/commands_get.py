@@ -6,7 +6,6 @@ selectors are checked here on every item, and passed to the server too where it 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -15,7 +14,7 @@ import typer
 from ..client import Client
 from ..errors import NotFound
 from ..resources import API_VERSION, SHORT_NAMES
-from . import jsonpath, root
+from . import jsonpath, listing, root
 from .output import dollars, dump_json, dump_yaml, format_age, print_table
 from .root import OutputOption, ProjectOption, UsageError, parse_targets, ref
 
@@ -197,36 +196,16 @@ _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], 
     "Environment": (["NAME", "VERSION", "SPLITS", "MAX-TASKS", "DESCRIPTION"], ["IMAGE"], _environment_row),
 }
 
-# Field selectors on agentruns the server also filters by (``?agent=``, ``?group=``).
-_SERVER_FILTERS: dict[tuple[str | int, ...], str] = {("spec", "agent"): "agent", ("spec", "group"): "group"}
 
-
-def _field_selector(text: str) -> list[tuple[str, bool, str]]:
-    """``spec.agent=x,status.phase!=Failed`` -> ``[(path, equal, value)]``."""
-    selectors = []
-    for part in filter(None, (piece.strip() for piece in text.split(","))):
-        match = re.fullmatch(r"([^=!]+?)\s*(==|!=|=)\s*(.*)", part)
-        if match is None:
-            raise UsageError(f"--field-selector {part!r} is not PATH=VALUE or PATH!=VALUE")
-        path, operator, value = match.groups()
-        try:
-            jsonpath.parse(path)
-        except jsonpath.JsonPathError as exc:
-            raise UsageError(str(exc)) from None
-        selectors.append((path, operator != "!=", value))
-    return selectors
-
-
-def _selected(resource: dict[str, Any], selectors: list[tuple[str, bool, str]]) -> bool:
-    return all(
-        (jsonpath.format_value(jsonpath.lookup(resource, path)) == value) == equal
-        for path, equal, value in selectors
-    )
-
-
-def _print_resources(kind: str, items: list[dict[str, Any]], output: str | None, single: bool) -> None:
+def _print_resources(
+    kind: str,
+    items: list[dict[str, Any]],
+    output: str | None,
+    single: bool,
+    meta: dict[str, Any] | None = None,
+) -> None:
     if output in ("yaml", "json"):
-        listed = {"apiVersion": API_VERSION, "kind": f"{kind}List", "items": items}
+        listed = {"apiVersion": API_VERSION, "kind": f"{kind}List", "metadata": meta or {}, "items": items}
         value: Any = items[0] if single else listed
         typer.echo(dump_yaml(value) if output == "yaml" else dump_json(value), nl=output == "json")
     elif output == "name":
@@ -250,11 +229,26 @@ def get(
     output: OutputOption = None,
     field_selector: Annotated[
         str | None,
-        typer.Option("--field-selector", help="Keep items whose PATH=VALUE, e.g. spec.group=batch-1."),
+        typer.Option(
+            "--field-selector",
+            help="FIELD=VALUE, FIELD!=VALUE, a comma is AND: status.phase, status.reason, spec.agent, "
+            "spec.group, metadata.creationTimestamp>=TIME filter on the server; other paths here.",
+        ),
+    ] = None,
+    selector: Annotated[
+        str | None,
+        typer.Option("--selector", "-l", help="Labels: k=v, k!=v, 'k in (a,b)', 'k notin (a,b)', k, !k."),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", help="One page of at most N (1-1000); the next page's token on stderr."),
+    ] = None,
+    continue_: Annotated[
+        str | None, typer.Option("--continue", help="The token --limit printed: the next page.")
     ] = None,
     project: ProjectOption = None,
 ) -> None:
-    """List resources of a kind, or show named ones."""
+    """List resources of a kind (every page, or one with --limit), or show named ones."""
     known = output is None or output in ("yaml", "json", "wide", "name") or output.startswith("jsonpath=")
     if not known:
         raise UsageError(f"--output {output!r} is not one of yaml, json, wide, name, jsonpath={{...}}")
@@ -268,31 +262,33 @@ def get(
         _get_environments(root.client(project), list(target[1:]), output)
         return
     targets = parse_targets(target, need_name=False)
-    selectors = _field_selector(field_selector) if field_selector else []
-    client = root.client(project)
     kind, collection, _ = targets[0]
+    selection = listing.selection_of(collection, selector, field_selector)
+    client = root.client(project)
     if collection == "environments":
         _get_environments(client, [name for _, _, name in targets if name], output)
         return
     if targets[0][2] is None:
-        params = {}
-        for path, equal, value in selectors:
-            server_filter = _SERVER_FILTERS.get(jsonpath.parse(path)) if collection == "agentruns" else None
-            if server_filter and equal:
-                params[server_filter] = value  # let the server filter too; the client-side check stays
-        listed = client.list(collection, params=params or None)
-        items = [item for item in listed if _selected(item, selectors)]
-        if not items and output not in ("yaml", "json"):
+        listed = listing.fetch(client, collection, selection, limit=limit, continue_=continue_)
+        meta: dict[str, Any] = {"continue": listed.continue_} if listed.continue_ else {}
+        if listed.remaining_item_count is not None:
+            meta["remainingItemCount"] = listed.remaining_item_count
+        if not listed.items and output not in ("yaml", "json"):
             typer.echo(f"No {collection} found in project {project or root.settings().project}.", err=True)
-            return
-        _print_resources(kind, items, output, single=False)
+        else:
+            _print_resources(kind, listed.items, output, single=False, meta=meta)
+        if listed.continue_:  # as kubectl: the rest is a page away, said where it does not mix with the items
+            more = listed.remaining_item_count
+            typer.echo(f"{more} more; next page: --continue {listed.continue_}", err=True)
         return
+    if limit is not None or continue_:
+        raise UsageError("--limit and --continue page a list; they do not apply to named resources")
     if len({t[0] for t in targets}) > 1:
         raise UsageError("name resources of one kind per `nodus get`")
     items = [client.get(collection, name) for _, _, name in targets if name is not None]
-    selected = [item for item in items if _selected(item, selectors)]
-    if not selected:  # every named resource exists, but the field selector left none
-        typer.echo(f"No {collection} matched --field-selector.", err=True)
+    selected = [item for item in items if selection.matches(item)]
+    if not selected:  # every named resource exists, but a selector left none
+        typer.echo(f"No {collection} matched the selectors.", err=True)
         return
     _print_resources(kind, selected, output, single=len(targets) == 1)
 
