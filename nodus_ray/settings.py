@@ -103,6 +103,9 @@ class ServerSettings:
     # The OTEL_* variables of `nodus up` when OTEL_EXPORTER_OTLP_ENDPOINT is set, handed to run
     # actors, which then export traces over OTLP/HTTP (`nodus_ray.tracing`); () is off.
     telemetry: tuple[tuple[str, str], ...] = ()
+    # The operator's rate limits per Anthropic key fingerprint and model family
+    # (NODUS_RATE_LIMITS, `core.rate_limits`), checked here and handed to every run actor.
+    rate_limits: str = ""
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -147,6 +150,10 @@ class ServerSettings:
         # By default the operator's own image folder, ~/.nodus/images, beside the secret key.
         image_paths = os.environ.get(IMAGE_PATHS_ENV, "").strip() or str(Path.home() / ".nodus" / "images")
         LocalImages.parse(image_paths)  # a relative directory is refused here, naming it
+        from nodus_ray.core.rate_limits import RATE_LIMITS_ENV, RateLimitTable
+
+        # a limit that is not a positive number is refused here, naming the entry and field
+        rate_limits = RateLimitTable.parse(os.environ.get(RATE_LIMITS_ENV)).to_text()
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -171,6 +178,7 @@ class ServerSettings:
             workspace_retention=workspace_retention,
             image_paths=image_paths,
             telemetry=telemetry_from_env(os.environ),  # a bad endpoint is refused here, naming it
+            rate_limits=rate_limits,
         )
 
     def digest(self) -> str:

@@ -65,4 +65,5 @@ async def run_config(
         images_cache=str(images_cache(settings.sandbox_root)),
         uid=str(run["metadata"].get("uid") or ""),
         telemetry=settings.telemetry,
+        rate_limits=settings.rate_limits,
     )

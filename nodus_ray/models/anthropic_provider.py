@@ -32,6 +32,10 @@ Why it is built this way:
   ``retryable=True``), ``ModelError`` otherwise. The key never appears in a message, ``repr`` or
   exception chain: messages are scrubbed of it (and of any ``x-api-key``/``authorization``
   value), and SDK exceptions, which hold the request and its headers, are not chained.
+* **Rate limits.** With ``defer_refusals`` (a run whose key and family are under an operator's
+  rate limit, `runtime.rate_limited`), the SDK does not retry 429 and 529 itself: the error
+  carries the status and ``retry-after`` and the cluster-wide limiter decides when to call
+  again, so retries queue with every other run's calls instead of racing them blindly.
 """
 
 from __future__ import annotations
@@ -94,6 +98,29 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 _STREAM_BROKEN: tuple[type[BaseException], ...] = (*_transport_errors(), ValueError)
 
 
+class _DeferringAnthropic(anthropic.Anthropic):
+    """The SDK's client, retrying everything it retries but 429 and 529 (see ``defer_refusals``)."""
+
+    def _should_retry(self, response: Any) -> bool:
+        if response.status_code in (429, 529):
+            return False
+        return bool(super()._should_retry(response))
+
+
+def _retry_after(error: anthropic.APIStatusError) -> float | None:
+    """The seconds the API asked to wait (``retry-after-ms`` or ``retry-after``), if it said."""
+    headers = getattr(getattr(error, "response", None), "headers", None) or {}
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        try:
+            value = float(raw) if raw is not None else math.nan
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value) and value >= 0:
+            return value * scale
+    return None
+
+
 class _StreamBroken(Exception):
     """A stream that started but did not finish; worth opening again."""
 
@@ -119,6 +146,7 @@ class AnthropicProvider:
         max_retries: int = 4,
         timeout_seconds: float = 600.0,
         stream_retries: int = 2,
+        defer_refusals: bool = False,
     ):
         # A key read from a secret file often ends with a newline, which is not a valid header.
         key = api_key.strip() if isinstance(api_key, str) else ""
@@ -146,6 +174,7 @@ class AnthropicProvider:
         self.max_retries = max_retries
         self.timeout_seconds = float(timeout_seconds)
         self.stream_retries = stream_retries
+        self.defer_refusals = defer_refusals
         self._client: anthropic.Anthropic | None = None
         self._client_lock = threading.Lock()
 
@@ -228,7 +257,7 @@ class AnthropicProvider:
     def _get_client(self) -> anthropic.Anthropic:
         with self._client_lock:
             if self._client is None:
-                self._client = anthropic.Anthropic(
+                self._client = (_DeferringAnthropic if self.defer_refusals else anthropic.Anthropic)(
                     api_key=self._api_key,
                     base_url=self.base_url,
                     max_retries=self.max_retries,
@@ -307,12 +336,14 @@ class AnthropicProvider:
             or status >= 500
             or kind in _TRANSIENT_ERROR_TYPES
         ):
-            return self._error(
+            unavailable = self._error(
                 f"the Anthropic API is unavailable ({where}): {detail}; "
                 f"the SDK retried up to {self.max_retries} time(s)",
                 reason="ModelUnavailable",
                 retryable=True,
             )
+            unavailable.status, unavailable.retry_after = status, _retry_after(error)
+            return unavailable
         return self._error(f"the Anthropic API answered {where}: {detail}")
 
     def _connection_error(self, error: anthropic.APIConnectionError) -> ModelError:

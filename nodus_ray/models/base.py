@@ -110,17 +110,31 @@ class ModelError(Exception):
     message never contains the API key.
     """
 
-    def __init__(self, message: str, *, reason: str = "ModelError", retryable: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str = "ModelError",
+        retryable: bool = False,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.reason = reason
         self.retryable = retryable
+        # The API's HTTP status and its retry-after (seconds), when it refused: the rate limiter
+        # (`runtime.rate_limited`) backs off on 429 and 529 by them.
+        self.status = status
+        self.retry_after = retry_after
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_model_error, (str(self), self.reason, self.retryable))
+        return (_rebuild_model_error, (str(self), self.reason, self.retryable, self.status, self.retry_after))
 
 
-def _rebuild_model_error(message: str, reason: str, retryable: bool) -> ModelError:
-    return ModelError(message, reason=reason, retryable=retryable)
+def _rebuild_model_error(
+    message: str, reason: str, retryable: bool, status: int | None = None, retry_after: float | None = None
+) -> ModelError:
+    return ModelError(message, reason=reason, retryable=retryable, status=status, retry_after=retry_after)
 
 
 @runtime_checkable

@@ -37,6 +37,7 @@ from nodus_ray.money.prices import ROUTER_MODEL
 from nodus_ray.money.sandbox_billing import SandboxMeter
 from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.list_costs import add_list_cost
+from nodus_ray.runtime.rate_limited import call_model
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from nodus_ray.runtime.sandbox_charges import command_charge, hold, limits_of, open_meter
 from nodus_ray.runtime.tool_results import command_summary, tool_error, tool_result
@@ -387,7 +388,7 @@ class Conversation:
             began = time.monotonic()
             try:
                 with tracing.model_call(self.provider.name, model, request.max_tokens, step_id) as traced:
-                    response = await asyncio.to_thread(self.provider.complete, request)
+                    response = await call_model(self.provider, request)  # rate-limited if configured
                     traced.reply(response)
             except ModelError as error:
                 raise StepFailed(step_id, {"reason": error.reason, "message": str(error)}) from error

@@ -53,6 +53,7 @@ class RunConfig:
     # no tracing (`nodus_ray.tracing`, decision 57).
     uid: str = ""
     telemetry: tuple[tuple[str, str], ...] = ()
+    rate_limits: str = ""  # the operator's NODUS_RATE_LIMITS, checked (`core.rate_limits`)
 
 
 def actor_resources(agent_spec: dict[str, Any]) -> dict[str, float]:

@@ -92,6 +92,9 @@ class RunReason(StrEnum):
     # the project's Budget (kind Budget) cannot hold the next call's or command's worst case; the
     # run goes on when the budget is raised or a new period starts
     BUDGET_EXCEEDED = "BudgetExceeded"
+    # the cluster-wide rate limiter holds the run's next model call back (NODUS_RATE_LIMITS); the
+    # run keeps its actor (not parked) and goes back to Running when the call is sent
+    RATE_LIMITED = "RateLimited"
     # Succeeded
     COMPLETED = "Completed"
     MAX_TOKENS_REACHED = "MaxTokensReached"
@@ -136,6 +139,7 @@ class BlockedReason(StrEnum):
     MAX_COST_REACHED = "MaxCostReached"
     BUDGET_EXCEEDED = "BudgetExceeded"  # the project's Budget has no room: the group admits nothing
     NEEDS_RESOLUTION = "NeedsResolution"
+    RATE_LIMITED = "RateLimited"  # started members waiting for the rate limiter (they keep their slot)
 
 
 RUN_PHASES: tuple[RunPhase, ...] = tuple(RunPhase)
@@ -181,10 +185,11 @@ _S, _F, _C = RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED
 #                         startable, or its deadline passed while queued
 # Running -> Running      a replacement actor starts the program again (replay)
 # Running -> Waiting      the program parked (a message, a resolution, the cap, credits, a
-#                         timer, children), or the run was suspended
+#                         timer, children), or the run was suspended; or its next model call
+#                         waits for the rate limiter (RateLimited: it keeps its actor)
 # Running -> Succeeded / Failed    the program ended
 # Waiting -> Running      a message, credits, a resolution, a wake timer, a child's end or a
-#                         resume arrived
+#                         resume arrived, or the rate limiter let its call go
 #                         (suspending a parked run changes its reason only, not its phase)
 # Waiting -> Failed       the deadline passed while parked, or a step was resolved Cancelled
 # * -> Cancelled          on request, on delete, or by its group (dependency, group cancel)

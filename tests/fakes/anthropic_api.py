@@ -34,6 +34,10 @@ What it does:
   blocks, more than 4 ``cache_control`` breakpoints) get 400 ``invalid_request_error`` and do
   not consume the script either.
 * Every request is recorded, in order, in :attr:`FakeMessagesAPI.requests`.
+* :meth:`FakeMessagesAPI.rate_limit` enforces per-key limits (`tests.fakes.rate_limits`): a
+  call over them gets 429 with ``retry-after`` and does not consume the script;
+  :meth:`FakeMessagesAPI.overload` answers the next calls 529 ``overloaded_error``. The times of
+  the calls let through are in :attr:`FakeMessagesAPI.admitted`, the refusals are counted.
 
 Everything is deterministic: message ids ``msg_fake_<n>``, request ids ``req_fake_<n>``, tool ids
 ``toolu_fake_<n>`` (when a reply does not name one), usage 100 in / 20 out unless given, and the
@@ -53,6 +57,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.fakes.rate_limits import FakeRateLimit
 
 __all__ = [
     "FakeMessagesAPI",
@@ -311,6 +317,11 @@ class FakeMessagesAPI:
         self.requests: list[RecordedRequest] = []
         # Exceptions raised by the responder; each was answered with a 500 the SDK does not retry.
         self.responder_errors: list[BaseException] = []
+        self._rate_limit: FakeRateLimit | None = None
+        self._overloads: list[Mapping[str, str]] = []  # the next calls' 529s (their headers)
+        self.admitted: list[float] = []  # time.monotonic() of each message call answered
+        self.throttled = 0  # 429s sent by the rate limit
+        self.overloaded = 0  # 529s sent by `overload`
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -364,6 +375,34 @@ class FakeMessagesAPI:
         with self._lock:
             self._accepted_keys = frozenset(keys) if keys is not None else None
 
+    def rate_limit(self, limit: FakeRateLimit | None) -> None:
+        """Enforce ``limit`` per key from now on (None: no limit)."""
+        with self._lock:
+            self._rate_limit = limit
+
+    def overload(self, count: int = 1, *, retry_after: str | None = None) -> None:
+        """Answer the next ``count`` message calls 529 ``overloaded_error``."""
+        with self._lock:
+            self._overloads.extend([{"retry-after": retry_after} if retry_after else {}] * count)
+
+    def _refused(self, api_key: str, answer: Reply) -> ErrorReply | None:
+        """A 529 owed, or a 429 when ``answer`` does not fit the key's rate limit."""
+        with self._lock:
+            if self._overloads:
+                self.overloaded += 1
+                return ErrorReply(529, "overloaded_error", "Overloaded", self._overloads.pop(0))
+            limit = self._rate_limit
+        if limit is not None and isinstance(answer, MessageReply):
+            refusal = limit.admit(api_key, {**DEFAULT_USAGE, **(answer.usage or {})})
+            if refusal is not None:
+                with self._lock:
+                    self.throttled += 1
+                message = f"This request would exceed your rate limit ({refusal.limit})"
+                return ErrorReply(429, "rate_limit_error", message, refusal.headers)
+        with self._lock:
+            self.admitted.append(time.monotonic())
+        return None
+
     def reset(self) -> None:
         """Forget the script, the responder, the accepted keys, the requests and responder errors."""
         with self._lock:
@@ -372,6 +411,10 @@ class FakeMessagesAPI:
             self._accepted_keys = None
             self.requests.clear()
             self.responder_errors.clear()
+            self._rate_limit = None
+            self._overloads.clear()
+            self.admitted.clear()
+            self.throttled = self.overloaded = 0
 
     # -- inspection --------------------------------------------------------------------------
 
@@ -431,6 +474,10 @@ class FakeMessagesAPI:
             scripted = self._script.popleft() if self._script else None
             responder_fn = self._responder or echo_responder
         if scripted is not None:
+            if (refused := self._refused(api_key, scripted)) is not None:
+                with self._lock:
+                    self._script.appendleft(scripted)  # a refused call consumes nothing
+                return responder.error(refused)
             return responder.answer(scripted, body)
         try:
             answer = responder_fn(body)
@@ -445,6 +492,8 @@ class FakeMessagesAPI:
                     headers={"x-should-retry": "false"},
                 )
             )
+        if (refused := self._refused(api_key, answer)) is not None:
+            return responder.error(refused)
         responder.answer(answer, body)
 
 

@@ -29,6 +29,9 @@ MAX_COST_REACHED = "MaxCostReached"
 # A started run waiting for a person to decide an interrupted step (counted in blockedReasons
 # beside the reasons queued runs wait for: it holds the group back until someone resolves it).
 NEEDS_RESOLUTION = "NeedsResolution"
+# A started run whose next model call waits for the cluster-wide rate limiter (it keeps its
+# actor and its maxActive slot): counted in blockedReasons too, so a slow group says why.
+RATE_LIMITED = "RateLimited"
 # A keep-alive run that answered and waits for its next message: it holds no maxActive slot
 # (it does no work), only its cost reservation. When a message comes it waits Waiting /
 # ``GroupWait`` for a free slot, and is resumed before any queued run starts (decision 48).

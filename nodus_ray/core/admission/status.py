@@ -18,6 +18,7 @@ from nodus_ray.core.admission.model import (
     FAILED,
     NEEDS_RESOLUTION,
     QUEUED,
+    RATE_LIMITED,
     RUNS_FAILED,
     SUCCEEDED,
     WAITING,
@@ -85,7 +86,12 @@ def _group_status(
         reason=reason,
         message=message,
         counts=counts,
-        blocked_reasons={**plan.blocked, NEEDS_RESOLUTION: ledger.waiting[NEEDS_RESOLUTION]},
+        blocked_reasons={
+            **plan.blocked,
+            NEEDS_RESOLUTION: ledger.waiting[NEEDS_RESOLUTION],
+            # present while members wait for the rate limiter (a passing state, unlike the rest)
+            **({RATE_LIMITED: ledger.waiting[RATE_LIMITED]} if ledger.waiting[RATE_LIMITED] else {}),
+        },
         waiting_reasons=dict(sorted(ledger.waiting.items())),
         # A running sum that came back to zero reads "0.00"; the API says "0".
         cost_total=ledger.spent or Decimal(0),

@@ -12,7 +12,6 @@ without calling. Each call is one of the run's ``status.turns``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from nodus_ray.money.prices import ROUTER_MODEL
 from nodus_ray.money.spend import RunSpend
 from nodus_ray.runtime.conversation import Router
 from nodus_ray.runtime.list_costs import add_list_cost
+from nodus_ray.runtime.rate_limited import call_model
 from nodus_ray.runtime.router import ROUTER_MAX_OUTPUT_TOKENS, fallback_family, router_input_tokens
 from nodus_ray.runtime.turn_record import TurnRecord
 from nodus_ray.store.timestamps import utc_now
@@ -160,7 +160,7 @@ class ModelCalls:
         began = time.monotonic()
         try:
             with tracing.model_call(self.provider.name, model, max_tokens, step_id) as traced:
-                response = await asyncio.to_thread(self.provider.complete, call)
+                response = await call_model(self.provider, call)  # rate-limited if configured
                 traced.reply(response)
         except ModelError as error:
             failure = anthropic_error(error.reason, str(error))
