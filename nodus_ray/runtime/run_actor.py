@@ -40,6 +40,7 @@ from nodus_ray.money.spend import BudgetExceeded, CreditsExhausted, RunSpend
 from nodus_ray.runtime.conversation import Conversation, ConversationSpec
 from nodus_ray.runtime.interrupted import command_attempts, undoable_command
 from nodus_ray.runtime.program.ends import ContinuedAsNew, is_program
+from nodus_ray.runtime.rate_limited import limit_calls
 from nodus_ray.runtime.router import ROUTER_ACTOR_NAME
 from nodus_ray.runtime.run_config import RunConfig
 from nodus_ray.runtime.run_outcomes import RUN_STOPS, answered_outcome, run_cost, run_outcome, stopped_outcome
@@ -93,6 +94,7 @@ class RunActor:
             enabled=config.workspace_snapshots,
             seeded=config.workspace_seeded,
             fence=self._epoch.check,
+            history=True,  # every command's state stays: a fork may start from any (decision 58)
         )
         self._workspace_states: tuple[int, ...] = ()
         # (the interrupted command's Started seq, the state to put back) when this actor is to
@@ -221,6 +223,7 @@ class RunActor:
         provider = provider_for(
             access, family_models=prices.family_models, latency_seconds=self.config.offline_latency_seconds
         )
+        provider = limit_calls(provider, access, self.config.rate_limits, self._report)  # NODUS_RATE_LIMITS
         secret = (self.config.agent_spec.get("model") or {}).get("apiKeySecret")
         own_key = {f"{secret}/ANTHROPIC_API_KEY": access["apiKey"]} if access.get("access") == "BYOK" else {}
         return provider, str(access.get("access") or "Nodus"), own_key

@@ -35,6 +35,12 @@ A run may start from a *seed*: files its evaluation task gives the agent, stored
 workspace is the seed, unpacked beside the workspace and renamed into place, so a crash
 mid-unpack never leaves half a seed that looks like a whole one.
 
+A run's actor keeps every command's manifest (``history``, decision 58): a fork of the run
+may start from the workspace after any of its commands, and content-addressed blobs make an
+older state cost its manifest and the contents no later state holds. A new actor then reads
+only the newest manifest (what the next scan compares against), the others when an undo needs
+them. Without ``history`` (the grader's copies) the newest two are kept.
+
 The snapshot before the newest is kept so that an interrupted command can be undone: a run
 whose sandbox reaches nothing outside (no ``allowedHosts``) has no effect but its workspace,
 so when its command was interrupted, `restore_state` puts back the workspace as it was before
@@ -129,6 +135,9 @@ class WorkspaceSnapshots:
     # snapshot is stored and before older ones (and their blobs) are deleted, so a zombie never
     # replaces them.
     fence: Callable[[str], None] | None = None
+    # Keep every command's manifest, not only the newest two: the states a fork can start from
+    # (`control.forks`, decision 58). Manifests are then read when needed, not all at start.
+    history: bool = False
     last_read: list[str] = field(default_factory=list, init=False)  # files the last snapshot read
     # What is in storage, read once per actor (an earlier actor may have left several), then
     # known, so a command costs its new blobs, one manifest and the deletes, not a listing too:
@@ -179,11 +188,16 @@ class WorkspaceSnapshots:
     def _load(self) -> dict[int, str]:
         if self._stored is None:
             self._stored = self._list()
-            self._manifests = {
-                seq: self._read_manifest(seq) for seq, form in self._stored.items() if form == "manifest"
-            }
+            manifests = [seq for seq, form in self._stored.items() if form == "manifest"]
+            wanted = manifests[-1:] if self.history else manifests  # `_manifest` reads the rest
+            self._manifests = {seq: self._read_manifest(seq) for seq in sorted(wanted)}
             self._known = set().union(*(m.digests() for m in self._manifests.values()))
         return self._stored
+
+    def _manifest(self, seq: int) -> Manifest:
+        if seq not in self._manifests:
+            self._manifests[seq] = self._read_manifest(seq)
+        return self._manifests[seq]
 
     def _read_manifest(self, seq: int) -> Manifest:
         return Manifest.from_json(self.storage.read_json(layout.workspace_manifest(self.prefix, seq)))
@@ -194,12 +208,12 @@ class WorkspaceSnapshots:
         if not self.enabled:
             return
         stored = self._load()
-        previous = max((s for s in self._manifests if s < seq), default=None)
+        previous = max((s for s, form in stored.items() if s < seq and form == "manifest"), default=None)
         for _attempt in range(3):  # again if a file changed while it was read (nothing should run)
             try:
                 found = scan(
                     self.workspace,
-                    self._manifests.get(previous) if previous is not None else None,
+                    self._manifest(previous) if previous is not None else None,
                     self._known,
                     self.limit_bytes,
                 )
@@ -221,7 +235,8 @@ class WorkspaceSnapshots:
             self.storage.delete(layout.workspace_snapshot(self.prefix, seq))
         stored[seq] = "manifest"
         self._manifests[seq] = found.manifest
-        kept = sorted(stored)[-2:]  # this one and the one before it stay (`restore_state`)
+        # This one and the one before it stay (`restore_state`); with history, every one.
+        kept = sorted(stored) if self.history else sorted(stored)[-2:]
         self._drop([s for s in stored if s not in kept], f"after the snapshot after command {seq}")
 
     def _upload(self, found: Scan) -> bool:
@@ -251,6 +266,10 @@ class WorkspaceSnapshots:
     def _drop(self, seqs: list[int], where: str) -> None:
         """Delete these stored states, then the blobs that no remaining manifest references."""
         stored = self._load()
+        if seqs:  # what stays must be known to tell which blobs only the dropped ones hold
+            for seq, form in stored.items():
+                if form == "manifest":
+                    self._manifest(seq)
         for seq in seqs:
             form = stored.pop(seq)
             key = layout.workspace_manifest if form == "manifest" else layout.workspace_snapshot
