@@ -219,6 +219,12 @@ class ControlPlaneClient:
     async def retry_run(self, project: str, name: str) -> dict[str, Any]:
         return await self._call(lambda h: h.retry_run.remote(project, name))
 
+    async def fork_run(
+        self, project: str, name: str, at: str, new_name: str | None, new_input: str | None
+    ) -> dict[str, Any]:
+        """A new run from a step of ``name`` (`control.forks`)."""
+        return await self._call(lambda h: h.fork_run.remote(project, name, at, new_name, new_input))
+
     async def send_message(
         self,
         project: str,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from nodus_ray.control.plane_forks import ForkFacade
 from nodus_ray.control.plane_listing import ListingFacade
 from nodus_ray.control.recovery import RecoveryGate, after_recovery
 from nodus_ray.store.storage import redact_uri
@@ -41,7 +42,7 @@ __all__ = ["ControlPlane", "RemoteControlPlane"]
 _VERSION = "0.1.0"
 
 
-class ControlPlane(ListingFacade):
+class ControlPlane(ListingFacade, ForkFacade):
     """The facade: composes the services, recovers once, delegates each call to one service."""
 
     def __init__(

@@ -57,6 +57,8 @@ _METRICS_SECONDS = 5.0  # how often runs by phase are published (Prometheus scra
 
 
 CancelChildren = Callable[[str, str], Awaitable[None]]  # (project, parent): its unfinished children end
+Resource = dict[str, Any]
+Prepare = Callable[[Key, Resource], None]  # fills a new run's storage before it is stored
 
 
 class RunService:
@@ -162,6 +164,7 @@ class RunService:
         evaluation_member: bool = False,
         pinned_agent: dict[str, Any] | None = None,
         child_of: ChildOf | None = None,
+        prepare: Prepare | None = None,
     ) -> list[dict[str, Any]]:
         """Check every run, then write them all (behind a batch record when there are several).
 
@@ -215,7 +218,7 @@ class RunService:
                 for group in groups:
                     await stack.enter_async_context(self._registry.locks[("group", project, group)])
                 members = await self._groups.check_members(project, fresh, groups, evaluation_member)
-                created = await self._write_runs(project, fresh, idempotency_key, digest, child_of)
+                created = await self._write_runs(project, fresh, idempotency_key, digest, child_of, prepare)
                 for (index, _, _), (_, resource) in zip(fresh, created, strict=True):
                     # As written: the answer a repeated Idempotency-Key replays must be the same.
                     results[index] = {"resource": copy.deepcopy(resource), "result": "created"}
@@ -252,6 +255,12 @@ class RunService:
             )
         return agent
 
+    async def create_prepared(
+        self, project: str, run: AgentRun, agent: Resource, prep: Prepare
+    ) -> list[Resource]:
+        """One run whose storage ``prep`` fills before it is stored and started (`forks`)."""
+        return await self._create_runs(project, [run], mode="create", pinned_agent=agent, prepare=prep)
+
     async def create_child(
         self, project: str, run: AgentRun, pinned_agent: dict[str, Any], child_of: ChildOf
     ) -> dict[str, Any]:
@@ -269,6 +278,7 @@ class RunService:
         idempotency_key: str | None,
         digest: str | None,
         child_of: ChildOf | None = None,
+        prepare: Prepare | None = None,
     ) -> list[tuple[Key, dict[str, Any]]]:
         """Store the runs, all or none: several go behind a batch record (see `batches`)."""
         names = [run.metadata.name for _, run, _ in fresh]
@@ -290,6 +300,8 @@ class RunService:
                     added[run.spec.group] += 1
                 resource = self._new_run(project, run, agent, group_index, child_of)
                 await asyncio.to_thread(self._clear_leftovers, key)
+                if prepare is not None:  # may add to its status; leaves nothing when it fails
+                    await asyncio.to_thread(prepare, key, resource)
                 # The pinned agent is stored with the run: the run never depends on the Agent again.
                 await asyncio.to_thread(self._registry.storage.write_json, layout.run_agent(*key), agent)
                 await asyncio.to_thread(

@@ -226,6 +226,13 @@ class AgentRun(_ResourceHandle):
         """Run a Failed run again from its journal: its completed steps are kept, not run again."""
         self._resource = self._client.retry_run(self.name, project=self._project)
 
+    def fork(self, at: int | str, name: str | None = None, input: str | None = None) -> AgentRun:
+        """A new run from this one's step ``at`` (its number in `steps`, from 1, or its id): the
+        steps before it kept, not run again, the workspace as it was there; it runs step ``at``
+        again and goes on, with ``input`` as the next prompt or message when given (docs/fork.md)."""
+        forked = self._client.fork_run(self.name, at, new_name=name, input=input, project=self._project)
+        return AgentRun(forked, project=self._project, client=self._client)
+
     def suspend(self) -> None:
         """Park the run with no process (``Waiting``, ``Suspended``; its deadline still runs)."""
         self._resource = self._client.suspend_run(self.name, project=self._project)

@@ -27,6 +27,7 @@ from nodus_ray.control.tokens import Principal
 
 from .auth import Authenticator, PrincipalCache
 from .events import parse_cursor, run_events
+from .fork_routes import install_fork_routes
 from .listing_routes import install_listing_routes
 from .load_shedding import LoadShedder, max_inflight_from_env
 from .openapi import install as install_openapi
@@ -339,6 +340,7 @@ def create_app(
         return await cp.run_answer(_project(project), name)
 
     install_program_routes(app, cp, _project)  # sources, a run's outputs and program log
+    install_fork_routes(app, cp, _project, _body)  # a new run from a step of another
 
     # -- groups -----------------------------------------------------------------------------
 

@@ -221,6 +221,18 @@ def _fresh_fake_anthropic(fake_anthropic: Any) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[Any]:
+    """Where the session's service exports its traces (OTEL_EXPORTER_OTLP_ENDPOINT), for test_traces."""
+    from tests.fakes.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver().start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+@pytest.fixture(scope="session")
 def storage_service() -> Iterator[dict[str, str]]:
     """Where the session's storage lives: {} for a local directory, or the environment that
     points NODUS_STORAGE at a bucket of a local S3 server (moto) started for the session."""
@@ -239,7 +251,7 @@ def storage_service() -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def server(
-    request: pytest.FixtureRequest, fake_anthropic: Any, storage_service: dict[str, str]
+    request: pytest.FixtureRequest, fake_anthropic: Any, storage_service: dict[str, str], otlp_receiver: Any
 ) -> Iterator[Server]:
     base = _session_base()
     storage, sandboxes, home, faults = base / "storage", base / "sandboxes", base / "home", base / "faults"
@@ -252,7 +264,7 @@ def server(
     inherited = {
         key: value
         for key, value in os.environ.items()
-        if not (key.startswith(("NODUS_", "ANTHROPIC_")) and not key.startswith("NODUS_TEST_"))
+        if not (key.startswith(("NODUS_", "ANTHROPIC_", "OTEL_")) and not key.startswith("NODUS_TEST_"))
         and key not in ("RAY_ADDRESS", "RAY_TMPDIR")
     }
     env = {
@@ -277,6 +289,8 @@ def server(
         # The images test_images builds (its `images` fixture) are the only local ones the
         # server may read.
         "NODUS_IMAGE_PATHS": str(base / "test-images"),
+        # Every run of the session exports its trace here (`nodus_ray.tracing`); test_traces reads it.
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
         **storage_service,
     }
     if with_faults:
