@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .budget import Budget
     from .client import Client
     from .group import AgentGroup
+    from .listing import iter_runs, list_runs
     from .view import View
 
 __version__ = "0.1.0"
@@ -40,6 +41,8 @@ __all__ = [
     "Egress",
     "View",
     "Client",
+    "iter_runs",
+    "list_runs",
     "errors",
     "resources",
     "__version__",
@@ -58,6 +61,8 @@ _HOMES = {
     "Client": "client",
     "AgentGroup": "group",
     "View": "view",
+    "iter_runs": "listing",
+    "list_runs": "listing",
 }
 
 

@@ -284,8 +284,10 @@ class Agent:
         hold_worker: str | None = None,
         name: str | None = None,
         keep_alive: bool = False,
+        labels: Mapping[str, str] | None = None,
     ) -> AgentRun:
         """Start a run and return its handle; deploys the agent first if `deploy` was not called.
+        ``labels`` become its ``metadata.labels``, which `runs` and ``nodus get -l`` select on.
 
         A ``name`` (or an ``idempotency_key``, from which the name is derived) makes redelivery
         idempotent: when that run exists already with the same agent and input, its handle is
@@ -309,6 +311,7 @@ class Agent:
             hold_worker=hold_worker,
             name=name,
             keep_alive=keep_alive,
+            labels=labels,
         )
         self._ensure_deployed()
         return create_run(
@@ -338,13 +341,14 @@ class Agent:
         max_active: int | None = None,
         order_outputs: bool = True,
         return_exceptions: bool = False,
+        labels: Mapping[str, str] | None = None,
     ) -> AgentMap:
         """One run per input in an ephemeral AgentGroup; yields each run's answer text as it finishes.
 
         Answers come in input order (a finished run waits for the earlier ones), or as they
         finish with ``order_outputs=False``. A run that does not succeed raises
         `errors.AgentRunFailed`, or is yielded as that exception with ``return_exceptions=True``.
-        ``max_active`` runs go at once (the server's group default when None).
+        ``max_active`` runs go at once (the server's group default when None); ``labels`` label each run.
 
         Nothing is sent until the first answer is asked for; the inputs are checked here, so a
         bad one raises now. Iterate with ``for`` or ``async for``. The group and its runs are
@@ -360,6 +364,17 @@ class Agent:
             max_active=max_active,
             order_outputs=order_outputs,
             return_exceptions=return_exceptions,
+            labels=labels,
+        )
+
+    def runs(
+        self, *, labels: Mapping[str, str] | str | None = None, phase: str | None = None
+    ) -> list[AgentRun]:
+        """This agent's runs, oldest first, selected on the server (`nodus.list_runs` has every filter)."""
+        from .listing import list_runs
+
+        return list_runs(
+            agent=self.name, labels=labels, phase=phase, project=self._project, client=self.client
         )
 
     def step(

@@ -11,7 +11,7 @@ import secrets as _secrets
 import sys
 import time
 import warnings
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import Any, Self
 
 from .agent import Agent
@@ -158,6 +158,7 @@ def _map_answers(
     max_active: int | None,
     order_outputs: bool,
     return_exceptions: bool,
+    labels: dict[str, str],
 ) -> Generator[Any, None, None]:
     # A plain function, not a method of AgentMap: the generator must not reference its owner, so
     # dropping the AgentMap (a `break`) finalizes the generator at once and its `finally` deletes
@@ -167,7 +168,8 @@ def _map_answers(
     group = AgentGroup.create(group_name, agent, max_active=max_active)
     progress: _Progress | None = None
     try:
-        group.submit_many([{"key": key, "input": text} for key, text in zip(keys, texts, strict=True)])
+        tasks = [{"key": key, "input": text, "labels": labels} for key, text in zip(keys, texts, strict=True)]
+        group.submit_many(tasks)
         group.seal()
         progress = _Progress(len(keys), f"{agent.name} map")
         for outcome in _finished_runs(group, keys, order_outputs, progress):
@@ -197,6 +199,7 @@ class AgentMap(Iterator[Any]):
         max_active: int | None = None,
         order_outputs: bool = True,
         return_exceptions: bool = False,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         texts = [_encode_input(value) for value in inputs]
         # Keys sort in input order (t00 ... t11), and the group's name leaves room for them in
@@ -209,14 +212,21 @@ class AgentMap(Iterator[Any]):
         _group_manifest(self.group_name, agent.name, max_active=max_active)
         for key, text in zip(keys, texts, strict=True):
             try:
-                parse_resource(_member_manifest(self.group_name, agent.name, key, text, []))
+                parse_resource(_member_manifest(self.group_name, agent.name, key, text, [], labels=labels))
             except Invalid as exc:
                 index = int(key[1:])
                 raise type(exc)(
                     f"inputs[{index}]: {exc.message}", code=exc.code, details={**exc.details, "index": index}
                 ) from None
         self._answers = _map_answers(
-            agent, self.group_name, keys, texts, max_active, order_outputs, return_exceptions
+            agent,
+            self.group_name,
+            keys,
+            texts,
+            max_active,
+            order_outputs,
+            return_exceptions,
+            dict(labels or {}),
         )
 
     def __iter__(self) -> Self:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets as _secrets
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -44,6 +45,7 @@ def run_manifest(
     hold_worker: str | None,
     name: str | None,
     keep_alive: bool,
+    labels: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The AgentRun document `Agent.submit` creates, checked whole, and whether it is idempotent
     (named by the caller or by an idempotency key)."""
@@ -68,8 +70,9 @@ def run_manifest(
         spec["keepAlive"] = True  # a session's run waits for the session's next message
     if session_key is not None:
         spec["sessionKey"] = session_key
-    manifest = {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
-    parse_resource(manifest)  # an oversized input or a bad deadline is refused before sending
+    metadata: dict[str, Any] = {"name": name, **({"labels": dict(labels)} if labels else {})}
+    manifest = {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": metadata, "spec": spec}
+    parse_resource(manifest)  # an oversized input, a bad deadline or label is refused before sending
     return manifest, idempotent
 
 

@@ -39,7 +39,7 @@ __all__ = ["AgentGroup"]
 # -- AgentGroup -------------------------------------------------------------------------------
 
 # The fields of one `AgentGroup.submit_many` task; anything else is refused rather than dropped.
-_TASK_FIELDS = ("key", "input", "depends_on", "keep_alive")
+_TASK_FIELDS = ("key", "input", "depends_on", "keep_alive", "labels")
 
 
 def _whole_number(value: Any, arg: str) -> None:
@@ -87,15 +87,25 @@ def _group_manifest(
 
 
 def _member_manifest(
-    group: str, agent: str, key: str, text: str, depends_on: list[str], *, keep_alive: bool = False
+    group: str,
+    agent: str,
+    key: str,
+    text: str,
+    depends_on: list[str],
+    *,
+    keep_alive: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {"agent": agent, "input": text, "group": group, "taskKey": key}
     if depends_on:
         spec["dependsOn"] = list(depends_on)
     if keep_alive:
         spec["keepAlive"] = True
-    # No metadata: a member is named <group>-<taskKey> by the server (`member_run_name`).
-    return {"apiVersion": API_VERSION, "kind": "AgentRun", "spec": spec}
+    # No name: a member is named <group>-<taskKey> by the server (`member_run_name`).
+    manifest: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "AgentRun", "spec": spec}
+    if labels:
+        manifest["metadata"] = {"labels": labels}
+    return manifest
 
 
 def _check_tasks(tasks: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[str], list[list[str]]]:
@@ -113,7 +123,7 @@ def _check_tasks(tasks: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[st
         unknown = [field for field in task if field not in _TASK_FIELDS]
         if unknown:
             raise Invalid(
-                f"{where}: unknown field {unknown[0]!r}; a task has key, input, depends_on and keep_alive",
+                f"{where}: unknown field {unknown[0]!r}; a task has key, input, depends_on, keep_alive and labels",
                 details={"field": f"{where}.{unknown[0]}"},
             )
         if "key" not in task:
@@ -277,8 +287,8 @@ class AgentGroup(_ResourceHandle):
         return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 
     def submit_many(self, tasks: Iterable[Mapping[str, Any]]) -> list[AgentRun]:
-        """Create one run per task ``{key, input, depends_on?, keep_alive?}`` and return them in the
-        caller's order.
+        """Create one run per task ``{key, input, depends_on?, keep_alive?, labels?}`` and return them
+        in the caller's order (``labels``: the run's ``metadata.labels``).
 
         A ``keep_alive`` task's run waits for messages after each answer (``run.send``) instead
         of finishing; while it waits it holds its cost reservation but no ``max_active`` place,
@@ -295,6 +305,7 @@ class AgentGroup(_ResourceHandle):
             tasks = list(tasks)  # read twice: the checks, then each task's keep_alive
         keys, texts, depends = _check_tasks(tasks)
         alive = _keep_alive_flags(list(tasks))
+        labels = [task.get("labels") for task in tasks]
         if not keys:
             return []
         order = _dependency_order(keys, depends)
@@ -308,6 +319,7 @@ class AgentGroup(_ResourceHandle):
                 texts[position],
                 depends[position],
                 keep_alive=alive[position],
+                labels=labels[position],
             )
             try:  # an oversized input or a too-long run name is refused before the first batch goes
                 parse_resource(manifest)
@@ -370,8 +382,17 @@ class AgentGroup(_ResourceHandle):
 
         return View(self._poll_status(lambda now: now.get("phase") in GROUP_TERMINAL_PHASES, timeout, still))
 
-    def runs(self) -> list[AgentRun]:
-        """The group's member runs, in creation order."""
+    def runs(
+        self, *, labels: Mapping[str, str] | str | None = None, phase: str | None = None
+    ) -> list[AgentRun]:
+        """The group's member runs, in creation order; ``labels`` (a dict or a selector such as
+        ``"team=a,env!=prod"``) and ``phase`` select on the server, a page at a time."""
+        if labels is not None or phase is not None:
+            from .listing import list_runs
+
+            return list_runs(
+                group=self.name, labels=labels, phase=phase, project=self._project, client=self._client
+            )
         items = self._client.group_runs(self.name, project=self._project)
         return [AgentRun(item, project=self._project, client=self._client) for item in items]
 

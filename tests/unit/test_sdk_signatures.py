@@ -108,6 +108,8 @@ _CLASSES = ("Agent", "AgentGroup", "AgentRun", "RunContext")
 
 # Parameters the SDK adds after 000's (keyword-only, with a default), and why.
 _CLIENT = "an explicit HTTP client instead of one from the environment (tests, several servers)"
+_LABELS = "the runs' metadata.labels, which label selectors find among thousands (issue 20, decision 61)"
+_SELECTS = "selects the runs on the server by labels and phase (issue 20, decision 61)"
 _EXTRAS: dict[str, dict[str, str]] = {
     "Agent": {"client": _CLIENT},
     "Agent.from_name": {"client": _CLIENT},
@@ -116,8 +118,11 @@ _EXTRAS: dict[str, dict[str, str]] = {
         "outputs_dir": "where a local run's saved outputs go",
     },
     "Agent.submit": {
-        "keep_alive": "documents 001 and 002 submit keep-alive runs: submit(..., keep_alive=True)"
+        "keep_alive": "documents 001 and 002 submit keep-alive runs: submit(..., keep_alive=True)",
+        "labels": _LABELS,
     },
+    "Agent.map": {"labels": _LABELS},
+    "AgentGroup.runs": {"labels": _SELECTS, "phase": _SELECTS},
     "AgentGroup": {"project": "the project of a handle made from a resource", "client": _CLIENT},
     "AgentGroup.create": {"client": _CLIENT},
     "AgentGroup.from_name": {"client": _CLIENT},
