@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nodus.resources import UNSCORED_STATES, member_run_name
+from nodus_ray.core.eval_statistics import evaluation_statistics
 
 __all__ = [
     "Case",
@@ -123,7 +124,9 @@ def live_record(case: Case, state: str) -> dict[str, Any]:
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The counting part of ``status.evaluation``: rates over scored cases only."""
+    """The counting part of ``status.evaluation``: rates over scored cases only, and their
+    error bars, pass@k and pass^k (``statistics``, `eval_statistics`; None before a score)."""
+    records = list(records)
     scored = unscored = pending = passed = 0
     rewards: list[float] = []
     reasons: Counter[str] = Counter()
@@ -152,6 +155,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "meanReward": round(sum(rewards) / scored, 6) if scored else None,
         "unscoredReasons": dict(sorted(reasons.items())),
         "grading": {"graded": graded, "seconds": round(seconds, 3), "modelCostUSD": "0"},
+        "statistics": evaluation_statistics(records),
     }
 
 

@@ -25,6 +25,8 @@ __all__ = [
     "GroupCost",
     "UNSCORED_STATES",
     "CASE_STATES",
+    "EvaluationEstimate",
+    "EvaluationStatistics",
     "EvaluationStatus",
     "AgentGroupStatus",
     "AgentGroup",
@@ -147,6 +149,31 @@ UNSCORED_STATES: tuple[str, ...] = (
 CASE_STATES: tuple[str, ...] = ("Pending", "Grading", "Scored", *UNSCORED_STATES)
 
 
+class EvaluationEstimate(OpenModel):
+    """A mean over scored cases with its standard error and 95% interval (decision 60).
+
+    ``standardError`` and ``ci95`` are None below two clusters (tasks, or cases without
+    repetitions); ``clusteredBy`` is ``"task"`` when the evaluation has repetitions; ``n`` counts
+    the scored cases and ``tasks`` the tasks among them.
+    """
+
+    value: float
+    standardError: float | None = None
+    ci95: list[float] | None = None
+    n: int
+    clusteredBy: Literal["task"] | None = None
+    tasks: int | None = None
+
+
+class EvaluationStatistics(OpenModel):
+    """``status.evaluation.statistics``: error bars, and pass@k / pass^k keyed by k ("1", "2", ...)."""
+
+    passRate: EvaluationEstimate
+    meanReward: EvaluationEstimate
+    passAtK: dict[str, float] = Field(default_factory=dict)
+    passHatK: dict[str, float] = Field(default_factory=dict)
+
+
 class EvaluationStatus(OpenModel):
     """What the evaluation found so far; rates are over scored cases only (None before the first)."""
 
@@ -167,6 +194,7 @@ class EvaluationStatus(OpenModel):
     meanReward: float | None = None
     unscoredReasons: dict[str, int] = Field(default_factory=dict)
     grading: dict[str, Any] = Field(default_factory=dict)
+    statistics: EvaluationStatistics | None = None  # None until a case is scored
 
 
 class AgentGroupStatus(OpenModel):
