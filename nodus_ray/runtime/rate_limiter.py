@@ -16,6 +16,7 @@ to read them itself.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -102,7 +103,9 @@ class LimiterClient:
     async def _call(self, call: Callable[[Any], Any]) -> Any:
         """``call(actor)`` on the limiter; made again if it was lost, up to a few times."""
         failure: BaseException | None = None
-        for _ in range(_FIND_ATTEMPTS):
+        for attempt in range(_FIND_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(0.2 * attempt)  # a killed actor's name is freed shortly after
             try:
                 return await call(self._actor())
             except (ray.exceptions.RayActorError, ValueError) as lost:

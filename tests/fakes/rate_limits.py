@@ -101,3 +101,18 @@ class FakeRateLimit:
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + refill)
             )
         return headers
+
+
+# The integration session's server limits this (fake) key's haiku calls, and only it
+# (tests/integration/conftest.py sets NODUS_RATE_LIMITS; test_rate_limits uses the key): every
+# other test's key is unlimited. 30 a minute is one call every 2 s: a handful of runs wait.
+SESSION_RATE_LIMITED_KEY = "sk-ant-session-rate-limited-0000000000000001"
+SESSION_RATE_LIMIT_RPM = 30
+
+
+def session_rate_limits() -> str:
+    """``NODUS_RATE_LIMITS`` of the integration session: one key's haiku, by its fingerprint."""
+    import hashlib
+
+    fingerprint = hashlib.sha256(SESSION_RATE_LIMITED_KEY.encode()).hexdigest()[:16]
+    return f"{fingerprint}/haiku=rpm:{SESSION_RATE_LIMIT_RPM}"

@@ -40,6 +40,7 @@ import httpx
 import pytest
 
 from nodus_ray.local_head import HeadPorts, free_port_block
+from tests.fakes.rate_limits import session_rate_limits
 
 NODUS = str(Path(sys.executable).parent / "nodus")
 RAY_PORTS = int(os.environ.get("NODUS_TEST_RAY_PORTS") or free_port_block())
@@ -289,6 +290,8 @@ def server(
         # The images test_images builds (its `images` fixture) are the only local ones the
         # server may read.
         "NODUS_IMAGE_PATHS": str(base / "test-images"),
+        # One (fake) key's haiku calls go through the rate limiter (test_rate_limits); no other's.
+        "NODUS_RATE_LIMITS": session_rate_limits(),
         # Every run of the session exports its trace here (`nodus_ray.tracing`); test_traces reads it.
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
         **storage_service,

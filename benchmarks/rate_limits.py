@@ -1,0 +1,196 @@
+"""200 concurrent runs against an API that enforces a rate limit: with the limiter, and without.
+
+One service (``nodus up`` on a temporary home and storage) whose ``ANTHROPIC_BASE_URL`` is an
+in-process `FakeMessagesAPI` (tests/fakes) enforcing ``--rpm`` requests a minute per key over a
+``--window`` of seconds (the API may enforce a minute's limit over shorter intervals; a short
+window is the strict case), answering 429 with ``retry-after`` over it. Two BYOK agents on two
+keys, haiku only (one model call a run):
+
+* **baseline**: a key the operator did not limit. Its calls go out as soon as their run starts,
+  and the SDK retries 429 itself (``max_retries`` 4, honouring ``retry-after``): blind retries;
+* **limited**: a key with ``NODUS_RATE_LIMITS`` at the same ``--rpm``: every call is scheduled
+  by the cluster-wide limiter first, and a 429 goes back to it.
+
+Each side is ``--runs`` runs in one group (maxActive = runs, so all are admitted at once),
+the baseline first, then the limited side, on the same service in the same invocation. Recorded
+per side: runs succeeded / failed (and why), the 429s the API sent, the calls it let through
+per minute between the first and the last (achieved throughput) against ``--rpm``, the wall
+time, and the most runs seen Waiting / RateLimited at once (the group's blockedReasons).
+
+    .venv/bin/python benchmarks/rate_limits.py --runs 200 --rpm 60 --window 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from support import auth_headers, nodus_up, temporary_service, wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fakes, when run as a script
+
+from tests.fakes.anthropic_api import FakeMessagesAPI, text_reply  # noqa: E402
+from tests.fakes.rate_limits import FakeRateLimit  # noqa: E402
+
+V1 = "nodus.dev/v1"
+LIMITED_KEY = "sk-ant-bench-limited-" + "1" * 24
+BASELINE_KEY = "sk-ant-bench-baseline-" + "2" * 24
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+
+@dataclass
+class Side:
+    name: str
+    runs: int
+    succeeded: int
+    failed: Counter[str]
+    throttled: int
+    admitted: int
+    per_minute: float
+    wall: float
+    most_rate_limited: int
+
+    def row(self, rpm: float, window: float) -> str:
+        failed = ", ".join(f"{n} {reason}" for reason, n in self.failed.most_common()) or "0"
+        return (
+            f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {self.name} | {self.runs} | {rpm:g} / {window:g} s "
+            f"| {self.succeeded} | {failed} | {self.throttled} | {self.per_minute:.1f} ({self.per_minute / rpm:.2f}x) "
+            f"| {self.wall:.0f} s | {self.most_rate_limited} |"
+        )
+
+
+def _fingerprint(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _agent(http: httpx.Client, name: str, key: str) -> None:
+    http.post(
+        "/secrets",
+        json={
+            "apiVersion": V1,
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {"ANTHROPIC_API_KEY": key},
+        },
+    ).raise_for_status()
+    spec = {
+        "system": "Answer briefly.",
+        "model": {"access": "BYOK", "families": ["haiku"], "apiKeySecret": name},
+    }
+    http.put(
+        f"/agents/{name}", json={"apiVersion": V1, "kind": "Agent", "metadata": {"name": name}, "spec": spec}
+    ).raise_for_status()
+
+
+def _members(http: httpx.Client, group: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"group": group}
+    while True:
+        page = http.get("/agentruns", params=params).json()
+        items.extend(page["items"])
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return items
+        params = {"group": group, "continue": token}
+
+
+def _side(http: httpx.Client, fake: FakeMessagesAPI, name: str, agent: str, runs: int) -> Side:
+    throttled, admitted = fake.throttled, len(fake.admitted)
+    began = time.monotonic()
+    http.post(
+        "/agentgroups",
+        json={
+            "apiVersion": V1,
+            "kind": "AgentGroup",
+            "metadata": {"name": name},
+            "spec": {"agent": agent, "limits": {"maxActive": runs}},
+        },
+    ).raise_for_status()
+    for first in range(0, runs, 100):
+        items = [
+            {
+                "apiVersion": V1,
+                "kind": "AgentRun",
+                "spec": {"agent": agent, "group": name, "taskKey": f"t{i}", "input": f"What is {i} + {i}?"},
+            }
+            for i in range(first, min(first + 100, runs))
+        ]
+        http.post(
+            "/agentruns", json={"apiVersion": V1, "kind": "AgentRunList", "items": items}
+        ).raise_for_status()
+    http.patch(f"/agentgroups/{name}", json={"spec": {"sealed": True}}).raise_for_status()
+    most = 0
+
+    def done() -> bool:
+        nonlocal most
+        status = http.get(f"/agentgroups/{name}").json().get("status") or {}
+        most = max(most, int((status.get("blockedReasons") or {}).get("RateLimited", 0)))
+        return status.get("phase") in TERMINAL
+
+    wait_until(done, timeout=3600, what=f"group {name} to finish", interval=1.0)
+    wall = time.monotonic() - began
+    members = _members(http, name)
+    failed = Counter(str(r["status"].get("reason")) for r in members if r["status"]["phase"] != "Succeeded")
+    times = fake.admitted[admitted:]
+    per_minute = (len(times) - 1) / (times[-1] - times[0]) * 60 if len(times) > 1 else 0.0
+    return Side(
+        name=name,
+        runs=runs,
+        succeeded=sum(1 for r in members if r["status"]["phase"] == "Succeeded"),
+        failed=failed,
+        throttled=fake.throttled - throttled,
+        admitted=len(times),
+        per_minute=per_minute,
+        wall=wall,
+        most_rate_limited=most,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument(
+        "--rpm", type=float, default=60.0, help="the API's limit and the operator's, a minute"
+    )
+    parser.add_argument("--window", type=float, default=2.0, help="seconds of budget the API's buckets hold")
+    args = parser.parse_args()
+
+    fake = FakeMessagesAPI().start()
+    fake.set_responder(lambda body: text_reply("4", usage={"input_tokens": 40, "output_tokens": 5}))
+    fake.rate_limit(FakeRateLimit(rpm=args.rpm, window_seconds=args.window))
+    limits = f"{_fingerprint(LIMITED_KEY)}/haiku=rpm:{args.rpm:g}"
+    try:
+        with temporary_service(
+            "nodus-bench-ratelimits-", ANTHROPIC_BASE_URL=fake.base_url, NODUS_RATE_LIMITS=limits
+        ) as env:
+            port = nodus_up(env)
+            with httpx.Client(
+                base_url=f"http://127.0.0.1:{port}/v1/projects/default", timeout=60, headers=auth_headers(env)
+            ) as http:
+                _agent(http, "baseline", BASELINE_KEY)
+                _agent(http, "limited", LIMITED_KEY)
+                sides = [
+                    _side(http, fake, "baseline", "baseline", args.runs),
+                    _side(http, fake, "limited", "limited", args.runs),
+                ]
+    finally:
+        fake.stop()
+    print(
+        "| date | cores | side | runs | API limit (rpm / window) | succeeded | failed | 429s sent "
+        "| calls let through a minute (x limit) | wall | most RateLimited at once |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for side in sides:
+        print(side.row(args.rpm, args.window))
+
+
+if __name__ == "__main__":
+    main()
