@@ -112,7 +112,7 @@ LAYOUT: tuple[Key, ...] = (
     Key(f"{_RUN}/messages/{{seq:08d}}.json", "a keep-alive run's inbox", "control plane (messages)", message),
     Key(
         f"{_RUN}/workspace/{{seq:012d}}.manifest.json",
-        "the workspace after command {seq}: its dirs, files (sha256) and symlinks; the newest two are kept",
+        "the workspace after command {seq}: its dirs, files (sha256) and symlinks; every command's is kept (forks)",
         "run actor (workspace snapshots)",
         workspace_manifest,
     ),
