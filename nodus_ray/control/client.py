@@ -346,6 +346,9 @@ class ControlPlaneClient:
     async def group_results(self, project: str, name: str) -> dict[str, Any]:
         return await self._call(lambda h: h.group_results.remote(project, name))
 
+    async def compare_evaluations(self, project: str, a: str, b: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.compare_evaluations.remote(project, a, b))
+
     async def list_environments(self, project: str) -> list[dict[str, Any]]:
         return await self._call(lambda h: h.list_environments.remote(project))
 

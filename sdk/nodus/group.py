@@ -407,5 +407,13 @@ class AgentGroup(_ResourceHandle):
         answer = self._client.group_results(self.name, project=self._project)
         return [View(item) for item in answer.get("items") or []]
 
+    def compare(self, other: AgentGroup | str) -> View:
+        """This evaluation minus ``other`` (same Environment version, split, seed and tasks), per
+        task scored in both: ``pass_rate`` and ``mean_reward``, each with ``difference``,
+        ``standard_error``, ``ci95`` and ``n`` (docs/evaluation.md#statistics). Raises
+        `errors.Conflict` (``NotSameBatch``, naming what differs) for two different batches."""
+        name = other.name if isinstance(other, AgentGroup) else other
+        return View(self._client.compare_evaluations(self.name, name, project=self._project))
+
 
 # -- Agent.map --------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .listing_routes import install_listing_routes
 from .load_shedding import LoadShedder, max_inflight_from_env
 from .openapi import install as install_openapi
 from .program_routes import install_program_routes
+from .statistics_routes import install_statistics_routes
 
 __all__ = ["create_app"]
 
@@ -341,6 +342,7 @@ def create_app(
 
     install_program_routes(app, cp, _project)  # sources, a run's outputs and program log
     install_fork_routes(app, cp, _project, _body)  # a new run from a step of another
+    install_statistics_routes(app, cp, _project)  # the paired difference of two evaluations
 
     # -- groups -----------------------------------------------------------------------------
 

@@ -111,6 +111,7 @@ _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("delete_group", ("p", "g"), "delete_group", ("p", "g")),
     ("cancel_group", ("p", "g"), "cancel_group", ("p", "g")),
     ("group_results", ("p", "g"), "group_results", ("p", "g")),
+    ("compare_evaluations", ("p", "a", "b"), "compare_evaluations", ("p", "a", "b")),
     ("list_environments", ("p",), "list_environments", ("p",)),
     ("group_snapshot", ("p", "g"), "group_snapshot", ("p", "g")),
     ("start_member", ("p", "r"), "start_member", ("p", "r")),

@@ -78,6 +78,7 @@ FACADE = {
     "cancel_member": "(self, project: 'str', name: 'str', reason: 'str')",
     "group_status": "(self, project: 'str', name: 'str', status: 'dict[str, Any]', queued_reasons: 'dict[str, str]')",
     "group_results": "(self, project: 'str', name: 'str')",
+    "compare_evaluations": "(self, project: 'str', a: 'str', b: 'str')",
     "list_environments": "(self, project: 'str')",
     "apply_secret": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'apply')",
     "get_secret": "(self, project: 'str', name: 'str')",

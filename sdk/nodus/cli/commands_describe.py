@@ -18,6 +18,7 @@ from nodus.lifecycle import RunPhase
 from . import root
 from .output import dollars, print_table
 from .root import ProjectOption, UsageError, parse_targets
+from .statistics_text import statistics_lines
 
 __all__ = ["describe", "describe_budget", "describe_group"]
 
@@ -60,6 +61,9 @@ def describe_group(group: dict[str, Any], runs: list[dict[str, Any]]) -> str:
             else ""
         ),
     ]
+    evaluation = status.get("evaluation")
+    if isinstance(evaluation, dict):  # its error bars (decision 60); nodus evaluation results for more
+        lines += [f"Evaluation: {line}" for line in statistics_lines(evaluation.get("statistics"))[:2]]
     waiting = [run for run in runs if (run.get("status") or {}).get("phase") == RunPhase.WAITING]
     if not waiting:
         lines.append("")

@@ -1,4 +1,5 @@
-"""``nodus evaluation results``: an evaluation group's graded cases, one line each."""
+"""``nodus evaluation results``: an evaluation group's graded cases, one line each, and the
+evaluation's error bars under them (on stderr; ``compare`` is `commands_statistics`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..resources import API_VERSION
 from . import root
 from .output import dump_json, dump_yaml, print_table
 from .root import OutputOption, ProjectOption, UsageError
+from .statistics_text import statistics_lines
 
 __all__ = ["evaluation_app"]
 
@@ -59,3 +61,7 @@ def evaluation_results(
     )
     repeated = any(int(item.get("repetition") or 1) > 1 for item in items)
     print_table(headers, [_case_row(item, output == "wide", repeated) for item in items])
+    # The error bars go to stderr: a person sees them under the table, a pipe reads the table alone.
+    evaluation = answer.get("evaluation") or {}
+    for line in statistics_lines(evaluation.get("statistics")) if evaluation else []:
+        typer.echo(line, err=True)

@@ -20,6 +20,7 @@ from . import (
     commands_resources,
     commands_runs,
     commands_service,
+    commands_statistics,  # noqa: F401  # registers evaluation compare
 )
 from .batch import batch_app
 from .commands_auth import credits_app
