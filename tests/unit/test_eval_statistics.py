@@ -4,6 +4,7 @@ values and properties that must hold for every batch (decision 60)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +30,7 @@ PASS: Verdict = ("pass", 1.0)
 FAIL: Verdict = ("fail", 0.0)
 
 
-def _records(tasks: list[list[Verdict | str]]) -> list[dict[str, Any]]:
+def _records(tasks: Sequence[Sequence[Verdict | str]]) -> list[dict[str, Any]]:
     """One record per case, task by task; a string is an unscored state (or Pending)."""
     repetitions = max(len(cases) for cases in tasks)
     planned = plan_cases("g", [f"t-{i}" for i in range(len(tasks))], repetitions)
