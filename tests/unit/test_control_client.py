@@ -104,6 +104,7 @@ _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("suspend_run", ("p", "r"), "suspend_run", ("p", "r")),
     ("resume_run", ("p", "r"), "resume_run", ("p", "r")),
     ("retry_run", ("p", "r"), "retry_run", ("p", "r")),
+    ("fork_run", ("p", "r", "3", "r-b", None), "fork_run", ("p", "r", "3", "r-b", None)),
     ("list_groups", ("p",), "list_groups", ("p",)),
     ("apply_group", ("p", {"g": 1}, "create"), "apply_group", ("p", {"g": 1}, "create")),
     ("get_group", ("p", "g"), "get_group", ("p", "g")),
