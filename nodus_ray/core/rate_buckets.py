@@ -36,7 +36,7 @@ BURST_SECONDS = 1.0
 MIN_FACTOR = 0.25
 THROTTLED_FACTOR = 0.75  # the rate after a 429, as a fraction of the rate before it
 OVERLOADED_FACTOR = 0.9
-RECOVERY_PER_SECOND = 0.0125  # back from 25% to 100% in 60 s
+RECOVERY_PER_SECOND = 0.0125  # back from 25% to 100% in 60 s, from 75% in 20 s
 MAX_BACKOFF_SECONDS = 30.0
 _DEFAULT_RETRY_AFTER = 1.0
 
@@ -151,10 +151,14 @@ class AdaptiveBuckets:
         """The API refused a call: 429 (over the key's limit) or 529 (overloaded). Returns when
         (seconds from ``now``) calls may go again."""
         factor = self.factor(now)
+        # Refusals of calls already on their way during a back-off are one event, not several:
+        # the rate drops once per back-off (calls granted before it still arrive and are refused).
+        fresh = now >= self.blocked_until
         if status == 429:
             self.stats.throttled += 1
             pause = retry_after if retry_after is not None and retry_after > 0 else _DEFAULT_RETRY_AFTER
-            self._penalty_factor = max(MIN_FACTOR, factor * THROTTLED_FACTOR)
+            if fresh:
+                self._penalty_factor, self._penalty_at = max(MIN_FACTOR, factor * THROTTLED_FACTOR), now
             for bucket in self._buckets.values():  # what we believed was left is not there
                 if bucket.at <= now:
                     bucket.level = min(bucket.level_at(now, factor), 0.0)
@@ -164,8 +168,8 @@ class AdaptiveBuckets:
             self._overloads += 1
             backoff = min(MAX_BACKOFF_SECONDS, 2.0 ** (self._overloads - 1))
             pause = retry_after if retry_after is not None and retry_after > 0 else backoff
-            self._penalty_factor = max(MIN_FACTOR, factor * OVERLOADED_FACTOR)
-        self._penalty_at = now
+            if fresh:
+                self._penalty_factor, self._penalty_at = max(MIN_FACTOR, factor * OVERLOADED_FACTOR), now
         self.blocked_until = max(self.blocked_until, now + min(pause, 60.0))
         return self.blocked_until - now
 

@@ -86,6 +86,10 @@ class RateLimitTable:
     def empty(self) -> bool:
         return not self.entries
 
+    def applies_to(self, fingerprint: str) -> bool:
+        """Whether any entry limits calls on this key (its own, or ``default``'s)."""
+        return any(key in (fingerprint, DEFAULT_KEY) for key, _, _ in self.entries)
+
     def for_call(self, fingerprint: str, family: str) -> RateLimit | None:
         """The most specific limit for this key and family, or None (the call is not limited)."""
         table = {(key, fam): limit for key, fam, limit in self.entries}

@@ -61,8 +61,11 @@ def limit_calls(
 ) -> ModelProvider:
     """The run's provider, limited when its key falls under the operator's limits."""
     table = RateLimitTable.parse(rate_limits)
-    if table.empty or access.get("provider") != "anthropic" or not access.get("apiKey"):
+    if access.get("provider") != "anthropic" or not access.get("apiKey"):
         return provider
+    fingerprint = key_fingerprint(str(access["apiKey"]))
+    if not table.applies_to(fingerprint):
+        return provider  # a key no entry names: the SDK's own retries, as without limits
     if hasattr(provider, "defer_refusals"):
         provider.defer_refusals = True  # 429 and 529 are the limiter's to retry, not the SDK's
 
@@ -72,7 +75,7 @@ def limit_calls(
         else:
             await report(RunReport(phase=RunPhase.WAITING, reason=RunReason.RATE_LIMITED, message=waiting))
 
-    return RateLimitedProvider(provider, key_fingerprint(str(access["apiKey"])), table, on_wait)
+    return RateLimitedProvider(provider, fingerprint, table, on_wait)
 
 
 class RateLimitedProvider:
@@ -119,7 +122,7 @@ class RateLimitedProvider:
         family = self._family(request.model)
         limit = self.table.for_call(self.fingerprint, family)
         if limit is None:
-            return await asyncio.to_thread(self.inner.complete, request)
+            return await self._unlimited(request)
         client = self._clients.get(family)
         if client is None:
             client = self._clients[family] = self._limiter(self.fingerprint, family, limit)
@@ -143,6 +146,22 @@ class RateLimitedProvider:
             used = usage.input_tokens + usage.cache_creation_input_tokens  # cache reads do not count
             await self._limiter_call(client.settle(estimate, ceiling, used, usage.output_tokens))
             return replace(response, attempts=response.attempts + refusals) if refusals else response
+
+    async def _unlimited(self, request: ModelRequest) -> ModelResponse:
+        """A family of this key without a limit: its refusals retried here, as the SDK would
+        (``max_retries`` times, after ``retry-after`` or 0.5, 1, 2 ... s), since the SDK
+        leaves 429 and 529 to us on this key."""
+        retries = int(getattr(self.inner, "max_retries", 4))
+        for attempt in range(retries + 1):
+            try:
+                response = await asyncio.to_thread(self.inner.complete, request)
+            except ModelError as error:
+                if error.status not in _REFUSED or attempt == retries:
+                    raise
+                await asyncio.sleep(error.retry_after or min(8.0, 0.5 * 2**attempt))
+                continue
+            return replace(response, attempts=response.attempts + attempt) if attempt else response
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _admitted(self, client: Any, family: str, estimate: int, ceiling: int) -> None:
         """Wait until the limiter lets this call go, showing Waiting/RateLimited if that is long."""

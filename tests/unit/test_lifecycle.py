@@ -50,6 +50,7 @@ def test_the_wire_is_the_documents_strings() -> None:
         "MaxCostReached",
         "BudgetExceeded",
         "NeedsResolution",
+        "RateLimited",  # started runs waiting for the rate limiter (issue 20)
     }
     assert GroupReason.RUNS_FAILED == "RunsFailed"
 

@@ -126,9 +126,12 @@ def test_a_429_empties_the_buckets_honours_retry_after_and_the_rate_recovers() -
     assert buckets.reserve(0.5, 1, 1) >= 7.0  # nothing before the retry-after
     assert buckets.stats.throttled == 1
     assert buckets.factor(0.5 + 20) == pytest.approx(1.0)  # 75% -> 100% in 20 s without a 429
-    for _ in range(10):  # refusals in a row never stop it entirely
-        buckets.refused(10.0, 429, None)
-    assert buckets.factor(10.0) == pytest.approx(0.25)
+    assert buckets.refused(30.0, 429, 1.0) == pytest.approx(1.0)
+    assert buckets.refused(30.5, 429, 1.0) == pytest.approx(1.0)  # a call already on its way
+    assert buckets.factor(30.5) == pytest.approx(0.75 + 0.5 * 0.0125)  # one back-off, one drop
+    for n in range(40):  # refusals one after another never stop it entirely
+        buckets.refused(40.0 + 2 * n, 429, None)
+    assert 0.25 <= buckets.factor(120.0) < 0.4
 
 
 def test_a_529_backs_off_exponentially_until_a_call_succeeds() -> None:
@@ -244,6 +247,9 @@ def test_a_family_without_a_limit_and_an_error_that_is_not_a_refusal_go_straight
     assert inner.calls == 1 and limiters["haiku"].settled == [(limiters["haiku"].settled[0][0], 64, 0, 0)]
     asyncio.run(call_model(provider, _call("claude-sonnet-5-5")))
     assert "sonnet" not in limiters and waits == []
+    # on a limited key the SDK leaves 429 to us: a family without a limit retries it itself
+    inner.refusals = [ModelError("429", reason="ModelUnavailable", status=429, retry_after=0.01)]
+    assert asyncio.run(call_model(provider, _call("claude-sonnet-5-5"))).attempts == 2
 
 
 def test_only_anthropic_runs_under_a_configured_limit_are_wrapped() -> None:
@@ -254,6 +260,7 @@ def test_only_anthropic_runs_under_a_configured_limit_are_wrapped() -> None:
     access = {"provider": "anthropic", "apiKey": KEY}
     assert limit_calls(inner, access, "", report) is inner  # type: ignore[arg-type]
     assert limit_calls(inner, {"provider": "offline", "apiKey": None}, "rpm=rpm:1", report) is inner  # type: ignore[arg-type]
+    assert limit_calls(inner, access, "0123456789abcdef/*=rpm:60", report) is inner  # type: ignore[arg-type]
     limited = limit_calls(inner, access, "default/*=rpm:60", report)  # type: ignore[arg-type]
     assert isinstance(limited, RateLimitedProvider) and limited.fingerprint == FP and KEY not in repr(limited)
 
