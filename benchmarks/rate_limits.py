@@ -55,6 +55,7 @@ class Side:
     throttled: int
     admitted: int
     per_minute: float
+    backlog_per_minute: float | None  # while runs waited for the limiter (the group said so)
     wall: float
     most_rate_limited: int
 
@@ -63,8 +64,13 @@ class Side:
         return (
             f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {self.name} | {self.runs} | {rpm:g} / {window:g} s "
             f"| {self.succeeded} | {failed} | {self.throttled} | {self.per_minute:.1f} ({self.per_minute / rpm:.2f}x) "
+            f"| {_rate(self.backlog_per_minute, rpm)} "
             f"| {self.wall:.0f} s | {self.most_rate_limited} |"
         )
+
+
+def _rate(per_minute: float | None, rpm: float) -> str:
+    return "-" if per_minute is None else f"{per_minute:.1f} ({per_minute / rpm:.2f}x)"
 
 
 def _fingerprint(key: str) -> str:
@@ -128,11 +134,15 @@ def _side(http: httpx.Client, fake: FakeMessagesAPI, name: str, agent: str, runs
         ).raise_for_status()
     http.patch(f"/agentgroups/{name}", json={"spec": {"sealed": True}}).raise_for_status()
     most = 0
+    backlog: list[float] = []  # when the group had members waiting for the limiter
 
     def done() -> bool:
         nonlocal most
         status = http.get(f"/agentgroups/{name}").json().get("status") or {}
-        most = max(most, int((status.get("blockedReasons") or {}).get("RateLimited", 0)))
+        waiting = int((status.get("blockedReasons") or {}).get("RateLimited", 0))
+        most = max(most, waiting)
+        if waiting:
+            backlog.append(time.monotonic())
         return status.get("phase") in TERMINAL
 
     wait_until(done, timeout=3600, what=f"group {name} to finish", interval=1.0)
@@ -141,6 +151,11 @@ def _side(http: httpx.Client, fake: FakeMessagesAPI, name: str, agent: str, runs
     failed = Counter(str(r["status"].get("reason")) for r in members if r["status"]["phase"] != "Succeeded")
     times = fake.admitted[admitted:]
     per_minute = (len(times) - 1) / (times[-1] - times[0]) * 60 if len(times) > 1 else 0.0
+    backlog_per_minute = None
+    if len(backlog) > 1:  # calls let through while some run waited its turn
+        inside = [t for t in times if backlog[0] <= t <= backlog[-1]]
+        if len(inside) > 1:
+            backlog_per_minute = (len(inside) - 1) / (inside[-1] - inside[0]) * 60
     return Side(
         name=name,
         runs=runs,
@@ -149,6 +164,7 @@ def _side(http: httpx.Client, fake: FakeMessagesAPI, name: str, agent: str, runs
         throttled=fake.throttled - throttled,
         admitted=len(times),
         per_minute=per_minute,
+        backlog_per_minute=backlog_per_minute,
         wall=wall,
         most_rate_limited=most,
     )
@@ -185,9 +201,10 @@ def main() -> None:
         fake.stop()
     print(
         "| date | cores | side | runs | API limit (rpm / window) | succeeded | failed | 429s sent "
-        "| calls let through a minute (x limit) | wall | most RateLimited at once |"
+        "| calls let through a minute (x limit) | the same while runs waited RateLimited | wall "
+        "| most RateLimited at once |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for side in sides:
         print(side.row(args.rpm, args.window))
 
