@@ -339,3 +339,22 @@ def test_a_groups_blocked_reasons_count_its_rate_limited_members() -> None:
     adm.progressed("g-t0", state="Active", spent=D(0))
     status = adm.progressed("g-t1", state="Active", spent=D(0)).status
     assert "RateLimited" not in status.blocked_reasons  # present while members wait
+
+
+def test_nodus_up_says_what_is_wrong_in_one_line_and_starts_nothing(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    nodus = str(Path(sys.executable).parent / "nodus")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("NODUS_", "RAY_"))},
+        "HOME": str(tmp_path),
+        "NODUS_RATE_LIMITS": "default/haiku=rpm:60,otpm:-3",
+    }
+    up = subprocess.run([nodus, "up", "--port", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert up.returncode != 0
+    assert up.stderr.strip() == (
+        "error: Invalid: NODUS_RATE_LIMITS: default/haiku: otpm must be a positive number per minute, not '-3'"
+    )
+    assert not (tmp_path / ".nodus" / "cluster.json").exists()
