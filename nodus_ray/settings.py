@@ -106,6 +106,10 @@ class ServerSettings:
     # The operator's rate limits per Anthropic key fingerprint and model family
     # (NODUS_RATE_LIMITS, `core.rate_limits`), checked here and handed to every run actor.
     rate_limits: str = ""
+    # Webhooks (`nodus_ray.webhooks`): private addresses the operator lets them reach
+    # (NODUS_WEBHOOK_ALLOW_PRIVATE: 1 or CIDRs), and their retry delays (NODUS_WEBHOOK_RETRY_SCHEDULE).
+    webhook_allow_private: str = ""
+    webhook_retry_schedule: str = ""
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -154,6 +158,12 @@ class ServerSettings:
 
         # a limit that is not a positive number is refused here, naming the entry and field
         rate_limits = RateLimitTable.parse(os.environ.get(RATE_LIMITS_ENV)).to_text()
+        from nodus_ray.webhooks.addresses import ALLOW_PRIVATE_ENV, PrivateAccess
+        from nodus_ray.webhooks.retry import RETRY_SCHEDULE_ENV, RetrySchedule
+
+        webhook_private = os.environ.get(ALLOW_PRIVATE_ENV, "").strip()
+        PrivateAccess.parse(webhook_private)  # a bad CIDR is refused here, naming it
+        webhook_retries = RetrySchedule.parse(os.environ.get(RETRY_SCHEDULE_ENV)).text()
         prices_file = os.environ.get("NODUS_PRICES") or None
         if prices_file is not None:
             prices_file = os.path.abspath(prices_file)
@@ -179,6 +189,8 @@ class ServerSettings:
             image_paths=image_paths,
             telemetry=telemetry_from_env(os.environ),  # a bad endpoint is refused here, naming it
             rate_limits=rate_limits,
+            webhook_allow_private=webhook_private,
+            webhook_retry_schedule=webhook_retries,
         )
 
     def digest(self) -> str:

@@ -37,6 +37,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from nodus.errors import NodusError, Unavailable
+from nodus_ray.control.client_webhooks import WebhookCalls
 from nodus_ray.control.list_query import ListPage, ListQuery
 from nodus_ray.control.run_reports import RunOutcome, RunReport
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
@@ -79,7 +80,7 @@ def _describe(invoke: Callable[..., Any]) -> str:
     return parts[-3] if len(parts) >= 3 and parts[-1] == "<lambda>" else getattr(invoke, "__name__", "?")
 
 
-class ControlPlaneClient:
+class ControlPlaneClient(WebhookCalls):
     """Typed calls on the control plane actor, under one :data:`CallPolicy`.
 
     ``locate`` finds the actor's handle (by default Ray's named actor); tests pass a fake

@@ -302,6 +302,7 @@ class GroupLink:
             if phase in GROUP_TERMINAL_PHASES:
                 group["status"]["finishedAt"] = utc_now()
             await self._registry.persist_group(key)
+            await self._registry.group_changed(key)  # its webhooks (`webhook_service`)
             if phase in GROUP_TERMINAL_PHASES:
                 self._release_supervisor(key)
                 self._evaluations.release_grader(key)

@@ -25,6 +25,7 @@ import ray
 from nodus_ray.control.plane_forks import ForkFacade
 from nodus_ray.control.plane_listing import ListingFacade
 from nodus_ray.control.plane_statistics import EvaluationStatisticsFacade
+from nodus_ray.control.plane_webhooks import WebhookFacade
 from nodus_ray.control.recovery import RecoveryGate, after_recovery
 from nodus_ray.store.storage import redact_uri
 
@@ -43,7 +44,7 @@ __all__ = ["ControlPlane", "RemoteControlPlane"]
 _VERSION = "0.1.0"
 
 
-class ControlPlane(ListingFacade, ForkFacade, EvaluationStatisticsFacade):
+class ControlPlane(ListingFacade, ForkFacade, EvaluationStatisticsFacade, WebhookFacade):
     """The facade: composes the services, recovers once, delegates each call to one service."""
 
     def __init__(

@@ -141,6 +141,7 @@ class Registry:
         # ("batch", project, idempotency key): one lock per thing changed.
         self.locks: defaultdict[tuple[str, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._run_changed: list[RunChanged] = []
+        self._group_changed: list[RunChanged] = []
 
     def __repr__(self) -> str:
         return f"Registry(agents={len(self.agents)}, runs={len(self.runs)}, groups={len(self.groups)})"
@@ -153,6 +154,14 @@ class Registry:
 
     async def run_changed(self, key: Key) -> None:
         for listener in self._run_changed:
+            await listener(key)
+
+    def on_group_changed(self, listener: RunChanged) -> None:
+        """Call ``listener(key)`` whenever a group's phase changed (after it was written)."""
+        self._group_changed.append(listener)
+
+    async def group_changed(self, key: Key) -> None:
+        for listener in self._group_changed:
             await listener(key)
 
     # -- lookups ----------------------------------------------------------------------------

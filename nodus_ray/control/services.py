@@ -37,6 +37,7 @@ from nodus_ray.control.secret_service import SecretService
 from nodus_ray.control.secrets import SecretStore
 from nodus_ray.control.sessions import SessionService
 from nodus_ray.control.tokens import TokenStore
+from nodus_ray.control.webhook_service import WebhookService
 from nodus_ray.money.credits import CreditLedger
 from nodus_ray.money.prices import PriceTable
 from nodus_ray.settings import ServerSettings
@@ -70,6 +71,7 @@ class Services:
     children: ChildService
     controls: RunControls
     generations: GenerationService
+    webhooks: WebhookService
 
     async def recover(self) -> None:
         """Reload every resource from storage, then bring back what runs: supervision, groups, pool.
@@ -83,6 +85,7 @@ class Services:
         await asyncio.to_thread(self.registry.load)
         await asyncio.to_thread(self.secret_store.load)
         await asyncio.to_thread(self.token_store.load)
+        await self.webhooks.recover()  # before anything changes a run: changes after it are events
         self.credits.recover()
         await self.groups.recover()
         await self.run_pool.refill()
@@ -161,4 +164,5 @@ def compose(
         children=ChildService(registry, runs, supervisor),
         controls=RunControls(registry, supervisor),
         generations=GenerationService(registry),
+        webhooks=WebhookService(registry, secret_store, settings),
     )

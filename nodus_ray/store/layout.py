@@ -41,6 +41,8 @@ test checks this list against it)::
     projects/{project}/credits.json                                           credits
     projects/{project}/budgets/{name}.json                                    budget
     projects/{project}/budget-spend.json                                      budget_spend
+    projects/{project}/webhooks/{name}/webhook.json                           webhook_document
+    projects/{project}/webhooks/{name}/deliveries/{id}.json                   webhook_delivery
     system/tokens/{name}.json                                                 operator_token
     system/anthropic-key.json                                                 server_model_key
 
@@ -110,6 +112,11 @@ __all__ = [
     "budgets_folder",
     "budget",
     "budget_spend",
+    "webhooks_folder",
+    "webhook_prefix",
+    "webhook_document",
+    "webhook_deliveries_folder",
+    "webhook_delivery",
     "server_model_key",
 ]
 
@@ -369,6 +376,28 @@ def budget(project: str, name: str) -> str:
 def budget_spend(project: str) -> str:
     """What a project's Budget cannot derive: deleted runs' spend, the period's baseline."""
     return f"{_PROJECTS}/{project}/budget-spend.json"
+
+
+def webhooks_folder(project: str) -> str:
+    return f"{_PROJECTS}/{project}/webhooks"
+
+
+def webhook_prefix(project: str, name: str) -> str:
+    return f"{webhooks_folder(project)}/{name}"
+
+
+def webhook_document(project: str, name: str) -> str:
+    """A Webhook: its spec, as applied (the signing secret is a Secret's, never here)."""
+    return f"{webhook_prefix(project, name)}/webhook.json"
+
+
+def webhook_deliveries_folder(project: str, name: str) -> str:
+    return f"{webhook_prefix(project, name)}/deliveries"
+
+
+def webhook_delivery(project: str, name: str, delivery: str) -> str:
+    """One event for the Webhook: its body, state and every attempt (``{ms:013d}-{event id}``)."""
+    return f"{webhook_deliveries_folder(project, name)}/{delivery}.json"
 
 
 def server_model_key() -> str:

@@ -41,6 +41,8 @@ from nodus_ray.store.layout import (
     seed,
     server_model_key,
     token,
+    webhook_delivery,
+    webhook_document,
     workspace_blob,
     workspace_manifest,
     workspace_snapshot,
@@ -208,6 +210,18 @@ LAYOUT: tuple[Key, ...] = (
         "the Budget's period baseline, spend of deleted runs and groups",
         "control plane (budgets)",
         budget_spend,
+    ),
+    Key(
+        "projects/{project}/webhooks/{name}/webhook.json",
+        "a Webhook: URL, events, group, the Secret key that signs (never the key)",
+        "control plane (webhooks)",
+        webhook_document,
+    ),
+    Key(
+        "projects/{project}/webhooks/{name}/deliveries/{id}.json",
+        "one event for the Webhook: its body, state, next attempt and every attempt",
+        "control plane (webhooks)",
+        webhook_delivery,
     ),
     Key(
         "system/tokens/{name}.json",

@@ -20,6 +20,7 @@ from .client_export import ExportCalls
 from .client_fork import ForkCalls
 from .client_listing import ListingCalls
 from .client_statistics import StatisticsCalls
+from .client_webhooks import WebhookCalls
 from .config import Settings, load_settings
 from .errors import Invalid, NodusError, Unavailable, error_from_response
 from .events import RunEvent, follow_events
@@ -39,6 +40,7 @@ COLLECTIONS: frozenset[str] = frozenset(
         "tokens",
         "agentsources",
         "budgets",
+        "webhooks",
     }
 )
 
@@ -102,7 +104,7 @@ def _name(value: str) -> str:
     return value
 
 
-class Client(ListingCalls, ForkCalls, ExportCalls, StatisticsCalls):
+class Client(ListingCalls, ForkCalls, ExportCalls, StatisticsCalls, WebhookCalls):
     """A synchronous client for one nodus API and a default project.
 
     ``collection`` arguments are the REST plurals (``"agents"``, ``"agentruns"``); every method

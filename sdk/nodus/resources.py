@@ -72,6 +72,7 @@ from .schema_run import (
     awaiting_message,
     member_run_name,
 )
+from .schema_webhook import Webhook, WebhookSpec, WebhookStatus
 
 __all__ = [
     "API_VERSION",
@@ -128,6 +129,9 @@ __all__ = [
     "Budget",
     "BudgetSpec",
     "BudgetStatus",
+    "Webhook",
+    "WebhookSpec",
+    "WebhookStatus",
     "SHORT_NAMES",
     "parse_resource",
     "parse_duration",
@@ -144,6 +148,7 @@ KINDS: dict[str, type[StrictModel]] = {
     "Secret": Secret,
     "Token": Token,
     "Budget": Budget,
+    "Webhook": Webhook,
 }
 
 # kubectl-style names the CLI accepts, mapped to the kind and the REST collection.
@@ -162,6 +167,8 @@ SHORT_NAMES: dict[str, tuple[str, str]] = {
     "tokens": ("Token", "tokens"),
     "budget": ("Budget", "budgets"),
     "budgets": ("Budget", "budgets"),
+    "webhook": ("Webhook", "webhooks"),
+    "webhooks": ("Webhook", "webhooks"),
     # Read-only: the Environments installed on the server (`nodus get environments`).
     "environment": ("Environment", "environments"),
     "environments": ("Environment", "environments"),

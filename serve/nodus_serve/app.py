@@ -33,6 +33,7 @@ from .load_shedding import LoadShedder, max_inflight_from_env
 from .openapi import install as install_openapi
 from .program_routes import install_program_routes
 from .statistics_routes import install_statistics_routes
+from .webhook_routes import install_webhook_routes
 
 __all__ = ["create_app"]
 
@@ -343,6 +344,7 @@ def create_app(
     install_program_routes(app, cp, _project)  # sources, a run's outputs and program log
     install_fork_routes(app, cp, _project, _body)  # a new run from a step of another
     install_statistics_routes(app, cp, _project)  # the paired difference of two evaluations
+    install_webhook_routes(app, cp, _project, _body)  # webhooks and their deliveries (decision 62)
 
     # -- groups -----------------------------------------------------------------------------
 

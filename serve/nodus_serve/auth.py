@@ -10,6 +10,7 @@ remembering to protect it:
 - ``/v1/projects/P/tokens`` needs ``admin`` in P;
 - adding credits (``POST /v1/projects/P/credits``) needs an operator token: credits are money;
 - changing the project's Budget (``/v1/projects/P/budgets``) needs ``admin`` in P;
+- changing its Webhooks (``/v1/projects/P/webhooks``) needs ``admin`` in P: they send its events out;
 - ``/v1/info``, ``/v1/prices``, ``/v1/whoami`` need any valid token.
 
 A project token that names another project gets the same ``404`` whether that project, or the
@@ -69,6 +70,8 @@ def required_access(method: str, path: str) -> Access:
         return Access("admin", project, operator=True, what="adding credits")
     if collection == "budgets" and method not in _READ_METHODS:
         return Access("admin", project, what="changing the project's Budget")
+    if collection == "webhooks" and method not in _READ_METHODS:
+        return Access("admin", project, what="changing the project's webhooks")
     if method in _READ_METHODS:
         return Access("read", project, what=f"reading {collection or 'the project'}")
     return Access("write", project, what=f"{method} on {collection or 'the project'}")

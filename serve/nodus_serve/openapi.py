@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
-from nodus.resources import Agent, AgentGroup, AgentRun, AgentRunList, Budget, Secret, Token
+from nodus.resources import Agent, AgentGroup, AgentRun, AgentRunList, Budget, Secret, Token, Webhook
 
 __all__ = ["ErrorBody", "install"]
 
@@ -50,6 +50,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     Secret,
     Token,
     Budget,
+    Webhook,
     ErrorBody,
 )
 _ANY_OBJECT = {"type": "object"}
@@ -79,6 +80,11 @@ _BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/projects/{project}/budgets"): _json_body(_ref("Budget")),
     ("put", "/v1/projects/{project}/budgets/{name}"): _json_body(_ref("Budget")),
     ("patch", "/v1/projects/{project}/budgets/{name}"): _json_body(
+        _ANY_OBJECT, "application/merge-patch+json"
+    ),
+    ("post", "/v1/projects/{project}/webhooks"): _json_body(_ref("Webhook")),
+    ("put", "/v1/projects/{project}/webhooks/{name}"): _json_body(_ref("Webhook")),
+    ("patch", "/v1/projects/{project}/webhooks/{name}"): _json_body(
         _ANY_OBJECT, "application/merge-patch+json"
     ),
     ("patch", "/v1/projects/{project}/agents/{name}"): _json_body(

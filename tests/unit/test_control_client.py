@@ -136,6 +136,13 @@ _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("get_token", ("p", "t"), "get_token", ("p", "t")),
     ("revoke_token", ("p", "t"), "revoke_token", ("p", "t")),
     ("report", ("p", "r", {"attempts": 2}), "report", ("p", "r", {"attempts": 2})),
+    ("apply_webhook", ("p", {"k": 1}), "apply_webhook", ("p", {"k": 1}, "apply")),
+    ("patch_webhook", ("p", "w", {"spec": {}}), "patch_webhook", ("p", "w", {"spec": {}})),
+    ("get_webhook", ("p", "w"), "get_webhook", ("p", "w")),
+    ("list_webhooks", ("p",), "list_webhooks", ("p",)),
+    ("delete_webhook", ("p", "w"), "delete_webhook", ("p", "w")),
+    ("webhook_deliveries", ("p", "w", 5), "webhook_deliveries", ("p", "w", 5)),
+    ("webhook_test_event", ("p", "w"), "webhook_test_event", ("p", "w")),
 ]
 
 

@@ -63,6 +63,10 @@ FACADE = {
     "suspend_run": "(self, project: 'str', name: 'str')",
     "resume_run": "(self, project: 'str', name: 'str')",
     "retry_run": "(self, project: 'str', name: 'str')",
+    "fork_run": (
+        "(self, project: 'str', name: 'str', at: 'str', new_name: 'str | None' = None, "
+        "new_input: 'str | None' = None)"
+    ),
     "upload_source": "(self, project: 'str', files: 'dict[str, str]')",
     "run_outputs": "(self, project: 'str', name: 'str')",
     "run_output": "(self, project: 'str', name: 'str', output: 'str')",
@@ -96,6 +100,13 @@ FACADE = {
     "get_budget": "(self, project: 'str', name: 'str')",
     "list_budgets": "(self, project: 'str')",
     "delete_budget": "(self, project: 'str', name: 'str')",
+    "apply_webhook": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'apply')",
+    "patch_webhook": "(self, project: 'str', name: 'str', patch: 'dict[str, Any]')",
+    "get_webhook": "(self, project: 'str', name: 'str')",
+    "list_webhooks": "(self, project: 'str')",
+    "delete_webhook": "(self, project: 'str', name: 'str')",
+    "webhook_deliveries": "(self, project: 'str', name: 'str', limit: 'int' = 50)",
+    "webhook_test_event": "(self, project: 'str', name: 'str')",
     "authenticate": "(self, digest: 'str')",
     "create_token": "(self, project: 'str', document: 'dict[str, Any]', created_by: 'str')",
     "get_token": "(self, project: 'str', name: 'str')",

@@ -109,6 +109,17 @@ PINNED: dict[str, tuple[Callable[[], str], str]] = {
     "budgets_folder": (lambda: layout.budgets_folder("p"), "projects/p/budgets"),
     "budget": (lambda: layout.budget("p", "n"), "projects/p/budgets/n.json"),
     "budget_spend": (lambda: layout.budget_spend("p"), "projects/p/budget-spend.json"),
+    "webhooks_folder": (lambda: layout.webhooks_folder("p"), "projects/p/webhooks"),
+    "webhook_prefix": (lambda: layout.webhook_prefix("p", "n"), "projects/p/webhooks/n"),
+    "webhook_document": (lambda: layout.webhook_document("p", "n"), "projects/p/webhooks/n/webhook.json"),
+    "webhook_deliveries_folder": (
+        lambda: layout.webhook_deliveries_folder("p", "n"),
+        "projects/p/webhooks/n/deliveries",
+    ),
+    "webhook_delivery": (
+        lambda: layout.webhook_delivery("p", "n", "b1"),
+        "projects/p/webhooks/n/deliveries/b1.json",
+    ),
     "server_model_key": (lambda: layout.server_model_key(), "system/anthropic-key.json"),
 }
 

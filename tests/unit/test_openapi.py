@@ -24,6 +24,7 @@ def test_every_write_that_reads_a_body_documents_it() -> None:
     bodiless = {
         ("post", "/v1/projects/{project}/agentruns/{name}/cancel"),
         ("post", "/v1/projects/{project}/agentgroups/{name}/cancel"),
+        ("post", "/v1/projects/{project}/webhooks/{name}/test"),
         *(
             ("post", f"/v1/projects/{{project}}/agentruns/{{name}}/{verb}")
             for verb in ("suspend", "resume", "retry")

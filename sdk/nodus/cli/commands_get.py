@@ -15,6 +15,7 @@ from ..client import Client
 from ..errors import NotFound
 from ..resources import API_VERSION, SHORT_NAMES
 from . import jsonpath, listing, root
+from .commands_webhook import WEBHOOK_TABLE
 from .output import dollars, dump_json, dump_yaml, format_age, print_table
 from .root import OutputOption, ProjectOption, UsageError, parse_targets, ref
 
@@ -177,6 +178,7 @@ _TABLES: dict[str, tuple[list[str], list[str], Callable[[dict[str, Any], bool], 
         _budget_row,
     ),
     "Secret": (["NAME", "TYPE", "KEYS", "AGE"], [], _secret_row),
+    "Webhook": WEBHOOK_TABLE,
     "Token": (["NAME", "ROLE", "PREFIX", "EXPIRES", "AGE"], ["CREATED-BY"], _token_row),
     "Agent": (
         ["NAME", "REVISION", "FAMILIES", "MAX-COST", "STATE", "AGE"],

@@ -27,6 +27,7 @@ from .commands_auth import credits_app
 from .commands_create import create_app
 from .commands_evaluation import evaluation_app
 from .commands_runs import agentrun_app
+from .commands_webhook import webhook_app
 from .root import CliError, app
 
 __all__ = ["app", "run", "CliError"]
@@ -54,6 +55,7 @@ app.add_typer(agentrun_app, name="agentrun")
 app.add_typer(credits_app, name="credits")
 app.add_typer(batch_app, name="batch")
 app.add_typer(evaluation_app, name="evaluation")
+app.add_typer(webhook_app, name="webhook")
 
 
 def run() -> NoReturn:
