@@ -7,15 +7,13 @@ It holds no state, so Serve may run any number of replicas.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable
-from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from nodus.errors import BadRequest, Invalid, NodusError
@@ -26,6 +24,7 @@ from nodus_ray.control.client import ControlPlaneClient
 from nodus_ray.control.tokens import Principal
 
 from .auth import Authenticator, PrincipalCache
+from .console_routes import install_console_routes
 from .events import parse_cursor, run_events
 from .fork_routes import install_fork_routes
 from .listing_routes import install_listing_routes
@@ -38,13 +37,6 @@ from .webhook_routes import install_webhook_routes
 __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
-
-
-@functools.cache
-def _console_page() -> str:
-    return (
-        resources.files(__package__).joinpath("console.html").read_text(encoding="utf-8")
-    )  # a resource with a 256 KiB input, JSON-escaped, fits
 
 
 def _error(error: NodusError) -> JSONResponse:
@@ -244,11 +236,7 @@ def create_app(
             faults.crash_point("api-answering", f"{request.method} {request.url.path}")
             return response
 
-    @app.get("/console", response_class=HTMLResponse, include_in_schema=False)
-    async def console() -> HTMLResponse:
-        """The web console: groups and runs of a project (``?project=``), a run's turns, answer
-        and steps (``?run=``), updating live from the events stream."""
-        return HTMLResponse(_console_page())
+    install_console_routes(app)  # /console: the page, its scripts and style (decision 63)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
