@@ -30,12 +30,13 @@ agent and is never a zero (document 002). Decision 60 says why each choice is wh
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "Z95",
+    "Metric",
     "BATCH_FIELDS",
     "Estimate",
     "TaskScores",
@@ -57,6 +58,9 @@ _DIGITS = 6  # what status.evaluation's rates are rounded to (`core.evaluation.s
 # the split, the seed and the number of tasks. Repetitions may differ: the pairing is per task.
 BATCH_FIELDS: tuple[str, ...] = ("environment", "version", "split", "seed", "tasks")
 
+# The two figures with error bars: a case's pass (1 or 0) and its reward. Their wire names.
+Metric = Literal["passRate", "meanReward"]
+
 
 @dataclass(frozen=True)
 class TaskScores:
@@ -73,11 +77,11 @@ class TaskScores:
     def c(self) -> int:
         return sum(self.passed)
 
-    def mean(self, metric: str) -> float:
+    def mean(self, metric: Metric) -> float:
         values = self.values(metric)
         return sum(values) / len(values)
 
-    def values(self, metric: str) -> tuple[float, ...]:
+    def values(self, metric: Metric) -> tuple[float, ...]:
         if metric == "passRate":
             return tuple(1.0 if passed else 0.0 for passed in self.passed)
         return self.rewards
@@ -176,7 +180,9 @@ def k_values(repetitions: int) -> list[int]:
     return ks
 
 
-def _over_tasks(tasks: Iterable[TaskScores], k: int, per_task: Any) -> float | None:
+def _over_tasks(
+    tasks: Iterable[TaskScores], k: int, per_task: Callable[[int, int, int], float]
+) -> float | None:
     values = [per_task(task.n, task.c, k) for task in tasks if task.n >= k]
     return _round(sum(values) / len(values)) if values else None
 
@@ -221,7 +227,7 @@ def batch_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, t
 
 
 def paired_difference(
-    a: Mapping[str, TaskScores], b: Mapping[str, TaskScores], metric: str
+    a: Mapping[str, TaskScores], b: Mapping[str, TaskScores], metric: Metric
 ) -> dict[str, Any]:
     """A's task means minus B's over the tasks scored in both: mean, SE, 95% interval, n.
 
