@@ -20,6 +20,23 @@ from nodus_ray.control.client import ControlPlaneClient
 __all__ = ["install_fork_routes", "fork_body"]
 
 _FIELDS = ("at", "name", "input")
+_BODY_SCHEMA = {
+    "type": "object",
+    "required": ["at"],
+    "additionalProperties": False,
+    "properties": {
+        "at": {
+            "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}],
+            "description": "the first step the fork runs itself: its ID or its number in the steps listing",
+        },
+        "name": {"type": "string", "description": "the new run's name (default: NAME-fork-<n>)"},
+        "input": {
+            "type": "string",
+            "description": "a new prompt (at 1) or keep-alive message (turn-K/message)",
+        },
+    },
+}
+_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}}
 
 
 def fork_body(body: dict[str, Any]) -> tuple[str, str | None, str | None]:
@@ -51,7 +68,7 @@ def install_fork_routes(
 ) -> None:
     """Add the fork route; ``project_of`` checks a project name, ``body_of`` reads a JSON object."""
 
-    @app.post("/v1/projects/{project}/agentruns/{name}/fork", status_code=201)
+    @app.post("/v1/projects/{project}/agentruns/{name}/fork", status_code=201, openapi_extra=_OPENAPI)
     async def fork_run(project: str, name: str, request: Request) -> JSONResponse:
         """A new run whose journal is this run's up to the step ``at`` and whose workspace is the
         snapshot taken there; it goes on from that step with the same or a new ``input``."""

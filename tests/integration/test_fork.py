@@ -193,3 +193,42 @@ def test_bad_forks_are_refused_through_the_api_sdk_and_cli(sdk_env: Server) -> N
     assert ok.returncode == 0, ok.stderr
     assert f"agentrun/{source}-cli forked from agentrun/{source} at step 1 (sandbox)" in ok.stdout
     _finished(server, f"{source}-cli")
+
+
+_PROGRAM = """
+def main(ctx, input):
+    def add(text):
+        with open("log.txt", "a") as f:
+            f.write(text + "\\n")
+        return text
+
+    ctx.step("one", lambda: add("one"), effect="external")
+    ctx.step("two", lambda: add("two"), effect="external")
+    ctx.step("three", lambda: add(input.get("third", "three")), effect="external")
+    return open("log.txt").read()
+"""
+
+
+def test_a_python_programs_fork_replays_its_first_steps_on_their_workspace(sdk_env: Server) -> None:
+    server = sdk_env
+    agent_name, source = unique("fork-py"), unique("fork-pyrun")
+    with server.http() as http:
+        uploaded = http.post("/v1/projects/default/agentsources", json={"files": {"main.py": _PROGRAM}})
+        assert uploaded.status_code == 201, uploaded.text
+        spec = {"source": uploaded.json(), "entrypoint": "main:main"}
+        document = {"apiVersion": V1, "kind": "Agent", "metadata": {"name": agent_name}, "spec": spec}
+        assert http.put(f"/v1/projects/default/agents/{agent_name}", json=document).status_code == 201
+    _create(server, source, agent_name, "{}")
+    _finished(server, source)
+    ids = [step["id"] for step in _steps(server, source)]
+    assert ids.index("three") > ids.index("two") > ids.index("one"), ids
+    client = nodus.Client()
+    fork = client.fork_run(source, "three")["metadata"]["name"]
+    _finished(server, fork)
+    assert (workspace_of(server, fork) / "log.txt").read_text() == "one\ntwo\nthree\n", "one and two ran once"
+    with server.http() as http:
+        refused = http.post(f"{RUNS}/{source}/fork", json={"at": "three", "input": '{"third": "3"}'})
+    assert refused.status_code == 422 and "reads its input once" in refused.json()["message"]
+    fresh = client.fork_run(source, 1, input='{"third": "3"}')["metadata"]["name"]
+    _finished(server, fresh)
+    assert (workspace_of(server, fresh) / "log.txt").read_text() == "one\ntwo\n3\n"
