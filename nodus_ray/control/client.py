@@ -40,6 +40,7 @@ from nodus.errors import NodusError, Unavailable
 from nodus_ray.control.client_webhooks import WebhookCalls
 from nodus_ray.control.list_query import ListPage, ListQuery
 from nodus_ray.control.run_reports import RunOutcome, RunReport
+from nodus_ray.export.page import ExportPage
 from nodus_ray.settings import CONTROL_PLANE_NAME, NAMESPACE
 
 if TYPE_CHECKING:  # the run actor's module imports this one
@@ -349,6 +350,12 @@ class ControlPlaneClient(WebhookCalls):
 
     async def compare_evaluations(self, project: str, a: str, b: str) -> dict[str, Any]:
         return await self._call(lambda h: h.compare_evaluations.remote(project, a, b))
+
+    async def export_run(self, project: str, name: str, format: str) -> ExportPage:
+        return await self._call(lambda h: h.export_run.remote(project, name, format))
+
+    async def export_evaluation(self, project: str, name: str, format: str, page: int) -> ExportPage:
+        return await self._call(lambda h: h.export_evaluation.remote(project, name, format, page))
 
     async def list_environments(self, project: str) -> list[dict[str, Any]]:
         return await self._call(lambda h: h.list_environments.remote(project))

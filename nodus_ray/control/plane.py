@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from nodus_ray.control.plane_export import ExportFacade
 from nodus_ray.control.plane_forks import ForkFacade
 from nodus_ray.control.plane_listing import ListingFacade
 from nodus_ray.control.plane_statistics import EvaluationStatisticsFacade
@@ -44,7 +45,7 @@ __all__ = ["ControlPlane", "RemoteControlPlane"]
 _VERSION = "0.1.0"
 
 
-class ControlPlane(ListingFacade, ForkFacade, EvaluationStatisticsFacade, WebhookFacade):
+class ControlPlane(ListingFacade, ForkFacade, ExportFacade, EvaluationStatisticsFacade, WebhookFacade):
     """The facade: composes the services, recovers once, delegates each call to one service."""
 
     def __init__(

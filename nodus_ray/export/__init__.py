@@ -7,6 +7,7 @@ or Parquet) shape it. Each builder masks the run's secret values (`core.redactio
 over the whole document it returns, on top of the masking the run did when it journaled.
 
 May import: `core`, `durable.journal_log` and `durable.steps` (the records' shape),
-`store.timestamps`, the SDK's schemas, the standard library and ``pyarrow``; no Ray, no storage, no clock. The control plane's
+`store.timestamps`, the SDK's schemas, the standard library and ``pyarrow``; no Ray, no storage,
+no clock. The control plane's
 `control.exports` reads what they need and serves them.
 """

@@ -6,6 +6,7 @@ what a durable Python entrypoint receives.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +21,9 @@ from .view import View
 __all__ = ["AgentRun", "RunContext", "RunOutput", "RunOutputs"]
 
 # Waiting reasons a run leaves without a person: a message, a timer, its children, a resume.
-_GOES_ON_BY_ITSELF = frozenset({"AwaitingMessage", "Sleeping", "AwaitingChildren", "Suspended"})
+_GOES_ON_BY_ITSELF = frozenset(
+    {"AwaitingMessage", "Sleeping", "AwaitingChildren", "Suspended", "RateLimited"}
+)
 # How often `logs(follow=True)` of a Python run reads its program log again (seconds).
 _PROGRAM_LOG_POLL = 0.5
 
@@ -161,6 +164,11 @@ class AgentRun(_ResourceHandle):
     def steps(self) -> list[View]:
         """The journaled steps in order: sandbox, routing and model calls, commands, the answer."""
         return [View(step) for step in self._client.run_steps(self.name, project=self._project)]
+
+    def export(self, format: str = "atif", *, to: str | os.PathLike[str] | None = None) -> bytes | int:
+        """The trajectory as ``atif`` (ATIF JSON) or ``jsonl`` (journal records), secrets masked:
+        its bytes, or with ``to`` the bytes written to that file (docs/export.md)."""
+        return self._client.export_run(self.name, format, to=to, project=self._project)
 
     def cancel(self) -> None:
         """Stop the run and delete its sandbox; it ends Cancelled."""

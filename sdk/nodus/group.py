@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
@@ -414,6 +415,11 @@ class AgentGroup(_ResourceHandle):
         `errors.Conflict` (``NotSameBatch``, naming what differs) for two different batches."""
         name = other.name if isinstance(other, AgentGroup) else other
         return View(self._client.compare_evaluations(self.name, name, project=self._project))
+
+    def export(self, format: str = "inspect", *, to: str | os.PathLike[str] | None = None) -> bytes | int:
+        """An evaluation's cases as ``inspect`` (Inspect's eval log), ``jsonl`` or ``parquet``:
+        its bytes, or with ``to`` the bytes written to that file (docs/export.md)."""
+        return self._client.export_evaluation(self.name, format, to=to, project=self._project)
 
 
 # -- Agent.map --------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from nodus_ray.control.tokens import Principal
 from .auth import Authenticator, PrincipalCache
 from .console_routes import install_console_routes
 from .events import parse_cursor, run_events
+from .export_routes import install_export_routes
 from .fork_routes import install_fork_routes
 from .listing_routes import install_listing_routes
 from .load_shedding import LoadShedder, max_inflight_from_env
@@ -331,6 +332,7 @@ def create_app(
 
     install_program_routes(app, cp, _project)  # sources, a run's outputs and program log
     install_fork_routes(app, cp, _project, _body)  # a new run from a step of another
+    install_export_routes(app, cp, _project)  # a run's trajectory, an evaluation's cases
     install_statistics_routes(app, cp, _project)  # the paired difference of two evaluations
     install_webhook_routes(app, cp, _project, _body)  # webhooks and their deliveries (decision 62)
 

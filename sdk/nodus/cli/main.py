@@ -14,6 +14,7 @@ from typing import NoReturn
 from . import (
     commands_auth,
     commands_describe,
+    commands_export,  # noqa: F401  # registers agentrun export, evaluation export
     commands_fork,  # noqa: F401  # registers agentrun fork
     commands_get,
     commands_program,  # noqa: F401  # registers agentrun output, children, retry, suspend, resume
