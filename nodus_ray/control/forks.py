@@ -138,15 +138,11 @@ class ForkService:
         spec = {k: v for k, v in original["spec"].items() if k not in _DROPPED_SPEC}
         if point.replaces == "prompt":
             spec["input"] = request.input
-        document = {
-            "apiVersion": original.get("apiVersion", API_VERSION),
-            "kind": "AgentRun",
-            "metadata": {"name": new_name, "labels": (original["metadata"].get("labels") or None)},
-            "spec": spec,
-        }
-        run = parse_resource(
-            {**document, "metadata": _no_nulls(document["metadata"])}, expected_kind="AgentRun"
-        )
+        metadata: dict[str, Any] = {"name": new_name}
+        if original["metadata"].get("labels"):
+            metadata["labels"] = original["metadata"]["labels"]
+        document = {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": metadata, "spec": spec}
+        run = parse_resource(document, expected_kind="AgentRun")
         assert isinstance(run, AgentRun)
 
         def prepare(target: Key, resource: dict[str, Any]) -> None:
@@ -225,7 +221,15 @@ class ForkService:
                 layout.journal_chunk(folder, first, last), encode_segment(list(point.records))
             )
         if state is not None:
-            _copy_state(storage, source_prefix, target_prefix, *state)
+            try:
+                _copy_state(storage, source_prefix, target_prefix, *state)
+            except FileNotFoundError:  # dropped meanwhile: an undo of the original's next command
+                raise Conflict(
+                    f"agentrun {source[1]!r} cannot be forked at step {point.number} ({point.step}): "
+                    f"its workspace state at journal seq {state[0]} went while it was copied",
+                    code="WorkspaceNotStored",
+                    details={"kind": "AgentRun", "name": source[1], "field": "at", "seq": state[0]},
+                ) from None
         status = resource["status"]
         if original["status"].get("workspaceSeeded") and storage.exists(layout.seed(source_prefix)):
             storage.write_bytes(layout.seed(target_prefix), storage.read_bytes(layout.seed(source_prefix)))
@@ -270,7 +274,3 @@ def _check_input(text: Any) -> None:
             f"input: is larger than {MAX_INPUT_BYTES} bytes (256 KiB)",
             details={"field": "input", "limit": MAX_INPUT_BYTES},
         )
-
-
-def _no_nulls(metadata: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in metadata.items() if v is not None}
