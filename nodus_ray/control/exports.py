@@ -4,8 +4,8 @@ The control plane is the one reader of storage, so it builds each export here fr
 already keeps (the run, its pinned agent, its journal; the evaluation's case records) with the
 pure builders of `nodus_ray.export`, and hands back bytes. A run's export is one document. An
 evaluation's is served in pages of `PAGE_CASES` cases (`ExportPage.next_page`), which the API
-streams one after another, so an evaluation of thousands of cases never is one answer in this
-actor's memory or one Ray object; Parquet, whose footer indexes the whole file, is one page.
+streams one after another, so an evaluation's transcripts are never one answer in this actor's
+memory or one Ray object, however many cases it has; Parquet, whose footer indexes the whole file, is one page.
 
 Secrets: a run masks its secret values when it journals (`core.redaction`); every export masks
 them again, with the values the run's agent names now and its model key, over the whole
@@ -44,7 +44,7 @@ from nodus_ray.store import layout
 
 __all__ = ["ExportPage", "ExportService", "PAGE_CASES"]
 
-PAGE_CASES = 200  # cases a page of an evaluation's export holds (each inspect sample reads a journal)
+PAGE_CASES = 50  # cases a page of an evaluation's export holds (each inspect sample reads a journal)
 _GROUP_TERMINAL = {"Succeeded", "Failed", "Cancelled"}
 _Values = dict[tuple[str, Any], dict[str, str]]  # (agent, revision) -> the values its runs mask
 
