@@ -114,13 +114,13 @@ export function costChart(points, cap, range) {
   if (!range) return node;
   const { t0, t1 } = range, k = (RIGHT - LEFT) / (t1 - t0);
   const total = points.length ? points[points.length - 1].usd : 0, capUSD = cap == null ? null : Number(cap);
-  const ymax = Math.max(capUSD ?? 0, total) * 1.1 || 0.01;
+  const top_ = Math.max(capUSD ?? 0, total) * 1.05 || 0.01, step = nice(top_ / 4);
+  const ymax = step * Math.ceil(top_ / step);
   const y = (usd) => bottom - (bottom - top) * (usd / ymax);
   node.dataset.ymax = String(ymax);
-  for (let i = 1; i <= 4; i++) {
-    const v = (ymax / 4) * i;
+  for (let v = step; v <= ymax + step / 2; v += step) {
     node.append(svg("line", { class: "grid", x1: LEFT, x2: RIGHT, y1: y(v), y2: y(v) }));
-    node.append(svg("text", { x: LEFT - 6, y: y(v) + 4, "text-anchor": "end" }, `$${v.toPrecision(2)}`));
+    node.append(svg("text", { x: LEFT - 6, y: y(v) + 4, "text-anchor": "end" }, `$${Number(v.toPrecision(3))}`));
   }
   timeAxis(node, t0, t1, top, bottom);
   node.append(svg("line", { class: "axis baseline", x1: LEFT, x2: RIGHT, y1: bottom, y2: bottom }));
@@ -146,6 +146,12 @@ export function costChart(points, cap, range) {
   }
   node.append(svg("text", { x: 4, y: top + 10, class: "label" }, `$${points.length ? points[points.length - 1].label : "0"} spent`));
   return node;
+}
+
+/** A round step (1, 2 or 5 times a power of ten) at least ``raw``. */
+function nice(raw) {
+  const power = 10 ** Math.floor(Math.log10(raw));
+  return [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
 }
 
 /** Bins over ``values``: about the square root of their number, at most 12, equal widths. */

@@ -38,7 +38,8 @@ function passRate(e) {
       `${stats.clusteredBy ? `, clustered by ${stats.clusteredBy}` : ""})`;
     figure.replaceChildren(interval(stats.value, lo, hi, text), el("figcaption", { id: "pass-rate-interval" }, text));
   } else if (e.passRate != null) {
-    const text = `pass rate ${percent(e.passRate)} (no interval: the server reports none)`;
+    const why = stats ? "fewer than two tasks scored" : "the server reports none";
+    const text = `pass rate ${percent(e.passRate)} (no interval: ${why})`;
     figure.replaceChildren(interval(e.passRate, null, null, text), el("figcaption", { id: "pass-rate-interval" }, text));
   } else {
     figure.replaceChildren(el("figcaption", { className: "muted" }, "no case scored yet"));
