@@ -73,7 +73,9 @@ class WebhookService:
         self._deliveries: dict[Key, dict[str, DeliveryRecord]] = {}
         self._timers: dict[DeliveryKey, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._run_states: dict[Key, RunState] = {}
+        # Each run's uid and the (phase, reason) last seen: a run deleted and created again under
+        # its name starts afresh.
+        self._run_states: dict[Key, tuple[str, RunState]] = {}
         self._semaphore: asyncio.Semaphore | None = None
         self._client: httpx.AsyncClient | None = None
         registry.on_run_changed(self._run_changed)
@@ -86,7 +88,7 @@ class WebhookService:
         (at once if its time passed while the service was down). Runs' states are noted so only
         changes after this are events."""
         await asyncio.to_thread(self._load)
-        self._run_states = {key: run_state(run) for key, run in self._registry.runs.items()}
+        self._run_states = {key: (_uid(run), run_state(run)) for key, run in self._registry.runs.items()}
         for records in self._deliveries.values():
             for record in records.values():
                 if record.state == DeliveryState.PENDING:
@@ -286,9 +288,10 @@ class WebhookService:
             if run is None:
                 self._run_states.pop(key, None)
                 return
-            previous = self._run_states.get(key)
-            state = run_state(run)
-            self._run_states[key] = state
+            uid, state = _uid(run), run_state(run)
+            seen = self._run_states.get(key)
+            previous = seen[1] if seen is not None and seen[0] == uid else None
+            self._run_states[key] = (uid, state)
             if state == previous or not self._has_webhooks(key[0]):
                 return
             event = run_event(key[0], run, previous, utc_now())
@@ -405,6 +408,10 @@ class WebhookService:
         for record in finished[: max(0, len(finished) - KEPT_FINISHED)]:
             records.pop(record.id, None)
             await asyncio.to_thread(self._records.delete, key[0], key[1], record.id)
+
+
+def _uid(resource: Mapping[str, Any]) -> str:
+    return str((resource.get("metadata") or {}).get("uid") or "")
 
 
 def _seconds_until(moment: str | None) -> float:
