@@ -283,6 +283,10 @@ def server(
         "RAY_USAGE_STATS_ENABLED": "0",
         # The egress tests serve "the internet" on 127.0.0.2; only the operator can open a private address.
         "NODUS_EGRESS_PRIVATE_NETWORKS": "127.0.0.2/32",
+        # test_webhooks' receiver listens on 127.0.0.3, the one private address webhooks may reach;
+        # its retries come within seconds (the shipped schedule's first is 5s, its last 6h).
+        "NODUS_WEBHOOK_ALLOW_PRIVATE": "127.0.0.3/32",
+        "NODUS_WEBHOOK_RETRY_SCHEDULE": "0.5s,1s,2s,4s,8s,16s",
         # Retention as shipped for every project but RETENTION_PROJECT, whose runs lose their
         # workspace and payloads seconds after they end (test_retention): no other test's run does.
         "NODUS_PAYLOAD_RETENTION": f"30d,{RETENTION_PROJECT}=4s",
