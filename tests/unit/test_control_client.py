@@ -112,6 +112,8 @@ _CALLS: list[tuple[str, tuple[Any, ...], str, tuple[Any, ...]]] = [
     ("delete_group", ("p", "g"), "delete_group", ("p", "g")),
     ("cancel_group", ("p", "g"), "cancel_group", ("p", "g")),
     ("group_results", ("p", "g"), "group_results", ("p", "g")),
+    ("export_run", ("p", "r", "atif"), "export_run", ("p", "r", "atif")),
+    ("export_evaluation", ("p", "g", "inspect", 2), "export_evaluation", ("p", "g", "inspect", 2)),
     ("compare_evaluations", ("p", "a", "b"), "compare_evaluations", ("p", "a", "b")),
     ("list_environments", ("p",), "list_environments", ("p",)),
     ("group_snapshot", ("p", "g"), "group_snapshot", ("p", "g")),

@@ -82,6 +82,8 @@ FACADE = {
     "cancel_member": "(self, project: 'str', name: 'str', reason: 'str')",
     "group_status": "(self, project: 'str', name: 'str', status: 'dict[str, Any]', queued_reasons: 'dict[str, str]')",
     "group_results": "(self, project: 'str', name: 'str')",
+    "export_run": "(self, project: 'str', name: 'str', format: 'str')",
+    "export_evaluation": "(self, project: 'str', name: 'str', format: 'str', page: 'int' = 0)",
     "compare_evaluations": "(self, project: 'str', a: 'str', b: 'str')",
     "list_environments": "(self, project: 'str')",
     "apply_secret": "(self, project: 'str', document: 'dict[str, Any]', mode: 'str' = 'apply')",
