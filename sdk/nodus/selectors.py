@@ -19,11 +19,13 @@ that no selector could name is refused when the resource is written.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from operator import eq, ge, gt, le, lt, ne
 from typing import Any
 
 from .errors import BadRequest
@@ -42,6 +44,7 @@ __all__ = [
     "parse_label_selector",
     "parse_field_selector",
     "parse_limit",
+    "canonical_time",
     "validate_labels",
     "label_problem",
 ]
@@ -305,6 +308,30 @@ def _instant(text: str) -> datetime | None:
     return moment.astimezone(UTC)
 
 
+_SERVER_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def canonical_time(text: str) -> str | None:
+    """``text`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC, whose text order is time order; None
+    when it is not an RFC 3339 time. The server's own timestamps (UTC, ``Z``, a fraction or none)
+    are rewritten without parsing, and remembered: every page sorts a project's runs by them."""
+    if _SERVER_TIME.fullmatch(text):
+        return f"{text[:19]}.{text[20:-1].ljust(6, '0')}Z"
+    moment = _instant(text)
+    return None if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_COMPARE: Mapping[FieldOperator, Callable[[str, str], bool]] = {
+    FieldOperator.EQUALS: eq,
+    FieldOperator.NOT_EQUALS: ne,
+    FieldOperator.GREATER: gt,
+    FieldOperator.GREATER_OR_EQUAL: ge,
+    FieldOperator.LESS: lt,
+    FieldOperator.LESS_OR_EQUAL: le,
+}
+
+
 @dataclass(frozen=True)
 class FieldRequirement:
     field: str
@@ -312,21 +339,18 @@ class FieldRequirement:
     value: str
     spec: FieldSpec
 
+    @functools.cached_property
+    def _wanted_time(self) -> str | None:
+        return canonical_time(self.value) if self.spec.time else None
+
     def matches(self, resource: Mapping[str, Any]) -> bool:
         found = _lookup(resource, self.spec.path)
         if self.spec.time:
-            moment = _instant(found) if isinstance(found, str) else None
-            wanted = _instant(self.value)
+            moment = canonical_time(found) if isinstance(found, str) else None
+            wanted = self._wanted_time
             if moment is None or wanted is None:  # a resource without the time matches no comparison
                 return self.operator == FieldOperator.NOT_EQUALS
-            return {
-                FieldOperator.EQUALS: moment == wanted,
-                FieldOperator.NOT_EQUALS: moment != wanted,
-                FieldOperator.GREATER: moment > wanted,
-                FieldOperator.GREATER_OR_EQUAL: moment >= wanted,
-                FieldOperator.LESS: moment < wanted,
-                FieldOperator.LESS_OR_EQUAL: moment <= wanted,
-            }[self.operator]
+            return _COMPARE[self.operator](moment, wanted)  # canonical times: text order is time order
         text = "" if found is None else str(found)  # an absent reason is "", as in Kubernetes
         return (text == self.value) == (self.operator == FieldOperator.EQUALS)
 
