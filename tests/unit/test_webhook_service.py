@@ -13,7 +13,7 @@ import pytest
 from nodus.errors import Conflict, Invalid, NotFound
 from nodus_ray.webhooks.records import DeliveryRecords
 from tests.fakes.webhook_receiver import WebhookReceiver, running_receiver, verify
-from tests.unit.test_control_support import Plane, agent_doc, make_plane, run_doc, until
+from tests.unit.test_control_support import Plane, agent_doc, group_doc, make_plane, run_doc, until
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -201,3 +201,28 @@ def _failed_once(plane: Plane) -> bool:
     """A first attempt recorded in storage (what a restarted control plane reads back)."""
     records = DeliveryRecords(plane.storage).load("demo", "h")
     return bool(records and records[0].attempts)
+
+
+def test_a_group_end_goes_to_the_groups_webhook_once(tmp_path: Path) -> None:
+    async def scenario(receiver: WebhookReceiver) -> None:
+        plane = await _plane(tmp_path)
+        hooks, link = plane.services.webhooks, plane.services.group_link
+        await hooks.apply_webhook(
+            "demo", hook_doc("h", receiver.url + "/g", group="g", events=["group.failed"])
+        )
+        await hooks.apply_webhook("demo", hook_doc("other", receiver.url + "/o", group="other"))
+        await plane.services.groups.apply_group("demo", group_doc("g"))
+        await link.group_status("demo", "g", {"phase": "Running", "counts": {"failed": 1}}, {})
+        await link.group_status("demo", "g", {"phase": "Failed", "reason": "RunsFailed"}, {})
+        await link.group_status("demo", "g", {"phase": "Failed"}, {})  # a late push: no second event
+        (arrived,) = await until(lambda: receiver.of_type("group.failed", "g"), what="the group's end")
+        assert arrived.path == "/g" and verify(SECRET, arrived)
+        data = arrived.event["data"]
+        assert (data["kind"], data["phase"], data["reason"]) == ("AgentGroup", "Failed", "RunsFailed")
+        assert data["finishedAt"] and data["counts"]["failed"] == 1
+        await until(lambda: _delivered(plane), what="the delivery recorded")
+        assert len(receiver.received) == 1 and await hooks.list_deliveries("demo", "other") == []
+        await hooks.close()
+
+    with running_receiver() as receiver:
+        asyncio.run(scenario(receiver))
