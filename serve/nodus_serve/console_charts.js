@@ -145,6 +145,10 @@ export function costChart(points, cap, range) {
     node.append(svg("text", { class: "cap-label", x: RIGHT, y: y(capUSD) - 4, "text-anchor": "end" }, `cap $${cap}`));
   }
   node.append(svg("text", { x: 4, y: top + 10, class: "label" }, `$${points.length ? points[points.length - 1].label : "0"} spent`));
+  if (capUSD) {
+    const used = (100 * total) / capUSD;
+    node.append(svg("text", { x: 4, y: top + 26 }, `${used < 0.1 ? used.toPrecision(2) : used.toFixed(1)}% of the cap`));
+  }
   return node;
 }
 

@@ -76,12 +76,12 @@ export function runPage(name) {
       ...["route", "model", "command", "sandbox"].map((k) => el("span", {}, el("i", { style: `background: var(--${k})` }), k)),
       live ? el("span", {}, `${live} running`) : null);
     document.getElementById("timeline").replaceChildren(legend, timeline(items, range, clock),
-      dataTable(`the ${items.length} steps`, ["step", "kind", "state", "started", "took"],
+      dataTable(`the ${items.length} step${items.length === 1 ? "" : "s"}`, ["step", "kind", "state", "started", "took"],
         items.map((b) => [b.id, b.kind, b.state, new Date(b.start).toISOString(),
           seconds(((b.end ?? clock ?? b.start) - b.start) / 1000)])));
     const points = spend(steps), cost = (run.status || {}).cost || {};
     document.getElementById("cost-chart").replaceChildren(costChart(points, cost.limitUSD ?? null, range),
-      dataTable(`the ${points.length} steps that cost something`, ["step", "ended", "cost", "in all"],
+      dataTable(`the ${points.length} step${points.length === 1 ? "" : "s"} that cost something`, ["step", "ended", "cost", "in all"],
         points.map((p) => [p.step, new Date(p.t).toISOString(), money(p.added), money(p.label)])));
   }
 

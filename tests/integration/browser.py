@@ -143,7 +143,10 @@ class Browser:
 
     def wait_for(self, expression: str, *, what: str, timeout: float = 60) -> Any:
         """The expression's first truthy value, asked again until ``timeout`` seconds have passed."""
-        return wait_for(lambda: self.evaluate(expression), timeout=timeout, interval=0.1, message=what)
+        try:
+            return wait_for(lambda: self.evaluate(expression), timeout=timeout, interval=0.1, message=what)
+        except AssertionError as stuck:  # say what the page threw, if anything
+            raise AssertionError(f"{stuck}; the page's errors: {self.console_errors}") from None
 
     def click(self, selector: str) -> None:
         """A real click (mouse down and up) at the middle of the first element ``selector`` names."""

@@ -360,7 +360,7 @@ def test_a_groups_page_shows_histograms_of_its_runs_and_the_pass_rate_with_its_i
         browser.wait_for(
             "document.querySelectorAll('#duration-histogram rect.bin').length > 0"
             " && document.querySelectorAll('#cost-histogram rect.bin').length > 0"
-            " && document.getElementById('pass-rate-interval')",
+            " && document.getElementById('pass-rate-interval') !== null",
             what="the group's histograms and pass rate",
         )
         durations, costs = _histogram(browser, "duration-histogram"), _histogram(browser, "cost-histogram")
