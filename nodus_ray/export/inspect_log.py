@@ -122,7 +122,7 @@ def eval_header(
     metadata, status = group.get("metadata") or {}, group.get("status") or {}
     evaluation = status.get("evaluation") or {}
     statistics = evaluation.get("statistics")
-    environment = str(evaluation.get("environment") or "")
+    environment = str(evaluation.get("environment") or "").split("@")[0]  # its version: task_version
     scored = int(evaluation.get("scored") or 0)
     unscored = int(evaluation.get("unscored") or 0)
     task_ids = list(dict.fromkeys(str(record.get("taskId")) for record in records))

@@ -277,7 +277,7 @@ def test_journal_jsonl_is_one_masked_record_a_line() -> None:
 
 # -- an evaluation: rows and Inspect's log ----------------------------------------------------
 
-EVALUATION = {"environment": "nodus/arithmetic-v2", "version": "2.0.0", "split": "test", "seed": 42,
+EVALUATION = {"environment": "nodus/arithmetic-v2@2.0.0", "version": "2.0.0", "split": "test", "seed": 42,
               "tasks": 2, "repetitions": 1, "cases": 2, "scored": 1, "unscored": 1, "passRate": 1.0,
               "meanReward": 1.0, "statistics": {
                   "passRate": {"value": 1.0, "standardError": 0.0, "ci95": [1.0, 1.0], "n": 1, "clusteredBy": None},
@@ -307,7 +307,7 @@ def test_case_rows_as_jsonl_and_parquet_one_per_case_masked() -> None:
     lines = b"".join(case_lines("ev", EVALUATION, CASES, REDACT)).decode().splitlines()
     assert len(lines) == 2
     row = json.loads(lines[0])
-    assert row["group"] == "ev" and row["environment"] == "nodus/arithmetic-v2" and row["seed"] == 42
+    assert row["group"] == "ev" and row["environment"] == "nodus/arithmetic-v2@2.0.0" and row["seed"] == 42
     assert row["taskId"] == "t-0" and "[REDACTED:tokens/TOKEN]" in row["evidence"]
     table = pq.read_table(io.BytesIO(cases_parquet("ev", EVALUATION, CASES, REDACT)))
     assert table.num_rows == 2 and table.column("state").to_pylist() == ["Scored", "RunFailed"]
@@ -331,6 +331,7 @@ def test_inspect_log_has_the_eval_its_scores_and_a_sample_per_case(tmp_path: Pat
     log, path = _log(tmp_path)
     check_inspect_log(log)
     assert log["status"] == "success" and log["eval"]["task"] == "nodus/arithmetic-v2"
+    assert log["eval"]["task_version"] == "2.0.0"
     assert log["eval"]["dataset"]["sample_ids"] == ["t-0", "t-1"] and log["eval"]["config"] == {"epochs": 1}
     verdict, reward = log["results"]["scores"]
     assert verdict["metrics"]["accuracy"]["value"] == 1.0 and verdict["metrics"]["stderr"]["value"] == 0.0
