@@ -221,13 +221,13 @@ def test_a_python_programs_fork_replays_its_first_steps_on_their_workspace(sdk_e
     _create(server, source, agent_name, "{}")
     _finished(server, source)
     ids = [step["id"] for step in _steps(server, source)]
-    assert ids.index("three") > ids.index("two") > ids.index("one"), ids
+    assert ids.index("three-1") > ids.index("two-1") > ids.index("one-1"), ids  # {name}-{n}
     client = nodus.Client()
-    fork = client.fork_run(source, "three")["metadata"]["name"]
+    fork = client.fork_run(source, "three-1")["metadata"]["name"]
     _finished(server, fork)
     assert (workspace_of(server, fork) / "log.txt").read_text() == "one\ntwo\nthree\n", "one and two ran once"
     with server.http() as http:
-        refused = http.post(f"{RUNS}/{source}/fork", json={"at": "three", "input": '{"third": "3"}'})
+        refused = http.post(f"{RUNS}/{source}/fork", json={"at": "three-1", "input": '{"third": "3"}'})
     assert refused.status_code == 422 and "reads its input once" in refused.json()["message"]
     fresh = client.fork_run(source, 1, input='{"third": "3"}')["metadata"]["name"]
     _finished(server, fresh)
