@@ -4,7 +4,10 @@ One service (``nodus up`` on a temporary home and storage) whose ``ANTHROPIC_BAS
 in-process `FakeMessagesAPI` (tests/fakes) enforcing ``--rpm`` requests a minute per key over a
 ``--window`` of seconds (the API may enforce a minute's limit over shorter intervals; a short
 window is the strict case), answering 429 with ``retry-after`` over it. Two BYOK agents on two
-keys, haiku only (one model call a run):
+keys, haiku only. Each run makes ``--calls`` model calls: the fake answers its first
+``calls - 1`` with a ``bash`` tool call of ``true`` (a cheap command in the run's sandbox) and
+the last with ``end_turn``, so that demand (runs started a second times calls a run) exceeds
+the limit and the limit, not the runs' start, sets the rate:
 
 * **baseline**: a key the operator did not limit. Its calls go out as soon as their run starts,
   and the SDK retries 429 itself (``max_retries`` 4, honouring ``retry-after``): blind retries;
@@ -12,12 +15,15 @@ keys, haiku only (one model call a run):
   by the cluster-wide limiter first, and a 429 goes back to it.
 
 Each side is ``--runs`` runs in one group (maxActive ``--max-active``, all of them by default),
-the baseline first, then the limited side, on the same service in the same invocation. Recorded
-per side: runs succeeded / failed (and why), the 429s the API sent, the calls it let through
-per minute between the first and the last (achieved throughput) against ``--rpm``, the wall
-time, and the most runs seen Waiting / RateLimited at once (the group's blockedReasons).
+the limited side first, then the baseline, on the same service in the same invocation. Recorded
+per side: runs succeeded / failed (and why), the 429s the API sent, the calls it let through,
+the achieved throughput against ``--rpm`` (calls a minute between the first and the last call
+let through, and over the **steady middle**: from the call at the 10th percentile of the side's
+calls to the one at the 90th, which leaves out the ramp while the first actors start and the
+drain while the last runs finish), the wall time, and the most runs seen Waiting / RateLimited
+at once (the group's blockedReasons).
 
-    .venv/bin/python benchmarks/rate_limits.py --runs 200 --max-active 50 --rpm 60 --window 2
+    .venv/bin/python benchmarks/rate_limits.py --runs 200 --max-active 50 --calls 4 --rpm 120 --window 2
 
 On two cores, 200 run actors started at once take most of half an hour to start (a process and
 the engine's imports each, at a load of 300+), so RESULTS records 50 at once.
@@ -40,13 +46,40 @@ from support import auth_headers, nodus_up, temporary_service, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fakes, when run as a script
 
-from tests.fakes.anthropic_api import FakeMessagesAPI, text_reply  # noqa: E402
+from tests.fakes.anthropic_api import FakeMessagesAPI, Reply, text_reply, tool_use_reply  # noqa: E402
 from tests.fakes.rate_limits import FakeRateLimit  # noqa: E402
 
 V1 = "nodus.dev/v1"
 LIMITED_KEY = "sk-ant-bench-limited-" + "1" * 24
 BASELINE_KEY = "sk-ant-bench-baseline-" + "2" * 24
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
+USAGE = {"input_tokens": 40, "output_tokens": 5}
+MIDDLE = (0.1, 0.9)  # the steady middle: between these quantiles of a side's calls let through
+
+
+def _responder(calls: int) -> Any:
+    """A run's first ``calls - 1`` calls get a ``true`` tool call, the last one an answer."""
+
+    def respond(body: dict[str, Any]) -> Reply:
+        answered = sum(
+            1 for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant"
+        )
+        if answered < calls - 1:
+            return tool_use_reply("true", usage=USAGE)
+        return text_reply("4", usage=USAGE)
+
+    return respond
+
+
+def _per_minute(times: list[float]) -> float:
+    return (len(times) - 1) / (times[-1] - times[0]) * 60 if len(times) > 1 and times[-1] > times[0] else 0.0
+
+
+def _middle(times: list[float]) -> list[float]:
+    if len(times) < 10:
+        return times
+    low, high = (int(q * (len(times) - 1)) for q in MIDDLE)
+    return times[low : high + 1]
 
 
 @dataclass
@@ -58,6 +91,8 @@ class Side:
     throttled: int
     admitted: int
     per_minute: float
+    middle_per_minute: float  # over the steady middle (MIDDLE)
+    middle_seconds: float
     backlog_per_minute: float | None  # while runs waited for the limiter (the group said so)
     wall: float
     most_rate_limited: int
@@ -66,7 +101,8 @@ class Side:
         failed = ", ".join(f"{n} {reason}" for reason, n in self.failed.most_common()) or "0"
         return (
             f"| {time.strftime('%Y-%m-%d')} | {os.cpu_count()} | {self.name} | {self.runs} | {rpm:g} / {window:g} s "
-            f"| {self.succeeded} | {failed} | {self.throttled} | {self.per_minute:.1f} ({self.per_minute / rpm:.2f}x) "
+            f"| {self.succeeded} | {failed} | {self.throttled} | {self.admitted} "
+            f"| {_rate(self.per_minute, rpm)} | {_rate(self.middle_per_minute, rpm)} over {self.middle_seconds:.0f} s "
             f"| {_rate(self.backlog_per_minute, rpm)} "
             f"| {self.wall:.0f} s | {self.most_rate_limited} |"
         )
@@ -145,6 +181,7 @@ def _side(
     http.patch(f"/agentgroups/{name}", json={"spec": {"sealed": True}}).raise_for_status()
     most = 0
     backlog: list[float] = []  # when the group had members waiting for the limiter
+    progress: list[float] = []
 
     def done() -> bool:
         nonlocal most
@@ -152,8 +189,17 @@ def _side(
         status = (answer.json().get("status") if answer.status_code == 200 else None) or {}
         waiting = int((status.get("blockedReasons") or {}).get("RateLimited", 0))
         most = max(most, waiting)
+        now = time.monotonic()
         if waiting:
-            backlog.append(time.monotonic())
+            backlog.append(now)
+        if len(progress) == 0 or now - progress[-1] >= 30:  # a line on stderr every 30 s
+            progress.append(now)
+            print(
+                f"{name} {now - began:.0f} s: {len(fake.admitted) - admitted} calls let through, "
+                f"{fake.throttled - throttled} 429s, {waiting} RateLimited, {status.get('counts')}",
+                file=sys.stderr,
+                flush=True,
+            )
         return status.get("phase") in TERMINAL
 
     wait_until(done, timeout=3600, what=f"group {name} to finish", interval=1.0)
@@ -161,7 +207,8 @@ def _side(
     members = _members(http, name)
     failed = Counter(str(r["status"].get("reason")) for r in members if r["status"]["phase"] != "Succeeded")
     times = fake.admitted[admitted:]
-    per_minute = (len(times) - 1) / (times[-1] - times[0]) * 60 if len(times) > 1 else 0.0
+    per_minute = _per_minute(times)
+    middle = _middle(times)
     backlog_per_minute = None
     if len(backlog) > 1:  # calls let through while some run waited its turn
         inside = [t for t in times if backlog[0] <= t <= backlog[-1]]
@@ -175,6 +222,8 @@ def _side(
         throttled=fake.throttled - throttled,
         admitted=len(times),
         per_minute=per_minute,
+        middle_per_minute=_per_minute(middle),
+        middle_seconds=middle[-1] - middle[0] if middle else 0.0,
         backlog_per_minute=backlog_per_minute,
         wall=wall,
         most_rate_limited=most,
@@ -188,11 +237,12 @@ def main() -> None:
     parser.add_argument(
         "--rpm", type=float, default=60.0, help="the API's limit and the operator's, a minute"
     )
+    parser.add_argument("--calls", type=int, default=4, help="model calls a run (the last one ends it)")
     parser.add_argument("--window", type=float, default=2.0, help="seconds of budget the API's buckets hold")
     args = parser.parse_args()
 
     fake = FakeMessagesAPI().start()
-    fake.set_responder(lambda body: text_reply("4", usage={"input_tokens": 40, "output_tokens": 5}))
+    fake.set_responder(_responder(args.calls))
     fake.rate_limit(FakeRateLimit(rpm=args.rpm, window_seconds=args.window))
     limits = f"{_fingerprint(LIMITED_KEY)}/haiku=rpm:{args.rpm:g}"
     try:
@@ -206,19 +256,19 @@ def main() -> None:
                 _agent(http, "baseline", BASELINE_KEY)
                 _agent(http, "limited", LIMITED_KEY)
                 at_once = args.max_active or args.runs
-                sides = [
-                    _side(http, fake, "baseline", "baseline", args.runs, at_once),
-                    _side(http, fake, "limited", "limited", args.runs, at_once),
-                ]
+                sides = []
+                for name in ("limited", "baseline"):  # the limited side first: the service is fresh
+                    sides.append(_side(http, fake, name, name, args.runs, at_once))
+                    print(sides[-1].row(args.rpm, args.window), flush=True)  # each side as it ends
     finally:
         fake.stop()
-    print(f"runs at once (group maxActive): {args.max_active or args.runs}")
+    print(f"runs at once (group maxActive): {args.max_active or args.runs}; model calls a run: {args.calls}")
     print(
-        "| date | cores | side | runs | API limit (rpm / window) | succeeded | failed | 429s sent "
-        "| calls let through a minute (x limit) | the same while runs waited RateLimited | wall "
-        "| most RateLimited at once |"
+        "| date | cores | side | runs | API limit (rpm / window) | succeeded | failed | 429s sent | calls let through "
+        "| a minute, first to last (x limit) | a minute, steady middle (x limit) "
+        "| a minute while runs waited RateLimited | wall | most RateLimited at once |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for side in sides:
         print(side.row(args.rpm, args.window))
 
