@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
+from ._client_core import ClientCore
 from .errors import Invalid, error_from_response
 from .export_formats import evaluation_export_format, run_export_format
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     import httpx
 
 __all__ = ["ExportCalls"]
@@ -27,23 +26,8 @@ __all__ = ["ExportCalls"]
 Target = str | os.PathLike[str] | IO[bytes]
 
 
-class ExportCalls:
+class ExportCalls(ClientCore):
     """`Client`'s exports."""
-
-    if TYPE_CHECKING:
-        _http: httpx.Client
-
-        def _request(
-            self,
-            method: str,
-            path: str,
-            *,
-            json: Any = None,
-            params: Mapping[str, str] | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> httpx.Response: ...
-
-        def _path(self, collection: str, project: str | None, name: str | None = None, *sub: str) -> str: ...
 
     def export_run(
         self, name: str, format: str = "atif", *, to: Target | None = None, project: str | None = None

@@ -8,13 +8,13 @@ that does not exist or is not one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._client_core import ClientCore
 from .errors import Invalid
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 __all__ = ["ForkCalls", "fork_body"]
 
@@ -33,24 +33,8 @@ def fork_body(at: int | str, name: str | None = None, input: str | None = None) 
     return body
 
 
-class ForkCalls:
+class ForkCalls(ClientCore):
     """`Client`'s fork."""
-
-    if TYPE_CHECKING:
-
-        def _request(
-            self,
-            method: str,
-            path: str,
-            *,
-            json: Any = None,
-            params: Mapping[str, str] | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> httpx.Response: ...
-
-        def _object(self, response: httpx.Response) -> dict[str, Any]: ...
-
-        def _path(self, collection: str, project: str | None, name: str | None = None, *sub: str) -> str: ...
 
     def fork_run(
         self,

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from ._client_core import ClientCore
 from .errors import Invalid
 from .selectors import FIELDS, parse_field_selector, parse_label_selector, parse_limit
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -96,24 +97,8 @@ def run_field_selector(
     return ",".join(parts) or None
 
 
-class ListingCalls:
+class ListingCalls(ClientCore):
     """`Client`'s paged lists."""
-
-    if TYPE_CHECKING:
-
-        def _request(
-            self,
-            method: str,
-            path: str,
-            *,
-            json: Any = None,
-            params: Mapping[str, str] | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> httpx.Response: ...
-
-        def _json(self, response: httpx.Response) -> Any: ...
-
-        def _path(self, collection: str, project: str | None, name: str | None = None, *sub: str) -> str: ...
 
     def list(
         self,

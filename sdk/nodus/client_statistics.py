@@ -7,14 +7,14 @@ need no call of their own: they are ``status.evaluation.statistics`` of the grou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._client_core import ClientCore
 from .errors import Invalid
 from .schema_common import validate_dns_label
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 __all__ = ["StatisticsCalls", "evaluation_name"]
 
@@ -31,24 +31,8 @@ def evaluation_name(value: Any, field: str) -> str:
     )
 
 
-class StatisticsCalls:
+class StatisticsCalls(ClientCore):
     """`Client`'s comparison of two evaluations."""
-
-    if TYPE_CHECKING:
-
-        def _request(
-            self,
-            method: str,
-            path: str,
-            *,
-            json: Any = None,
-            params: Mapping[str, str] | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> httpx.Response: ...
-
-        def _object(self, response: httpx.Response) -> dict[str, Any]: ...
-
-        def _path(self, collection: str, project: str | None, name: str | None = None, *sub: str) -> str: ...
 
     def compare_evaluations(self, a: str, b: str, *, project: str | None = None) -> dict[str, Any]:
         """``EvaluationComparison``: A minus B per task scored in both, for the pass rate and the

@@ -8,13 +8,14 @@ owed to the Webhook, newest first, with every attempt (status code, duration, er
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._client_core import ClientCore
 from .schema_common import API_VERSION
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 __all__ = ["WebhookCalls", "webhook_document"]
 
@@ -38,24 +39,8 @@ def webhook_document(
     return {"apiVersion": API_VERSION, "kind": "Webhook", "metadata": {"name": name}, "spec": spec}
 
 
-class WebhookCalls:
+class WebhookCalls(ClientCore):
     """`Client`'s Webhook calls beyond the resource's own."""
-
-    if TYPE_CHECKING:
-
-        def _request(
-            self,
-            method: str,
-            path: str,
-            *,
-            json: Any = None,
-            params: Mapping[str, str] | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> httpx.Response: ...
-
-        def _object(self, response: httpx.Response) -> dict[str, Any]: ...
-
-        def _path(self, collection: str, project: str | None, name: str | None = None, *sub: str) -> str: ...
 
     def webhook_deliveries(
         self, name: str, *, limit: int = 50, project: str | None = None
