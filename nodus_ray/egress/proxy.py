@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
-import socket
 import stat
 import threading
 import time
@@ -46,12 +44,12 @@ from nodus.egress_policy import (
     PRIVATE_NETWORKS_ENV,
     EgressPolicy,
     IPAddress,
-    normalize_host,
     parse_private_networks,
     validate_allowed_host,
     validate_allowed_hosts,
 )
 from nodus_ray.egress.http_head import MAX_HEADER_BYTES, _answer, _bad_request, _parse_head, _Refusal
+from nodus_ray.egress.resolve import resolve_addresses
 from nodus_ray.store.timestamps import utc_now
 
 __all__ = [
@@ -349,30 +347,8 @@ class EgressProxy:
         raise _Refusal(502, "failed", "ConnectFailed", f"nodus egress: cannot connect to {host}:{port}")
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
-        """Every address ``host`` has, resolved here; an address literal is itself.
-
-        The name resolved is the normalized one the policy matched (lowercase, no trailing
-        dot): ``/etc/hosts`` lookups do not match an absolute ``name.``.
-        """
-        target = normalize_host(host)
-        if target is None:
-            raise _Refusal(502, "failed", "ResolveFailed", f"nodus egress: cannot resolve {host}")
-        if not isinstance(target, str):
-            return [target]
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(target, port, type=socket.SOCK_STREAM), _RESOLVE_TIMEOUT_SECONDS
-            )
-        except (OSError, TimeoutError, UnicodeError):
-            infos = []
-        addresses: list[IPAddress] = []
-        for family, _type, _proto, _name, sockaddr in infos:
-            if family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
-            if address not in addresses:
-                addresses.append(address)
+        """Every address ``host`` has, resolved here; an address literal is itself."""
+        addresses = await resolve_addresses(host, port, _RESOLVE_TIMEOUT_SECONDS)
         if not addresses:
             raise _Refusal(502, "failed", "ResolveFailed", f"nodus egress: cannot resolve {host}")
         return addresses

@@ -15,13 +15,12 @@ comma-separated CIDRs (``10.0.0.0/8,127.0.0.1/32``).
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from nodus.egress_policy import IPAddress, IPNetwork, is_public_address, normalize_host
+from nodus_ray.egress.resolve import resolve_addresses
 
 __all__ = [
     "ALLOW_PRIVATE_ENV",
@@ -89,27 +88,11 @@ class Destination:
 
 
 async def _resolve(host: str, port: int) -> list[IPAddress]:
-    target = normalize_host(host)
-    if target is None:
+    addresses = await resolve_addresses(host, port, _RESOLVE_TIMEOUT_SECONDS)
+    if addresses is None:
         raise UnsafeDestination(f"{host!r} is not a host name or an IP address")
-    if not isinstance(target, str):
-        return [target]
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(target, port, type=socket.SOCK_STREAM), _RESOLVE_TIMEOUT_SECONDS
-        )
-    except (OSError, TimeoutError, UnicodeError):
-        infos = []
-    addresses: list[IPAddress] = []
-    for family, _type, _proto, _name, sockaddr in infos:
-        if family not in (socket.AF_INET, socket.AF_INET6):
-            continue
-        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
-        if address not in addresses:
-            addresses.append(address)
     if not addresses:
-        raise UnsafeDestination(f"host {target!r} does not resolve")
+        raise UnsafeDestination(f"host {normalize_host(host)!r} does not resolve")
     return addresses
 
 
