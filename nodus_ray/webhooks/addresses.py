@@ -19,7 +19,13 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from nodus.egress_policy import IPAddress, IPNetwork, is_public_address, normalize_host
+from nodus.egress_policy import (
+    IPAddress,
+    IPNetwork,
+    is_public_address,
+    normalize_host,
+    parse_private_networks,
+)
 from nodus_ray.egress.resolve import resolve_addresses
 
 __all__ = [
@@ -55,19 +61,12 @@ class PrivateAccess:
             return cls()
         if value.lower() in _ALL:
             return cls(allow_all=True)
-        networks: list[IPNetwork] = []
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(part, strict=False))
-            except ValueError:
-                raise ValueError(
-                    f"{ALLOW_PRIVATE_ENV}: {part!r} is neither 1 nor a network (CIDRs such as "
-                    "10.0.0.0/8, separated by commas)"
-                ) from None
-        return cls(networks=tuple(networks))
+        networks = parse_private_networks(
+            value,
+            variable=ALLOW_PRIVATE_ENV,
+            refusal="is neither 1 nor a network (CIDRs such as 10.0.0.0/8, separated by commas)",
+        )
+        return cls(networks=networks)
 
     def allows(self, address: IPAddress) -> bool:
         if is_public_address(address) or self.allow_all:

@@ -193,8 +193,14 @@ def validate_allowed_hosts(entries: object) -> list[str]:
     return [validate_allowed_host(entry) for entry in entries]
 
 
-def parse_private_networks(text: str) -> tuple[IPNetwork, ...]:
-    """The operator's comma-separated CIDRs (``10.0.0.0/8, fd00::/8``); ValueError names a bad one.
+def parse_private_networks(
+    text: str,
+    *,
+    variable: str = PRIVATE_NETWORKS_ENV,
+    refusal: str = "is not a network (expected CIDRs such as 10.0.0.0/8, separated by commas)",
+) -> tuple[IPNetwork, ...]:
+    """The operator's comma-separated CIDRs (``10.0.0.0/8, fd00::/8``); ValueError names a bad one
+    as ``{variable}: 'entry' {refusal}`` (each setting that takes networks says what else it takes).
 
     A bare address means just that address; host bits are ignored (``10.1.2.3/8`` is 10/8).
     """
@@ -206,10 +212,7 @@ def parse_private_networks(text: str) -> tuple[IPNetwork, ...]:
         try:
             networks.append(ipaddress.ip_network(part, strict=False))
         except ValueError:
-            raise ValueError(
-                f"{PRIVATE_NETWORKS_ENV}: {part!r} is not a network (expected CIDRs such as "
-                "10.0.0.0/8, separated by commas)"
-            ) from None
+            raise ValueError(f"{variable}: {part!r} {refusal}") from None
     return tuple(networks)
 
 
