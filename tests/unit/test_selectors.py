@@ -305,14 +305,16 @@ _REQUIREMENT = st.one_of(
 def _reference(requirement: LabelRequirement, labels: dict[str, str]) -> bool:
     """Kubernetes' meaning, written out apart from the implementation."""
     value = labels.get(requirement.key)
-    return {
-        LabelOperator.EQUALS: value is not None and value == requirement.values[0],
-        LabelOperator.NOT_EQUALS: value is None or value != requirement.values[0],
-        LabelOperator.IN: value is not None and value in requirement.values,
-        LabelOperator.NOT_IN: value is None or value not in requirement.values,
-        LabelOperator.EXISTS: value is not None,
-        LabelOperator.DOES_NOT_EXIST: value is None,
-    }[requirement.operator]
+    # Each meaning is evaluated only for its own operator: exists / !k have no values to index.
+    meanings = {
+        LabelOperator.EQUALS: lambda: value is not None and value == requirement.values[0],
+        LabelOperator.NOT_EQUALS: lambda: value is None or value != requirement.values[0],
+        LabelOperator.IN: lambda: value is not None and value in requirement.values,
+        LabelOperator.NOT_IN: lambda: value is None or value not in requirement.values,
+        LabelOperator.EXISTS: lambda: value is not None,
+        LabelOperator.DOES_NOT_EXIST: lambda: value is None,
+    }
+    return meanings[requirement.operator]()
 
 
 @settings(max_examples=300, deadline=None)
