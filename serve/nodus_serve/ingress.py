@@ -30,7 +30,12 @@ __all__ = ["controller_env", "haproxy_ingress", "replica_env"]
 # Ports of a service's own block (`HeadPorts`) beside the API's (base+20): base+21..+29 are
 # checked free with the block, and base+21 is left to the API benchmark's plain uvicorn.
 _FALLBACK_HTTP, _STATS, _METRICS = 22, 23, 24
-_REPLICA_HTTP = (25, 30)  # [first, last): a port per API replica on the node, and one to roll over to
+# The replicas' ports, both ends included: the part of the block Ray leaves alone (its workers
+# start at base+100). Serve holds a stopped replica's port out of use for its quarantine
+# (150 s), and a port it finds still bound (a socket in TIME_WAIT) it blocks for the
+# controller's life, so every redeploy uses up a port for a while: the 5 ports this range once
+# had ran out after a few quick `nodus up`s and left the API failed to deploy.
+_REPLICA_HTTP = (30, 99)
 
 # A local HAProxy health-checks every 250 ms once a server fails (Serve's config), so a
 # stopping replica is out of rotation well within this; Serve's 30 s default is for external
@@ -84,9 +89,8 @@ def controller_env(port_base: int | None) -> dict[str, str]:
         return {}
     cores = os.cpu_count() or 1
     env["RAY_SERVE_HAPROXY_NBTHREAD"] = str(max(1, min(4, cores // 2)))
-    # One app: a port a stopped replica freed may go at once to its successor (Serve keeps it
-    # out of use 150 s so that another app's replica cannot inherit the old one's traffic).
-    env["RAY_SERVE_PORT_QUARANTINE_S"] = "0"
+    # Serve's port quarantine stays: a port freed at once is often still in TIME_WAIT, and a
+    # replica that fails to bind it blocks the port for good (see `_REPLICA_HTTP`).
     if port_base is not None:
         env |= {
             "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(port_base + _FALLBACK_HTTP),
