@@ -81,8 +81,10 @@ def service(tmp_path: Path) -> Iterator[_Service]:
 
 
 async def _until_started(service: _Service) -> None:
-    while not service.server.started:
-        await asyncio.sleep(0.01)
+    """The receiver's server is listening, or the test fails after 20 s (never hangs)."""
+    async with asyncio.timeout(20):
+        while not service.server.started:
+            await asyncio.sleep(0.01)
 
 
 def _wait(condition: Any, what: str) -> Any:
