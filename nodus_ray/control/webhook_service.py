@@ -35,6 +35,7 @@ from nodus_ray.settings import ServerSettings
 from nodus_ray.store import layout
 from nodus_ray.store.timestamps import format_timestamp, parse_timestamp, utc_now
 from nodus_ray.webhooks.addresses import PrivateAccess, UnsafeDestination, resolve_destination
+from nodus_ray.webhooks.catch_up import missed_end_events, subscribed_since
 from nodus_ray.webhooks.events import (
     Event,
     RunState,
@@ -93,6 +94,21 @@ class WebhookService:
             for record in records.values():
                 if record.state == DeliveryState.PENDING:
                     self._schedule(record, _seconds_until(record.nextAttemptAt))
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Record the ends a control plane that died wrote without their delivery records
+        (`webhooks.catch_up`): the one window "recorded before sent" leaves open."""
+        for key, webhook in list(self._webhooks.items()):
+            project = key[0]
+            runs = [run for (p, _), run in self._registry.runs.items() if p == project]
+            groups = [group for (p, _), group in self._registry.groups.items() if p == project]
+            records = self._deliveries.get(key, {}).values()
+            for event in missed_end_events(project, webhook, records, runs, groups):
+                logger.info(
+                    "webhook %s/%s: %s of %s was not recorded; recorded now", *key, event.type, event.id
+                )
+                self._background(self._record(key, event))
 
     def _load(self) -> None:
         storage = self._registry.storage
@@ -122,7 +138,8 @@ class WebhookService:
     # -- the resource -----------------------------------------------------------------------
 
     def _view(self, key: Key) -> dict[str, Any]:
-        return {**self._webhooks[key], "status": self._status(key)}
+        stored = self._webhooks[key]
+        return {**stored, "status": {"subscribedSince": subscribed_since(stored), **self._status(key)}}
 
     def _status(self, key: Key) -> dict[str, Any]:
         records = list(self._deliveries.get(key, {}).values())
@@ -224,6 +241,10 @@ class WebhookService:
                 spec=webhook.spec,
             ).model_dump(mode="json", exclude_none=True)
             resource["spec"] = spec
+            unchanged_spec = existing is not None and existing["spec"] == spec
+            resource["status"] = {
+                "subscribedSince": subscribed_since(existing) if unchanged_spec and existing else utc_now()
+            }
             await asyncio.to_thread(
                 self._registry.storage.write_json, layout.webhook_document(project, name), resource
             )

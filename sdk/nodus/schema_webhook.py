@@ -104,6 +104,9 @@ class WebhookStatus(OpenModel):
     """The deliveries as the server last saw them: the last success and failure (RFC 3339), the
     failures in a row since the last success, and deliveries still being retried."""
 
+    # Since when its events are recorded: its creation, or its last change of spec (an end
+    # that came before, or while it was paused, is not owed).
+    subscribedSince: str | None = None
     lastSuccessAt: str | None = None
     lastFailureAt: str | None = None
     lastError: str | None = None

@@ -223,3 +223,57 @@ def test_a_group_end_is_an_event_and_subscriptions_filter_by_type_group_and_paus
     assert subscribed({"events": ["run.succeeded"]}, loner)
     assert not subscribed({"events": ["run.failed"]}, loner)
     assert not subscribed({"events": ["run.succeeded"], "paused": True}, loner)
+
+
+def _ended(kind: str, name: str, phase: str, finished: str) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": 7},
+        "spec": {"agent": "a"},
+        "status": {"phase": phase, "reason": "Completed", "finishedAt": finished},
+    }
+
+
+def test_the_ends_a_restarted_control_plane_owes_are_those_of_the_subscription_with_no_record() -> None:
+    from nodus_ray.webhooks.catch_up import missed_end_events
+    from nodus_ray.webhooks.records import KEPT_FINISHED, DeliveryRecord, DeliveryState
+
+    hook = {
+        "metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"events": ["run.succeeded", "run.failed", "group.succeeded"]},
+        "status": {"subscribedSince": "2026-01-02T00:00:00Z"},
+    }
+    runs = [
+        _ended("AgentRun", "before", "Succeeded", "2026-01-01T12:00:00Z"),  # before the subscription
+        _ended("AgentRun", "owed", "Succeeded", "2026-01-03T00:00:00Z"),
+        _ended("AgentRun", "sent", "Failed", "2026-01-03T00:00:00Z"),  # has a record
+        _ended("AgentRun", "cancelled", "Cancelled", "2026-01-03T00:00:00Z"),  # not subscribed
+        {**_ended("AgentRun", "running", "Running", ""), "status": {"phase": "Running"}},
+    ]
+    groups = [_ended("AgentGroup", "g", "Succeeded", "2026-01-04T00:00:00Z")]
+    earlier = {**runs[2], "metadata": {**runs[2]["metadata"], "resourceVersion": 6}}
+    sent_event = run_event("p", earlier, None, "2026-01-03T00:00:00Z")
+    assert sent_event is not None
+    # A later write to the run (a label) gives another event id; the record still names the end.
+    sent = DeliveryRecord.new("p", "h", sent_event, "2026-01-03T00:00:01Z")
+    owed = missed_end_events("p", hook, [sent], runs, groups)
+    assert sorted(json.loads(e.body)["data"]["name"] for e in owed) == ["g", "owed"]
+    assert missed_end_events("p", {**hook, "spec": {**hook["spec"], "paused": True}}, [], runs, groups) == []
+
+    # With KEPT_FINISHED finished records, an end older than the oldest may have lost its record
+    # to pruning: it is not owed again. Newer ends still are.
+    kept = [
+        DeliveryRecord.new("p", "h", sent_event, f"2026-01-03T12:00:{i % 60:02d}Z")
+        for i in range(KEPT_FINISHED)
+    ]
+    for record in kept:
+        record.state = DeliveryState.DELIVERED
+    assert [json.loads(e.body)["data"]["name"] for e in missed_end_events("p", hook, kept, runs, groups)] == [
+        "g"
+    ]
+    # A Webhook stored before `subscribedSince` existed counts from its creation.
+    legacy = {"metadata": hook["metadata"], "spec": hook["spec"]}
+    names = sorted(
+        json.loads(e.body)["data"]["name"] for e in missed_end_events("p", legacy, [], runs, groups)
+    )
+    assert names == ["before", "g", "owed", "sent"]

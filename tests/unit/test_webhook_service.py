@@ -226,3 +226,55 @@ def test_a_group_end_goes_to_the_groups_webhook_once(tmp_path: Path) -> None:
 
     with running_receiver() as receiver:
         asyncio.run(scenario(receiver))
+
+
+def test_an_end_written_without_its_record_is_recorded_and_sent_by_the_restarted_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window "recorded before sent" leaves: the run's end is in storage, the control plane
+    dies before the event's task writes its record. Recovery owes that end (once), and never an
+    end from before the Webhook, or from while it was paused."""
+
+    async def scenario(receiver: WebhookReceiver) -> None:
+        plane = await _plane(tmp_path)
+        hooks = plane.services.webhooks
+        await plane.services.runs.create_run("demo", run_doc("before"))
+        await plane.services.runs.cancel_run("demo", "before")  # ended before the Webhook existed
+        await hooks.apply_webhook("demo", hook_doc("h", receiver.url))
+        await plane.services.runs.create_run("demo", run_doc("paused"))
+        await hooks.patch_webhook("demo", "h", {"spec": {"paused": True}})
+        await plane.services.runs.cancel_run("demo", "paused")  # no event: the Webhook is paused
+        await hooks.patch_webhook("demo", "h", {"spec": {"paused": False}})
+        since = (await hooks.get_webhook("demo", "h"))["status"]["subscribedSince"]
+        # The control plane dies between the run's write and the record's: nothing is recorded.
+        monkeypatch.setattr(hooks, "_dispatch", lambda event: None)
+        await plane.services.runs.create_run("demo", run_doc("lost"))
+        (actor,) = await until(lambda: plane.run_actors.of("lost"), what="the run's actor")
+        actor.end({"phase": "Succeeded", "reason": "Completed"})
+        await until(lambda: plane.stored_phase("lost") == "Succeeded", what="the run's end in storage")
+        assert DeliveryRecords(plane.storage).load("demo", "h") == []
+        await hooks.close()
+
+        restarted = await plane.restart()
+        delivered = await until(lambda: _delivered(restarted), what="the owed end's delivery")
+        assert delivered["eventType"] == "run.succeeded" and delivered["payload"]["data"]["name"] == "lost"
+        (arrived,) = receiver.of_type("run.succeeded", "lost")
+        assert verify(SECRET, arrived) and arrived.headers["webhook-id"] == delivered["eventId"]
+        assert receiver.of_type("run.cancelled") == []
+        status = (await restarted.services.webhooks.get_webhook("demo", "h"))["status"]
+        assert status["subscribedSince"] == since and status["delivered"] == 1
+        stored = DeliveryRecords(restarted.storage)
+        await until(
+            lambda: [r.state for r in stored.load("demo", "h")] == ["Delivered"],
+            what="the delivery's outcome in storage (a record still Pending there is sent again)",
+        )
+        await restarted.services.webhooks.close()
+
+        again = await plane.restart()  # recorded now: a second restart owes nothing
+        await until(lambda: _delivered(again), what="the recorded delivery, reloaded")
+        assert len(DeliveryRecords(again.storage).load("demo", "h")) == 1
+        assert len(receiver.received) == 1
+        await again.services.webhooks.close()
+
+    with running_receiver() as receiver:
+        asyncio.run(scenario(receiver))
