@@ -795,3 +795,9 @@ def test_get_environments_lists_versions_and_filters_by_name(
     assert versions == ["1.0.0", "1.1.0"]
     missing = invoke("get", "environments", "acme/none@1.0.0")
     assert missing.exit_code != 0 and "'acme/none@1.0.0' is not installed" in one_error_line(missing)
+    # Environments have no labels, fields or pages: a selector is refused, never ignored.
+    for flags in (["--selector", "team=a"], ["--field-selector", "status.phase=Running"], ["--limit", "1"]):
+        for kind in (["environments"], ["env", "nodus/python-fix"], ["environments/nodus/python-fix"]):
+            refused = invoke("get", *kind, *flags)
+            assert refused.exit_code != 0 and refused.stdout == "", (kind, flags)
+            assert f"{flags[0]} does not apply to environments" in one_error_line(refused)

@@ -259,17 +259,20 @@ def get(
             jsonpath.parse(output.removeprefix("jsonpath="))
         except jsonpath.JsonPathError as exc:
             raise UsageError(str(exc)) from None
-    if target and SHORT_NAMES.get(target[0].strip().lower(), ("", ""))[1] == "environments":
+    environments = bool(target) and SHORT_NAMES.get(target[0].strip().lower(), ("", ""))[1] == "environments"
+    if environments:
+        _refuse_selection_of_environments(selector, field_selector, limit, continue_)
         # Environment names hold a '/' themselves (owner/name@version): `get env nodus/python-fix`.
         _get_environments(root.client(project), list(target[1:]), output)
         return
     targets = parse_targets(target, need_name=False)
     kind, collection, _ = targets[0]
+    if collection == "environments":
+        _refuse_selection_of_environments(selector, field_selector, limit, continue_)
+        _get_environments(root.client(project), [name for _, _, name in targets if name], output)
+        return
     selection = listing.selection_of(collection, selector, field_selector)
     client = root.client(project)
-    if collection == "environments":
-        _get_environments(client, [name for _, _, name in targets if name], output)
-        return
     if targets[0][2] is None:
         listed = listing.fetch(client, collection, selection, limit=limit, continue_=continue_)
         meta: dict[str, Any] = {"continue": listed.continue_} if listed.continue_ else {}
@@ -293,6 +296,28 @@ def get(
         typer.echo(f"No {collection} matched the selectors.", err=True)
         return
     _print_resources(kind, selected, output, single=len(targets) == 1)
+
+
+def _refuse_selection_of_environments(
+    selector: str | None, field_selector: str | None, limit: int | None, continue_: str | None
+) -> None:
+    """Environments are the server's installed task sets, not resources: no labels, no fields to
+    select on, no pages. A selector is refused rather than ignored (ignored, it lists them all)."""
+    given = [
+        flag
+        for flag, value in (
+            ("--selector", selector),
+            ("--field-selector", field_selector),
+            ("--limit", limit),
+            ("--continue", continue_),
+        )
+        if value is not None
+    ]
+    if given:
+        raise UsageError(
+            f"{given[0]} does not apply to environments (they have no labels, fields or pages); "
+            "`nodus get environments` lists every installed one"
+        )
 
 
 def _get_environments(client: Client, names: list[str], output: str | None) -> None:
