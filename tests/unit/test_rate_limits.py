@@ -122,13 +122,13 @@ def test_a_429_empties_the_buckets_honours_retry_after_and_the_rate_recovers() -
     buckets = AdaptiveBuckets(RateLimit(rpm=60), now=0.0)
     assert buckets.reserve(0.0, 1, 1) == 0
     assert buckets.refused(0.5, 429, 7.0) == pytest.approx(7.0)
-    assert buckets.factor(0.5) == pytest.approx(0.75)
+    assert buckets.factor(0.5) == pytest.approx(0.9)
     assert buckets.reserve(0.5, 1, 1) >= 7.0  # nothing before the retry-after
     assert buckets.stats.throttled == 1
-    assert buckets.factor(0.5 + 20) == pytest.approx(1.0)  # 75% -> 100% in 20 s without a 429
+    assert buckets.factor(0.5 + 8) == pytest.approx(1.0)  # 90% -> 100% in 8 s without a 429
     assert buckets.refused(30.0, 429, 1.0) == pytest.approx(1.0)
     assert buckets.refused(30.5, 429, 1.0) == pytest.approx(1.0)  # a call already on its way
-    assert buckets.factor(30.5) == pytest.approx(0.75 + 0.5 * 0.0125)  # one back-off, one drop
+    assert buckets.factor(30.5) == pytest.approx(0.9 + 0.5 * 0.0125)  # one back-off, one drop
     for n in range(40):  # refusals one after another never stop it entirely
         buckets.refused(40.0 + 2 * n, 429, None)
     assert 0.25 <= buckets.factor(120.0) < 0.4
