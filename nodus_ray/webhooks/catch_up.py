@@ -49,14 +49,18 @@ def missed_end_events(
     groups: Iterable[Mapping[str, Any]],
 ) -> list[Event]:
     """The end events of ``project``'s runs and groups the Webhook is owed and has no record of."""
+    spec = webhook.get("spec") or {}
     kept = list(records)
     horizon = _horizon(webhook, kept)
-    if horizon is None:
+    if horizon is None or spec.get("paused"):
         return []
+    if spec.get("group"):  # a group's Webhook: only that group's runs and the group itself
+        runs = [run for run in runs if (run.get("spec") or {}).get("group") == spec["group"]]
+        groups = [group for group in groups if (group.get("metadata") or {}).get("name") == spec["group"]]
     recorded = {_recorded(record) for record in kept}
     owed: list[Event] = []
     for event in _ends(project, runs, groups, horizon):
-        if subscribed(webhook.get("spec") or {}, event) and _identity(event) not in recorded:
+        if subscribed(spec, event) and _identity(event) not in recorded:
             owed.append(event)
     return owed
 

@@ -277,3 +277,24 @@ def test_the_ends_a_restarted_control_plane_owes_are_those_of_the_subscription_w
         json.loads(e.body)["data"]["name"] for e in missed_end_events("p", legacy, [], runs, groups)
     )
     assert names == ["before", "g", "owed", "sent"]
+
+
+def test_a_groups_webhook_is_owed_only_the_ends_of_that_group_and_its_runs() -> None:
+    from nodus_ray.webhooks.catch_up import missed_end_events
+
+    hook = {
+        "metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"events": ["run.succeeded", "group.succeeded"], "group": "g"},
+    }
+    mine, other = (
+        _ended("AgentRun", "mine", "Succeeded", "2026-01-02T00:00:00Z"),
+        _ended("AgentRun", "other", "Succeeded", "2026-01-02T00:00:00Z"),
+    )
+    mine["spec"]["group"], other["spec"]["group"] = "g", "h"
+    groups = [_ended("AgentGroup", "g", "Succeeded", "2026-01-03T00:00:00Z")]
+    groups.append(_ended("AgentGroup", "h", "Succeeded", "2026-01-03T00:00:00Z"))
+    owed = missed_end_events("p", hook, [], [mine, other], groups)
+    assert sorted((e.type, json.loads(e.body)["data"]["name"]) for e in owed) == [
+        ("group.succeeded", "g"),
+        ("run.succeeded", "mine"),
+    ]
