@@ -691,6 +691,27 @@ def _fired_run(server: Server, point: str) -> tuple[str, int]:
     return name, pid
 
 
+def _group_with_a_run_on(server: Server, point: str, max_active: int, members: int) -> tuple[str, str, int]:
+    """A group of counted runs, one of which fired ``point`` (armed for the second node): its
+    name, that run and the pid that fired. The pool spreads runs over the nodes' parked actors,
+    but a node whose actors are still starting (Ray lists them parked before they have asked the
+    control plane for a run) gets none, and on a loaded machine a whole group can run on the
+    head: then another group is started, until one run lands on the node or 4 groups have not."""
+    for _ in range(4):
+        _, group_name = _counted_group(server, max_active=max_active, members=members)
+
+        def fired_or_finished(name: str = group_name) -> bool:
+            phase = (get_group(server, name).get("status") or {}).get("phase")
+            return server.fired(point) or phase in ("Succeeded", "Failed", "Cancelled")
+
+        wait_for(
+            fired_or_finished, timeout=240, interval=0.1, message=f"{point} to fire or {group_name} to end"
+        )
+        if server.fired(point):
+            return (group_name, *_fired_run(server, point))
+    raise AssertionError(f"4 groups ran without a run on the second node ({point} never fired)")
+
+
 def _journal(server: Server, name: str) -> list[Any]:
     from nodus_ray.durable.journal import Journal
     from nodus_ray.store import layout
@@ -707,8 +728,7 @@ def test_a_worker_node_killed_mid_batch_its_runs_move_and_restore_their_workspac
         # The first run on the new node to record its command freezes right there (its
         # snapshot is stored, its Completed written): then the node dies with its disk.
         server.arm("step-recorded", f"/command-1-1 node={node.id}", action="hold")
-        _, group_name = _counted_group(server, max_active=4, members=8)
-        moved, _ = _fired_run(server, "step-recorded")
+        group_name, moved, _ = _group_with_a_run_on(server, "step-recorded", max_active=4, members=8)
         workspace = workspace_of(server, moved)
         _kill_tree(node.process)
         subprocess.run(
@@ -738,8 +758,9 @@ def test_a_zombie_actor_woken_after_its_replacement_finished_the_step_does_nothi
     node = _SecondNode(server, ray_driver)
     try:
         server.arm("step-started", f"/command-1-1 node={node.id}", action="hold")
-        _, group_name = _counted_group(server, max_active=3, members=6)
-        zombie_run, zombie_pid = _fired_run(server, "step-started")
+        group_name, zombie_run, zombie_pid = _group_with_a_run_on(
+            server, "step-started", max_active=3, members=6
+        )
         server.arm("actor-fenced", f"default/{zombie_run}")
         _signal_tree(node.process, signal.SIGSTOP)  # the node stops answering
         wait_for(node.is_dead, timeout=120, interval=0.5, message="Ray to declare the stopped node dead")
