@@ -99,12 +99,21 @@ class WebhookService:
     def _catch_up(self) -> None:
         """Record the ends a control plane that died wrote without their delivery records
         (`webhooks.catch_up`): the one window "recorded before sent" leaves open."""
+        if not self._webhooks:
+            return
+        runs: dict[str, list[dict[str, Any]]] = {}
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for (project, _), run in self._registry.runs.items():
+            runs.setdefault(project, []).append(run)
+        for (project, _), group in self._registry.groups.items():
+            groups.setdefault(project, []).append(group)
         for key, webhook in list(self._webhooks.items()):
             project = key[0]
-            runs = [run for (p, _), run in self._registry.runs.items() if p == project]
-            groups = [group for (p, _), group in self._registry.groups.items() if p == project]
             records = self._deliveries.get(key, {}).values()
-            for event in missed_end_events(project, webhook, records, runs, groups):
+            owed = missed_end_events(
+                project, webhook, records, runs.get(project, []), groups.get(project, [])
+            )
+            for event in owed:
                 logger.info(
                     "webhook %s/%s: %s of %s was not recorded; recorded now", *key, event.type, event.id
                 )

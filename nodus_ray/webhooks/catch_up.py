@@ -59,8 +59,8 @@ def missed_end_events(
         groups = [group for group in groups if (group.get("metadata") or {}).get("name") == spec["group"]]
     recorded = {_recorded(record) for record in kept}
     owed: list[Event] = []
-    for event in _ends(project, runs, groups, horizon):
-        if subscribed(spec, event) and _identity(event) not in recorded:
+    for uid, event in _ends(project, runs, groups, horizon):
+        if subscribed(spec, event) and (uid, event.type) not in recorded:
             owed.append(event)
     return owed
 
@@ -78,19 +78,21 @@ def _horizon(webhook: Mapping[str, Any], records: list[DeliveryRecord]) -> datet
 
 def _ends(
     project: str, runs: Iterable[Mapping[str, Any]], groups: Iterable[Mapping[str, Any]], horizon: datetime
-) -> Iterator[Event]:
+) -> Iterator[tuple[str, Event]]:
+    """Each end at or after ``horizon`` with the uid of its resource: what names an end whatever
+    write carried it (the event id hashes the write, which a later label change moves on)."""
     for run in runs:
         finished = _finished_at(run, horizon)
         if finished is not None:
             event = run_event(project, run, None, finished)
             if event is not None and event.type in _END_TYPES:
-                yield event
+                yield _uid(run), event
     for group in groups:
         finished = _finished_at(group, horizon)
         if finished is not None:
             event = group_event(project, group, finished)
             if event is not None:
-                yield event
+                yield _uid(group), event
 
 
 def _finished_at(resource: Mapping[str, Any], horizon: datetime) -> str | None:
@@ -100,10 +102,8 @@ def _finished_at(resource: Mapping[str, Any], horizon: datetime) -> str | None:
     return finished if moment is not None and moment >= horizon else None
 
 
-def _identity(event: Event) -> tuple[str, str]:
-    """What names an end whatever write carried it: the resource's uid and the event type."""
-    data = json.loads(event.body).get("data") or {}
-    return (str(data.get("uid") or ""), event.type)
+def _uid(resource: Mapping[str, Any]) -> str:
+    return str((resource.get("metadata") or {}).get("uid") or "")
 
 
 def _recorded(record: DeliveryRecord) -> tuple[str, str]:
